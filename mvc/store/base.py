@@ -1,0 +1,353 @@
+"""The object-store contract every backend implements, and its errors.
+
+A store holds three things:
+
+* **objects** -- immutable byte strings addressed by the xxh3-128 hex digest of
+  their content.  Every read verifies the digest, so corruption surfaces as an
+  `IntegrityError` naming the object instead of garbage further up.
+* **refs** -- named pointers (``HEAD``, ``refs/heads/<b>``, ``refs/tags/<t>``)
+  holding either an object id or ``"ref: <name>"`` (symbolic).  They change only
+  through `ObjectStore.update_refs`, a compare-and-swap over a batch of refs in
+  one transaction: this is the repository's single commit point.
+* **reflog and metadata** -- the history of every ref move, and small key/values
+  such as the repository format version.
+"""
+from __future__ import annotations
+
+import abc
+import re
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence, Union
+
+import xxhash
+
+from mvc.errors import DataError, InternalError, MvcError, UsageError
+
+BytesLike = Union[bytes, bytearray, memoryview]
+
+OID_HEX_LEN = 32
+_OID_RE = re.compile(r"[0-9a-f]{32}")
+_HEX_PREFIX_RE = re.compile(r"[0-9a-f]{0,32}")
+SYMREF_PREFIX = "ref: "
+# LMDB keys are at most 511 bytes; the reflog key adds a separator and a counter.
+MAX_REF_NAME_BYTES = 400
+
+
+# --------------------------------------------------------------------- errors
+class IntegrityError(DataError):
+    """A stored object's content no longer matches its id (corrupt storage)."""
+
+    exit_code = 7
+
+    def __init__(self, oid: str, actual: str | None = None) -> None:
+        self.oid = oid
+        self.actual = actual
+        detail = f" (content hashes to {actual})" if actual else ""
+        super().__init__(f"object {oid} is corrupt{detail}")
+
+
+class ObjectMissingError(DataError):
+    """An object that should be in the store is not there."""
+
+    exit_code = 8
+
+    def __init__(self, oid: str) -> None:
+        self.oid = oid
+        super().__init__(f"object {oid} is missing from the store")
+
+
+class FormatTooNewError(MvcError):
+    """The repository was written by a newer mvc with an unknown storage format."""
+
+    exit_code = 9
+
+    def __init__(self, found: int, supported: int) -> None:
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            f"repository format version {found} is newer than this mvc supports "
+            f"(up to {supported}); upgrade mvc to open it")
+
+
+class LockError(MvcError):
+    """The repository write lock could not be taken in time."""
+
+    exit_code = 10
+
+
+class RefConflictError(MvcError):
+    """A ref did not hold the value a compare-and-swap expected."""
+
+    exit_code = 11
+
+    def __init__(self, name: str, expected: object, actual: str | None) -> None:
+        self.name = name
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"ref {name} was changed concurrently: expected {expected!r}, found {actual!r}")
+
+
+class StoreNotFoundError(MvcError):
+    """There is no store at the given path."""
+
+    exit_code = 60
+
+
+class InvalidRefError(UsageError):
+    """A ref name or ref value is malformed."""
+
+    exit_code = 61
+
+
+class InvalidIdError(UsageError, ValueError):
+    """A string passed as an object id (or id prefix) is not lowercase hex of the right length."""
+
+    exit_code = 62
+
+
+class StoreFormatError(DataError):
+    """The store's own bookkeeping (e.g. its format version) is missing or unreadable."""
+
+    exit_code = 63
+
+
+class StoreExistsError(UsageError):
+    """`create` was asked to make a store where one already exists."""
+
+    exit_code = 64
+
+
+class BufferTooSmallError(UsageError, ValueError):
+    """`get_into` was given an output buffer shorter than the object."""
+
+    exit_code = 66
+
+
+class StoreClosedError(InternalError):
+    """The store was used after `close()` (a bug in the caller)."""
+
+    exit_code = 65
+
+
+# ------------------------------------------------------------ refs and reflog
+class _Any:
+    """Sentinel type for "do not check the old value" in a `RefUpdate`."""
+
+    _instance: "_Any | None" = None
+
+    def __new__(cls) -> "_Any":
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "ANY"
+
+    def __reduce__(self) -> str:
+        return "ANY"
+
+
+ANY = _Any()
+
+
+@dataclass(frozen=True)
+class RefUpdate:
+    """One compare-and-swap in `ObjectStore.update_refs`.
+
+    `old` is the value the ref must hold now (``None``: must not exist;
+    `ANY`: not checked).  `new` is the value to set (``None``: delete the ref).
+    """
+
+    name: str
+    old: Union[str, None, _Any]
+    new: str | None
+
+
+@dataclass(frozen=True)
+class ReflogEntry:
+    """One move of a ref: its value before and after, when (UTC epoch seconds) and why."""
+
+    old: str | None
+    new: str | None
+    time: float
+    reason: str
+
+
+# ----------------------------------------------------------------- helpers
+def object_id(data: BytesLike) -> str:
+    """Return the id of `data`: the xxh3-128 hex digest (32 lowercase hex chars)."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def check_oid(oid: str) -> str:
+    """Return `oid` if it is a well-formed object id, else raise `InvalidIdError`."""
+    if not isinstance(oid, str) or not _OID_RE.fullmatch(oid):
+        raise InvalidIdError(f"not an object id (32 lowercase hex digits): {oid!r}")
+    return oid
+
+
+def check_prefix(prefix: str) -> str:
+    """Return `prefix` if it is lowercase hex of at most 32 chars, else raise `InvalidIdError`."""
+    if not isinstance(prefix, str) or not _HEX_PREFIX_RE.fullmatch(prefix):
+        raise InvalidIdError(f"not an object id prefix (lowercase hex): {prefix!r}")
+    return prefix
+
+
+def check_ref_name(name: str) -> str:
+    """Return `name` if it can be stored as a ref name, else raise `InvalidRefError`.
+
+    Only storage constraints are checked here (non-empty, no control characters,
+    bounded length); naming policy such as ``refs/heads/`` belongs to the repo.
+    """
+    if (not isinstance(name, str) or not name or name != name.strip()
+            or any(ord(c) < 0x20 or c == "\x7f" for c in name)
+            or len(name.encode("utf-8")) > MAX_REF_NAME_BYTES):
+        raise InvalidRefError(f"invalid ref name: {name!r}")
+    return name
+
+
+def check_ref_value(value: str) -> str:
+    """Return `value` if it is an object id or ``"ref: <name>"``, else raise `InvalidRefError`."""
+    if isinstance(value, str):
+        if _OID_RE.fullmatch(value):
+            return value
+        if value.startswith(SYMREF_PREFIX):
+            try:
+                check_ref_name(value[len(SYMREF_PREFIX):])
+                return value
+            except InvalidRefError:
+                pass
+    raise InvalidRefError(f"invalid ref value (want an object id or 'ref: <name>'): {value!r}")
+
+
+def check_update(update: RefUpdate) -> None:
+    """Validate every field of a `RefUpdate` before any transaction starts."""
+    if not isinstance(update, RefUpdate):
+        raise InvalidRefError(f"expected a RefUpdate, got {type(update).__name__}")
+    check_ref_name(update.name)
+    if update.old is not None and update.old is not ANY:
+        check_ref_value(update.old)  # type: ignore[arg-type]
+    if update.new is not None:
+        check_ref_value(update.new)
+
+
+# ---------------------------------------------------------------- contract
+class ObjectStore(abc.ABC):
+    """Content-addressed objects + refs + reflog + metadata.
+
+    Implementations are safe to share between threads: each call is its own
+    short transaction, and no transaction outlives a call (iterators re-open
+    one per batch).
+    """
+
+    # --- objects
+    @abc.abstractmethod
+    def put(self, data: BytesLike) -> str:
+        """Store `data` (idempotent) and return its id."""
+
+    @abc.abstractmethod
+    def put_many(self, items: Iterable[BytesLike]) -> list[str]:
+        """Store many objects in few write transactions; return their ids in order."""
+
+    @abc.abstractmethod
+    def get(self, oid: str) -> bytes:
+        """Return the verified content of `oid` (IntegrityError / ObjectMissingError)."""
+
+    @abc.abstractmethod
+    def get_into(self, oid: str, out: memoryview) -> int:
+        """Copy the verified content of `oid` into the start of `out`; return its length.
+
+        Raises `BufferTooSmallError` (a `ValueError`) if `out` is too small.
+        """
+
+    @abc.abstractmethod
+    def has(self, oid: str) -> bool:
+        """Whether an object with id `oid` is stored (content not verified)."""
+
+    @abc.abstractmethod
+    def size(self, oid: str) -> int:
+        """Stored length of `oid` without verification (ObjectMissingError)."""
+
+    @abc.abstractmethod
+    def iter_ids(self) -> Iterator[str]:
+        """Every stored object id, sorted."""
+
+    @abc.abstractmethod
+    def ids_with_prefix(self, prefix: str) -> list[str]:
+        """Sorted ids starting with the hex string `prefix`."""
+
+    @abc.abstractmethod
+    def delete(self, oids: Iterable[str]) -> int:
+        """Remove objects; return the number of content bytes removed. Missing ids are ignored."""
+
+    @abc.abstractmethod
+    def verify(self, oid: str) -> None:
+        """Check one object against its id (IntegrityError / ObjectMissingError)."""
+
+    # --- refs
+    @abc.abstractmethod
+    def read_ref(self, name: str) -> str | None:
+        """The raw value of ref `name` (symbolic refs are not resolved), or None."""
+
+    @abc.abstractmethod
+    def iter_refs(self, prefix: str = "") -> Iterator[tuple[str, str]]:
+        """(name, value) for every ref whose name starts with `prefix`, sorted by name."""
+
+    @abc.abstractmethod
+    def update_refs(self, updates: Sequence[RefUpdate], reason: str) -> None:
+        """Apply compare-and-swap ref updates atomically and log each in the reflog.
+
+        Updates apply in order within one transaction, so a later update of the
+        same name sees the earlier one.  If any check fails, `RefConflictError`
+        is raised and nothing changes.
+        """
+
+    @abc.abstractmethod
+    def reflog(self, name: str) -> list[ReflogEntry]:
+        """Every recorded move of ref `name`, oldest first."""
+
+    @abc.abstractmethod
+    def reflog_names(self) -> list[str]:
+        """Sorted names of refs that have reflog entries."""
+
+    @abc.abstractmethod
+    def delete_reflog(self, name: str) -> None:
+        """Forget the reflog of `name` (no error if there is none)."""
+
+    # --- metadata
+    @abc.abstractmethod
+    def get_meta(self, key: str) -> bytes | None:
+        """Value of metadata `key`, or None."""
+
+    @abc.abstractmethod
+    def set_meta(self, key: str, value: bytes) -> None:
+        """Set metadata `key`."""
+
+    # --- maintenance
+    @abc.abstractmethod
+    def write_lock(self, timeout: float = 60.0) -> AbstractContextManager[None]:
+        """Context manager holding the repository write lock (reentrant per thread).
+
+        Exclusive across threads and (for on-disk stores) processes; raises
+        `LockError` if it cannot be taken within `timeout` seconds.
+        """
+
+    @abc.abstractmethod
+    def disk_usage(self) -> int:
+        """Bytes the store occupies on disk."""
+
+    @abc.abstractmethod
+    def object_bytes(self) -> int:
+        """Sum of the lengths of all stored objects."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release resources; the store must not be used afterwards."""
+
+    def __enter__(self) -> "ObjectStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,519 @@
+"""The LMDB-backed `ObjectStore`: the on-disk store of an mvc repository.
+
+Layout of the ``.mvc`` directory this class manages::
+
+    .mvc/store/        LMDB environment (data.mdb, lock.mdb) with the named
+                       databases objects, refs, reflog and meta
+    .mvc/lock          repository write lock (flock; holds the holder's pid)
+    .mvc/store.users   shared flock of every process with the store open
+
+Keys: objects by their 32-char hex id; refs by name; reflog entries by
+``name NUL seq(8 bytes big-endian)`` so one ref's entries are contiguous and
+ordered; meta by key.  Every call is one short transaction (see `lmdb_env`
+for map growth, fork safety and thread safety).
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from contextlib import AbstractContextManager
+from typing import Any, Iterable, Iterator, Sequence
+
+from mvc.store.base import (
+    ANY, BufferTooSmallError, BytesLike, IntegrityError, LockError, ObjectMissingError,
+    ObjectStore, RefConflictError, RefUpdate, ReflogEntry, StoreClosedError, StoreExistsError,
+    StoreFormatError, StoreNotFoundError, FormatTooNewError, check_oid, check_prefix,
+    check_ref_name, check_update, object_id)
+from mvc.store.lmdb_env import (
+    DATA_FILE, LOCK_FILE, STORE_DIR, STORE_OLD, EnvHandle, MiB, acquire_handle, release_handle)
+from mvc.store.lock import FileLock
+
+SUPPORTED_FORMAT = 1
+_FORMAT_KEY = b"format_version"
+_OBJECT_BYTES_KEY = b"store.object_bytes"
+_ITER_BATCH = 4096
+_DELETE_BATCH = 4096
+
+
+def _view(data: BytesLike) -> memoryview:
+    """A flat byte view of `data` without copying."""
+    mv = data if isinstance(data, memoryview) else memoryview(data)
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    return mv
+
+
+def _reflog_key(name_b: bytes, seq: int) -> bytes:
+    return name_b + b"\x00" + seq.to_bytes(8, "big")
+
+
+class LmdbStore(ObjectStore):
+    """Objects, refs, reflog and metadata in one LMDB environment under a ``.mvc`` directory."""
+
+    #: First map size; tests lower it to exercise growth.
+    INITIAL_MAP_SIZE = 256 * MiB
+    #: Upper bound on the object bytes written by one put_many transaction.
+    BATCH_BYTES = 256 * MiB
+    BATCH_ITEMS = 10_000
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        """Bind to the ``.mvc`` directory `path`; the environment opens on first use."""
+        self.path = os.path.realpath(os.fspath(path))
+        self._handle: EnvHandle | None = None
+        self._handle_pid = -1
+        self._mutex = threading.Lock()
+        self._mutex_pid = os.getpid()
+        self._closed = False
+        self._lock = FileLock(os.path.join(self.path, LOCK_FILE))
+
+    # ------------------------------------------------------------ lifecycle
+    @classmethod
+    def create(cls, path: str | os.PathLike[str]) -> "LmdbStore":
+        """Create a new, empty store in the ``.mvc`` directory `path` (made if missing)."""
+        root = os.path.realpath(os.fspath(path))
+        os.makedirs(root, exist_ok=True)
+        if (os.path.exists(os.path.join(root, STORE_DIR, DATA_FILE))
+                or os.path.exists(os.path.join(root, STORE_OLD))):
+            raise StoreExistsError(f"an mvc store already exists at {root}")
+        store = cls(root)
+        store._attach(create=True)
+
+        def init(txn: Any) -> None:
+            meta = store._db("meta")
+            txn.put(_FORMAT_KEY, str(SUPPORTED_FORMAT).encode(), db=meta, overwrite=False)
+            txn.put(_OBJECT_BYTES_KEY, b"0", db=meta, overwrite=False)
+        store._h().write(init)
+        return store
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> "LmdbStore":
+        """Open the existing store in `path` (StoreNotFoundError / FormatTooNewError)."""
+        root = os.path.realpath(os.fspath(path))
+        if not os.path.isdir(root):
+            raise StoreNotFoundError(f"no mvc store at {root}")
+        store = cls(root)
+        store._h()
+        return store
+
+    def _attach(self, create: bool = False) -> EnvHandle:
+        handle = acquire_handle(self.path, self.INITIAL_MAP_SIZE, create=create)
+        if not create:
+            try:
+                self._check_format(handle)
+            except BaseException:
+                release_handle(handle)
+                raise
+        self._handle, self._handle_pid = handle, os.getpid()
+        return handle
+
+    def _h(self) -> EnvHandle:
+        """This process's handle, attaching (lazily, and afresh after fork) when needed."""
+        if self._closed:
+            raise StoreClosedError("store used after close()")
+        pid = os.getpid()
+        handle = self._handle
+        if handle is not None and self._handle_pid == pid:
+            return handle
+        if self._mutex_pid != pid:  # a lock copied by fork may be held by a dead thread
+            self._mutex, self._mutex_pid = threading.Lock(), pid
+        with self._mutex:
+            if self._handle is not None and self._handle_pid == pid:
+                return self._handle
+            return self._attach()
+
+    @staticmethod
+    def _check_format(handle: EnvHandle) -> None:
+        raw = handle.read(lambda txn: txn.get(_FORMAT_KEY, db=handle.dbs["meta"]))
+        if raw is None:
+            raise StoreFormatError(f"the store at {handle.root} has no format version")
+        try:
+            found = int(raw.decode("ascii"))
+        except ValueError as e:
+            raise StoreFormatError(f"unreadable store format version {raw!r}") from e
+        if found > SUPPORTED_FORMAT:
+            raise FormatTooNewError(found, SUPPORTED_FORMAT)
+
+    def _db(self, name: str) -> Any:
+        return self._h().dbs[name]
+
+    def close(self) -> None:
+        """Release this store's reference to the environment; later use raises."""
+        if self._closed:
+            return
+        self._closed = True
+        handle, self._handle = self._handle, None
+        if handle is not None and self._handle_pid == os.getpid():
+            release_handle(handle)
+
+    # --------------------------------------------------------------- objects
+    def put(self, data: BytesLike) -> str:
+        """Store `data` (idempotent) and return its id."""
+        return self.put_many([data])[0]
+
+    def put_many(self, items: Iterable[BytesLike]) -> list[str]:
+        """Store objects in transactions of at most `BATCH_BYTES`; return ids in order."""
+        ids: list[str] = []
+        batch: list[tuple[bytes, memoryview]] = []
+        batch_bytes = 0
+        for data in items:
+            mv = _view(data)
+            oid = object_id(mv)
+            ids.append(oid)
+            batch.append((oid.encode("ascii"), mv))
+            batch_bytes += mv.nbytes
+            if batch_bytes >= self.BATCH_BYTES or len(batch) >= self.BATCH_ITEMS:
+                self._write_objects(batch)
+                batch, batch_bytes = [], 0
+        if batch:
+            self._write_objects(batch)
+        return ids
+
+    def _write_objects(self, batch: list[tuple[bytes, memoryview]]) -> None:
+        h = self._h()
+        objects = h.dbs["objects"]
+        # Deduplicated commits re-put everything: a read txn spares them a write+fsync.
+        present = h.read(lambda txn: {k for k, _ in batch
+                                      if txn.get(k, db=objects) is not None}, buffers=True)
+        todo = [(k, mv) for k, mv in batch if k not in present]
+        if not todo:
+            return
+
+        def fn(txn: Any) -> None:
+            added = 0
+            for key, mv in todo:
+                if txn.put(key, mv, db=objects, overwrite=False):
+                    added += mv.nbytes
+            if added:
+                self._add_object_bytes(txn, h, added)
+        h.write(fn, need=sum(mv.nbytes for _, mv in todo))
+
+    @staticmethod
+    def _add_object_bytes(txn: Any, h: EnvHandle, delta: int) -> None:
+        meta = h.dbs["meta"]
+        raw = txn.get(_OBJECT_BYTES_KEY, db=meta)
+        total = int(bytes(raw)) if raw is not None else 0
+        txn.put(_OBJECT_BYTES_KEY, str(max(total + delta, 0)).encode(), db=meta)
+
+    def get(self, oid: str) -> bytes:
+        """Return the verified content of `oid`."""
+        key = check_oid(oid).encode("ascii")
+        h = self._h()
+        blob = h.read(lambda txn: txn.get(key, db=h.dbs["objects"]))
+        if blob is None:
+            raise ObjectMissingError(oid)
+        actual = object_id(blob)
+        if actual != oid:
+            raise IntegrityError(oid, actual)
+        return blob
+
+    def get_into(self, oid: str, out: memoryview) -> int:
+        """Verify `oid` in place in the map and copy it into `out`; return its length."""
+        key = check_oid(oid).encode("ascii")
+        dest = _view(out)
+        h = self._h()
+
+        def fn(txn: Any) -> tuple[str, Any]:
+            buf = txn.get(key, db=h.dbs["objects"])
+            if buf is None:
+                return "missing", None
+            n = len(buf)
+            if n > len(dest):
+                return "small", n
+            actual = object_id(buf)
+            if actual != oid:
+                return "corrupt", actual
+            dest[:n] = buf
+            return "ok", n
+        status, value = h.read(fn, buffers=True)
+        if status == "missing":
+            raise ObjectMissingError(oid)
+        if status == "small":
+            raise BufferTooSmallError(f"object {oid} has {value} bytes; buffer holds {len(dest)}")
+        if status == "corrupt":
+            raise IntegrityError(oid, value)
+        return value
+
+    def _stored_len(self, oid: str) -> int | None:
+        key = check_oid(oid).encode("ascii")
+        h = self._h()
+
+        def fn(txn: Any) -> int | None:
+            buf = txn.get(key, db=h.dbs["objects"])
+            return None if buf is None else len(buf)
+        return h.read(fn, buffers=True)
+
+    def has(self, oid: str) -> bool:
+        """Whether `oid` is stored."""
+        return self._stored_len(oid) is not None
+
+    def size(self, oid: str) -> int:
+        """Stored length of `oid` (no verification)."""
+        n = self._stored_len(oid)
+        if n is None:
+            raise ObjectMissingError(oid)
+        return n
+
+    def iter_ids(self) -> Iterator[str]:
+        """Every id, sorted; reads in batches so no transaction spans a yield."""
+        h = self._h()
+        last: bytes | None = None
+        while True:
+            def fn(txn: Any, after: bytes | None = last) -> list[bytes]:
+                cur = txn.cursor(db=h.dbs["objects"])
+                ok = cur.first() if after is None else cur.set_range(after)
+                if ok and after is not None and cur.key() == after:
+                    ok = cur.next()
+                keys = []
+                while ok and len(keys) < _ITER_BATCH:
+                    keys.append(cur.key())
+                    ok = cur.next()
+                return keys
+            keys = h.read(fn)
+            for k in keys:
+                yield k.decode("ascii")
+            if len(keys) < _ITER_BATCH:
+                return
+            last = keys[-1]
+
+    def ids_with_prefix(self, prefix: str) -> list[str]:
+        """Sorted ids starting with `prefix` (a cursor range scan)."""
+        p = check_prefix(prefix).encode("ascii")
+        h = self._h()
+
+        def fn(txn: Any) -> list[str]:
+            cur = txn.cursor(db=h.dbs["objects"])
+            out: list[str] = []
+            if cur.set_range(p):
+                for k in cur.iternext(keys=True, values=False):
+                    if not k.startswith(p):
+                        break
+                    out.append(k.decode("ascii"))
+            return out
+        return h.read(fn)
+
+    def delete(self, oids: Iterable[str]) -> int:
+        """Remove objects; return the content bytes removed (missing ids ignored)."""
+        keys = [check_oid(o).encode("ascii") for o in oids]
+        h = self._h()
+        removed = 0
+        for i in range(0, len(keys), _DELETE_BATCH):
+            chunk = keys[i:i + _DELETE_BATCH]
+
+            def fn(txn: Any, chunk: list[bytes] = chunk) -> int:
+                n = 0
+                objects = h.dbs["objects"]
+                for key in chunk:
+                    buf = txn.get(key, db=objects)
+                    if buf is not None:
+                        n += len(buf)
+                        txn.delete(key, db=objects)
+                if n:
+                    self._add_object_bytes(txn, h, -n)
+                return n
+            removed += h.write(fn)
+        return removed
+
+    def verify(self, oid: str) -> None:
+        """Hash the stored value in place; raise unless it matches `oid`."""
+        key = check_oid(oid).encode("ascii")
+        h = self._h()
+
+        def fn(txn: Any) -> str | None:
+            buf = txn.get(key, db=h.dbs["objects"])
+            return None if buf is None else object_id(buf)
+        actual = h.read(fn, buffers=True)
+        if actual is None:
+            raise ObjectMissingError(oid)
+        if actual != oid:
+            raise IntegrityError(oid, actual)
+
+    def _corrupt_for_test(self, oid: str, byte_index: int) -> None:
+        """Flip one byte of a stored value, keeping its key (tests only)."""
+        key = check_oid(oid).encode("ascii")
+        h = self._h()
+
+        def fn(txn: Any) -> None:
+            value = bytearray(txn.get(key, db=h.dbs["objects"]))
+            value[byte_index] ^= 0xFF
+            txn.put(key, bytes(value), db=h.dbs["objects"])
+        h.write(fn)
+
+    # ------------------------------------------------------------------ refs
+    def read_ref(self, name: str) -> str | None:
+        """Raw value of ref `name`, or None."""
+        key = check_ref_name(name).encode("utf-8")
+        h = self._h()
+        raw = h.read(lambda txn: txn.get(key, db=h.dbs["refs"]))
+        return None if raw is None else raw.decode("utf-8")
+
+    def iter_refs(self, prefix: str = "") -> Iterator[tuple[str, str]]:
+        """(name, value) of refs whose name starts with `prefix`, sorted by name."""
+        p = prefix.encode("utf-8")
+        h = self._h()
+
+        def fn(txn: Any) -> list[tuple[str, str]]:
+            cur = txn.cursor(db=h.dbs["refs"])
+            out = []
+            if cur.set_range(p):
+                for k, v in cur.iternext():
+                    if not k.startswith(p):
+                        break
+                    out.append((k.decode("utf-8"), v.decode("utf-8")))
+            return out
+        return iter(h.read(fn))
+
+    def update_refs(self, updates: Sequence[RefUpdate], reason: str) -> None:
+        """Atomic compare-and-swap of several refs plus their reflog entries, in one txn."""
+        updates = list(updates)
+        for u in updates:
+            check_update(u)
+        now = time.time()
+        h = self._h()
+
+        def fn(txn: Any) -> None:
+            refs, reflog = h.dbs["refs"], h.dbs["reflog"]
+            for u in updates:
+                key = u.name.encode("utf-8")
+                raw = txn.get(key, db=refs)
+                current = None if raw is None else bytes(raw).decode("utf-8")
+                if u.old is not ANY and current != u.old:
+                    raise RefConflictError(u.name, u.old, current)
+                if u.new is None:
+                    if raw is not None:
+                        txn.delete(key, db=refs)
+                else:
+                    txn.put(key, u.new.encode("utf-8"), db=refs)
+                entry = json.dumps({"old": current, "new": u.new, "time": now,
+                                    "reason": reason}, separators=(",", ":"))
+                txn.put(_reflog_key(key, self._next_seq(txn, reflog, key)),
+                        entry.encode("utf-8"), db=reflog)
+        h.write(fn)
+
+    @staticmethod
+    def _next_seq(txn: Any, reflog: Any, name_b: bytes) -> int:
+        # Names hold no control characters, so b"\x01" sorts after every
+        # "name\0<seq>" key of this name and before any longer name.
+        cur = txn.cursor(db=reflog)
+        ok = cur.set_range(name_b + b"\x01")
+        ok = cur.prev() if ok else cur.last()
+        if ok:
+            k = bytes(cur.key())
+            if k.startswith(name_b + b"\x00") and len(k) == len(name_b) + 9:
+                return int.from_bytes(k[-8:], "big") + 1
+        return 0
+
+    def _reflog_keys_values(self, txn: Any, name_b: bytes) -> list[tuple[bytes, bytes]]:
+        cur = txn.cursor(db=self._h().dbs["reflog"])
+        start = name_b + b"\x00"
+        out = []
+        if cur.set_range(start):
+            for k, v in cur.iternext():
+                k = bytes(k)  # write txns hand out memoryviews
+                if not k.startswith(start) or len(k) != len(start) + 8:
+                    break
+                out.append((k, bytes(v)))
+        return out
+
+    def reflog(self, name: str) -> list[ReflogEntry]:
+        """Every recorded move of `name`, oldest first."""
+        key = check_ref_name(name).encode("utf-8")
+        rows = self._h().read(lambda txn: self._reflog_keys_values(txn, key))
+        out = []
+        for _, v in rows:
+            d = json.loads(v)
+            out.append(ReflogEntry(d["old"], d["new"], float(d["time"]), d["reason"]))
+        return out
+
+    def reflog_names(self) -> list[str]:
+        """Sorted names that have reflog entries (skips from one name to the next)."""
+        h = self._h()
+
+        def fn(txn: Any) -> list[str]:
+            cur = txn.cursor(db=h.dbs["reflog"])
+            names = []
+            ok = cur.first()
+            while ok:
+                name_b = bytes(cur.key()).split(b"\x00", 1)[0]
+                names.append(name_b.decode("utf-8"))
+                ok = cur.set_range(name_b + b"\x01")
+            return names
+        return h.read(fn)
+
+    def delete_reflog(self, name: str) -> None:
+        """Forget the reflog of `name`."""
+        key = check_ref_name(name).encode("utf-8")
+        h = self._h()
+
+        def fn(txn: Any) -> None:
+            for k, _ in self._reflog_keys_values(txn, key):
+                txn.delete(k, db=h.dbs["reflog"])
+        h.write(fn)
+
+    # ------------------------------------------------------------------ meta
+    def get_meta(self, key: str) -> bytes | None:
+        """Metadata value or None."""
+        k = key.encode("utf-8")
+        h = self._h()
+        return h.read(lambda txn: txn.get(k, db=h.dbs["meta"]))
+
+    def set_meta(self, key: str, value: bytes) -> None:
+        """Set a metadata value."""
+        k = key.encode("utf-8")
+        v = bytes(value)
+        h = self._h()
+        h.write(lambda txn: txn.put(k, v, db=h.dbs["meta"]))
+
+    # ----------------------------------------------------------- maintenance
+    def write_lock(self, timeout: float = 60.0) -> AbstractContextManager[None]:
+        """Exclusive repository lock across threads and processes (reentrant per thread)."""
+        if self._closed:
+            raise StoreClosedError("store used after close()")
+        return self._lock.hold(timeout)
+
+    def disk_usage(self) -> int:
+        """Size of the LMDB data file in bytes."""
+        return os.path.getsize(os.path.join(self.path, STORE_DIR, DATA_FILE))
+
+    def object_bytes(self) -> int:
+        """Sum of stored object lengths (a counter kept in meta)."""
+        raw = self.get_meta(_OBJECT_BYTES_KEY.decode())
+        return int(raw) if raw is not None else 0
+
+    def map_size(self) -> int:
+        """Current LMDB map size of this process (for diagnostics and tests)."""
+        return self._h().with_env(lambda env: env.info()["map_size"])
+
+    def compact_copy(self, dest_dir: str | os.PathLike[str]) -> None:
+        """Write a compacted, consistent copy of the environment into the empty `dest_dir`."""
+        dest = os.fspath(dest_dir)
+        os.makedirs(dest, exist_ok=True)
+        if os.listdir(dest):
+            raise StoreExistsError(f"compact_copy destination is not empty: {dest}")
+        self._h().with_env(lambda env: env.copy(dest, compact=True))
+
+    def shrink(self, timeout: float = 60.0) -> tuple[int, int]:
+        """Replace the data file by a compacted copy; return (bytes before, bytes after).
+
+        Crash safety: the copy is written and fsynced in ``store.new`` while the
+        live ``store`` is untouched; then ``store -> store.old`` and
+        ``store.new -> store`` (each rename fsynced) and ``store.old`` is removed.
+        A crash before the first rename leaves ``store`` intact (``store.new`` is
+        discarded on open); between the renames ``store`` is missing and
+        ``store.old`` is complete, so open renames it back; after the second
+        rename ``store`` is the complete compacted copy and leftovers are
+        removed.  Holds the write lock, and refuses (`LockError`) while another
+        process has the store open, since its mapping would keep the old file.
+        """
+        with self.write_lock(timeout):
+            h = self._h()
+            with h.rw.exclusive():
+                if h.env is None:
+                    h.open_env()
+                if not h.users.try_exclusive():
+                    raise LockError("cannot shrink: the repository is open in another process")
+                try:
+                    return h.swap_in_compacted()
+                finally:
+                    h.users.downgrade()

@@ -1,0 +1,225 @@
+"""An in-memory `ObjectStore`, for tests and throwaway repositories.
+
+Same semantics as the LMDB store (verify on read, CAS refs, reflog), guarded by
+one mutex; the write lock is per store and only excludes threads.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager
+from threading import Lock
+from typing import Iterable, Iterator, Sequence
+
+from mvc.store.base import (
+    ANY, BufferTooSmallError, BytesLike, IntegrityError, ObjectMissingError, ObjectStore,
+    RefConflictError, RefUpdate, ReflogEntry, StoreClosedError, check_oid, check_prefix,
+    check_ref_name, check_update, object_id)
+from mvc.store.lock import ThreadLock
+
+FORMAT_VERSION = b"1"
+
+
+class MemoryStore(ObjectStore):
+    """Objects, refs, reflog and metadata held in Python dicts."""
+
+    def __init__(self) -> None:
+        self._mutex = Lock()
+        self._objects: dict[str, bytes] = {}
+        self._refs: dict[str, str] = {}
+        self._reflog: dict[str, list[ReflogEntry]] = {}
+        self._meta: dict[str, bytes] = {"format_version": FORMAT_VERSION}
+        self._object_bytes = 0
+        self._write_lock = ThreadLock()
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("store used after close()")
+
+    # --- objects
+    def put(self, data: BytesLike) -> str:
+        """Store `data` (idempotent) and return its id."""
+        return self.put_many([data])[0]
+
+    def put_many(self, items: Iterable[BytesLike]) -> list[str]:
+        """Store many objects; return their ids in order."""
+        self._check_open()
+        out = []
+        for data in items:
+            oid = object_id(data)
+            with self._mutex:
+                if oid not in self._objects:
+                    blob = bytes(data)
+                    self._objects[oid] = blob
+                    self._object_bytes += len(blob)
+            out.append(oid)
+        return out
+
+    def _raw(self, oid: str) -> bytes:
+        check_oid(oid)
+        self._check_open()
+        with self._mutex:
+            blob = self._objects.get(oid)
+        if blob is None:
+            raise ObjectMissingError(oid)
+        return blob
+
+    def _verified(self, oid: str) -> bytes:
+        blob = self._raw(oid)
+        actual = object_id(blob)
+        if actual != oid:
+            raise IntegrityError(oid, actual)
+        return blob
+
+    def get(self, oid: str) -> bytes:
+        """Return the verified content of `oid`."""
+        return self._verified(oid)
+
+    def get_into(self, oid: str, out: memoryview) -> int:
+        """Copy the verified content of `oid` into `out`; return its length."""
+        blob = self._verified(oid)
+        out = memoryview(out).cast("B")
+        if len(out) < len(blob):
+            raise BufferTooSmallError(
+                f"object {oid} has {len(blob)} bytes; buffer holds {len(out)}")
+        out[:len(blob)] = blob
+        return len(blob)
+
+    def has(self, oid: str) -> bool:
+        """Whether `oid` is stored."""
+        check_oid(oid)
+        self._check_open()
+        with self._mutex:
+            return oid in self._objects
+
+    def size(self, oid: str) -> int:
+        """Stored length of `oid`."""
+        return len(self._raw(oid))
+
+    def iter_ids(self) -> Iterator[str]:
+        """Every stored id, sorted (a snapshot taken at the call)."""
+        self._check_open()
+        with self._mutex:
+            ids = sorted(self._objects)
+        return iter(ids)
+
+    def ids_with_prefix(self, prefix: str) -> list[str]:
+        """Sorted ids starting with `prefix`."""
+        check_prefix(prefix)
+        self._check_open()
+        with self._mutex:
+            return sorted(k for k in self._objects if k.startswith(prefix))
+
+    def delete(self, oids: Iterable[str]) -> int:
+        """Remove objects; return bytes removed."""
+        self._check_open()
+        removed = 0
+        for oid in oids:
+            check_oid(oid)
+            with self._mutex:
+                blob = self._objects.pop(oid, None)
+                if blob is not None:
+                    removed += len(blob)
+                    self._object_bytes -= len(blob)
+        return removed
+
+    def verify(self, oid: str) -> None:
+        """Raise unless `oid` is present and intact."""
+        self._verified(oid)
+
+    def _corrupt_for_test(self, oid: str, byte_index: int) -> None:
+        """Flip one byte of a stored value in place, keeping its key (tests only)."""
+        with self._mutex:
+            blob = bytearray(self._objects[oid])
+            blob[byte_index] ^= 0xFF
+            self._objects[oid] = bytes(blob)
+
+    # --- refs
+    def read_ref(self, name: str) -> str | None:
+        """Raw value of ref `name`, or None."""
+        check_ref_name(name)
+        self._check_open()
+        with self._mutex:
+            return self._refs.get(name)
+
+    def iter_refs(self, prefix: str = "") -> Iterator[tuple[str, str]]:
+        """(name, value) of refs starting with `prefix`, sorted."""
+        self._check_open()
+        with self._mutex:
+            items = sorted((k, v) for k, v in self._refs.items() if k.startswith(prefix))
+        return iter(items)
+
+    def update_refs(self, updates: Sequence[RefUpdate], reason: str) -> None:
+        """Atomic compare-and-swap of several refs, with reflog entries."""
+        self._check_open()
+        updates = list(updates)
+        for u in updates:
+            check_update(u)
+        now = time.time()
+        with self._mutex:
+            refs = dict(self._refs)
+            log: list[tuple[str, ReflogEntry]] = []
+            for u in updates:
+                current = refs.get(u.name)
+                if u.old is not ANY and current != u.old:
+                    raise RefConflictError(u.name, u.old, current)
+                if u.new is None:
+                    refs.pop(u.name, None)
+                else:
+                    refs[u.name] = u.new
+                log.append((u.name, ReflogEntry(current, u.new, now, reason)))
+            self._refs = refs
+            for name, entry in log:
+                self._reflog.setdefault(name, []).append(entry)
+
+    def reflog(self, name: str) -> list[ReflogEntry]:
+        """Moves of `name`, oldest first."""
+        check_ref_name(name)
+        self._check_open()
+        with self._mutex:
+            return list(self._reflog.get(name, ()))
+
+    def reflog_names(self) -> list[str]:
+        """Names with reflog entries, sorted."""
+        self._check_open()
+        with self._mutex:
+            return sorted(k for k, v in self._reflog.items() if v)
+
+    def delete_reflog(self, name: str) -> None:
+        """Forget the reflog of `name`."""
+        check_ref_name(name)
+        self._check_open()
+        with self._mutex:
+            self._reflog.pop(name, None)
+
+    # --- metadata
+    def get_meta(self, key: str) -> bytes | None:
+        """Metadata value or None."""
+        self._check_open()
+        with self._mutex:
+            return self._meta.get(key)
+
+    def set_meta(self, key: str, value: bytes) -> None:
+        """Set a metadata value."""
+        self._check_open()
+        with self._mutex:
+            self._meta[key] = bytes(value)
+
+    # --- maintenance
+    def write_lock(self, timeout: float = 60.0) -> AbstractContextManager[None]:
+        """Hold this store's write lock (threads only: nothing is shared across processes)."""
+        self._check_open()
+        return self._write_lock.hold(timeout)
+
+    def disk_usage(self) -> int:
+        """In-memory: the object bytes stand in for the footprint."""
+        return self.object_bytes()
+
+    def object_bytes(self) -> int:
+        """Sum of stored object lengths."""
+        with self._mutex:
+            return self._object_bytes
+
+    def close(self) -> None:
+        """Drop the contents; later calls raise `StoreClosedError`."""
+        self._closed = True
