@@ -1,0 +1,337 @@
+"""Checkpoint files in and out: torch ``.pt/.pth/.ckpt/.bin`` and ``.safetensors``.
+
+Checkpoint files are untrusted input.  torch files are read only with
+``torch.load(weights_only=True)``, so a pickle that needs any other global is
+refused before anything runs (`UnsafeCheckpointError` names the global);
+numpy arrays and scalars are additionally allowed because RNG states carry
+them.  Every failure is one line naming the file, with its own exit code.
+
+Writes are atomic: a temporary file in the target's directory is written,
+flushed and fsync-ed, then renamed over the target.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import pickletools
+import re
+import secrets
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from mvc.errors import MvcError, UsageError
+
+TORCH_SUFFIXES = frozenset({".pt", ".pth", ".ckpt", ".bin"})
+SAFETENSORS_SUFFIXES = frozenset({".safetensors"})
+FORMATS = ("pt", "safetensors")
+
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+# torch's legacy (non-zip) format opens with this pickled magic number.
+_LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"
+_MAX_PICKLES_SCANNED = 8
+
+
+class CheckpointFileError(MvcError):
+    """Base of errors about a checkpoint file given to mvc."""
+
+
+class CheckpointNotFoundError(CheckpointFileError):
+    """The checkpoint path does not exist, is a directory, or cannot be opened."""
+
+    exit_code = 20
+
+
+class CorruptCheckpointError(CheckpointFileError):
+    """The file is truncated, damaged, or not a checkpoint at all."""
+
+    exit_code = 21
+
+
+class UnsafeCheckpointError(CheckpointFileError):
+    """The file's pickle needs globals outside torch's weights-only allowlist (it was not run)."""
+
+    exit_code = 22
+
+
+class UnsupportedCheckpointError(CheckpointFileError):
+    """The file's extension or format is not one mvc reads or writes."""
+
+    exit_code = 23
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    """Return ``"pt"`` or ``"safetensors"`` for an existing checkpoint file.
+
+    The extension decides; an unknown extension is sniffed from the first
+    bytes (zip or legacy torch magic, safetensors header).
+    """
+    target = _existing_file(path)
+    suffix = target.suffix.lower()
+    if suffix in TORCH_SUFFIXES:
+        return "pt"
+    if suffix in SAFETENSORS_SUFFIXES:
+        return "safetensors"
+    head = _read_head(target, 16)
+    if head.startswith(_ZIP_MAGIC) or head.startswith(_LEGACY_MAGIC):
+        return "pt"
+    if len(head) >= 9 and head[8:9] == b"{":
+        header_len = int.from_bytes(head[:8], "little")
+        if 0 < header_len <= target.stat().st_size - 8:
+            return "safetensors"
+    raise UnsupportedCheckpointError(
+        f"{target}: unknown checkpoint format (expected .pt, .pth, .ckpt, .bin or .safetensors)"
+    )
+
+
+def load_checkpoint(path: str | os.PathLike) -> Any:
+    """Load a checkpoint file safely into CPU memory (memory-mapped where possible).
+
+    Raises `CheckpointNotFoundError`, `CorruptCheckpointError`,
+    `UnsafeCheckpointError` or `UnsupportedCheckpointError`.
+    """
+    target = _existing_file(path)
+    _read_head(target, 1)  # surfaces permission problems as "cannot be read", before any parser runs
+    if detect_format(target) == "safetensors":
+        return _load_safetensors(target)
+    return _load_torch(target)
+
+
+def save_checkpoint(state: Any, path: str | os.PathLike, format: str | None = None) -> None:
+    """Write `state` to `path` atomically as ``"pt"`` (torch.save) or ``"safetensors"``.
+
+    `format` defaults from the extension.  safetensors holds only a flat dict
+    of str -> tensor and cannot express shared storage: tensors that share
+    memory are written as independent copies (use ``"pt"`` to keep sharing).
+    """
+    target = Path(os.fspath(path))
+    fmt = _save_format(target, format)
+    if target.is_dir():
+        raise UsageError(f"{target}: is a directory; expected a checkpoint file path")
+    parent = target.absolute().parent
+    if not parent.is_dir():
+        raise UsageError(f"{parent}: directory does not exist")
+    tensors = _safetensors_payload(state, target) if fmt == "safetensors" else None
+    tmp = parent / f".{target.name}.{secrets.token_hex(6)}.tmp"
+    try:
+        if tensors is None:
+            # os.open with 0o666 lets the umask pick the mode, as for a plain open().
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as out:
+                torch.save(state, out)
+                out.flush()
+                os.fsync(out.fileno())
+        else:
+            from safetensors.torch import save_file
+
+            save_file(tensors, str(tmp))
+            _fsync_path(tmp, os.O_RDONLY)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_path(parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _existing_file(path: str | os.PathLike) -> Path:
+    target = Path(os.fspath(path)).expanduser()
+    if not target.exists():
+        raise CheckpointNotFoundError(f"{target}: no such file")
+    if target.is_dir():
+        raise CheckpointNotFoundError(f"{target}: is a directory; expected a checkpoint file")
+    if not target.is_file():
+        raise CheckpointNotFoundError(f"{target}: not a regular file; expected a checkpoint file")
+    return target
+
+
+def _read_head(target: Path, size: int) -> bytes:
+    try:
+        with open(target, "rb") as handle:
+            return handle.read(size)
+    except OSError as exc:
+        raise CheckpointNotFoundError(f"{target}: cannot be read ({exc.strerror or exc})") from None
+
+
+def _short(exc: BaseException) -> str:
+    """First sentence of an exception message, without torch's terminal escapes."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
+    line = text.splitlines()[0].strip() if text else ""
+    if len(line) > 120 and ". " in line:
+        line = line.split(". ", 1)[0]
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+def _numpy_safe_globals() -> list:
+    """numpy array/scalar reconstructors: they rebuild plain data and run no user code."""
+    try:
+        import numpy as np
+    except ImportError:
+        return []
+    found = [np.ndarray, np.dtype, np.zeros(1).__reduce__()[0], np.float64(0).__reduce__()[0]]
+    found += sorted({type(np.dtype(code)) for code in "?bBhHiIlLqQefdgFDG"}, key=str)
+    return found
+
+
+def _load_torch(target: Path) -> Any:
+    with torch.serialization.safe_globals(_numpy_safe_globals()), warnings.catch_warnings():
+        # Raw pickles (a refused payload, usually) make torch warn about the protocol; the error says it all.
+        warnings.filterwarnings("ignore", message="Detected pickle protocol")
+        try:
+            try:
+                return torch.load(target, weights_only=True, mmap=True, map_location="cpu")
+            except RuntimeError as exc:
+                if "mmap can only be used" not in str(exc):
+                    raise
+            # Legacy (pre-zip) files cannot be memory-mapped.
+            return torch.load(target, weights_only=True, map_location="cpu")
+        except MemoryError:
+            raise
+        except pickle.UnpicklingError as exc:
+            unsafe = _forbidden_globals(target, str(exc))
+            if unsafe:
+                raise UnsafeCheckpointError(
+                    f"{target}: refused: the pickle needs {', '.join(unsafe)}, which torch.load(weights_only=True) "
+                    "does not allow (nothing was executed)"
+                ) from None
+            raise CorruptCheckpointError(f"{target}: not a valid torch checkpoint ({_short(exc)})") from None
+        except Exception as exc:  # untrusted bytes fail in many ways inside torch/pickle
+            raise CorruptCheckpointError(f"{target}: truncated or not a torch checkpoint ({_short(exc)})") from None
+
+
+def _forbidden_globals(target: Path, message: str) -> list[str]:
+    """Names of the disallowed globals behind a weights-only refusal, or [] if it was not one."""
+    if "Weights only load failed" not in message:
+        return []
+    named = re.findall(r"GLOBAL ([\w.]+)", message)
+    if named:
+        return list(dict.fromkeys(named))
+    try:
+        allowed = _allowed_globals()
+        return [name for name in _scan_globals(target) if name not in allowed]
+    except Exception:
+        return []
+
+
+def _allowed_globals() -> set[str]:
+    from torch import _weights_only_unpickler as wou  # private, hence the caller's try
+
+    names = set(wou._get_allowed_globals()) | set(wou._get_user_allowed_globals())
+    return names | {f"{g.__module__}.{g.__name__}" for g in _numpy_safe_globals()}
+
+
+def _scan_globals(target: Path) -> list[str]:
+    """Statically list the globals a torch file's pickle(s) reference, without unpickling."""
+    with open(target, "rb") as handle:
+        if zipfile.is_zipfile(handle):
+            with zipfile.ZipFile(handle) as archive:
+                member = next(n for n in archive.namelist() if n == "data.pkl" or n.endswith("/data.pkl"))
+                with archive.open(member) as pkl:
+                    return _pickle_globals(pkl)
+        handle.seek(0)
+        return _pickle_globals(handle)
+
+
+def _pickle_globals(stream: BinaryIO) -> list[str]:
+    found: list[str] = []
+    for _ in range(_MAX_PICKLES_SCANNED):  # the legacy format is several pickles in a row
+        memo: dict[int, Any] = {}
+        recent: list[Any] = []
+        try:
+            for opcode, arg, _pos in pickletools.genops(stream):
+                name = opcode.name
+                if name == "GLOBAL":
+                    found.append(str(arg).replace(" ", "."))
+                elif name == "STACK_GLOBAL" and len(recent) >= 2:
+                    found.append(f"{recent[-2]}.{recent[-1]}")
+                if name in ("MEMOIZE",):
+                    memo[len(memo)] = recent[-1] if recent else None
+                elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+                    memo[int(arg)] = recent[-1] if recent else None
+                elif name in ("GET", "BINGET", "LONG_BINGET"):
+                    recent.append(memo.get(int(arg)))
+                elif isinstance(arg, str) and ("UNICODE" in name or "STRING" in name):
+                    recent.append(arg)
+                elif name not in ("FRAME", "PROTO"):
+                    recent.append(None)
+                if name == "STOP":
+                    break
+            else:
+                break
+        except Exception:
+            break  # past the pickles (raw storage bytes) or damaged
+    return list(dict.fromkeys(found))
+
+
+def _load_safetensors(target: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(target), device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
+        raise CorruptCheckpointError(f"{target}: truncated or not a safetensors file ({_short(exc)})") from None
+
+
+def _save_format(target: Path, format: str | None) -> str:
+    if format is not None:
+        if format not in FORMATS:
+            raise UnsupportedCheckpointError(f"{target}: unknown format {format!r} (expected 'pt' or 'safetensors')")
+        return format
+    suffix = target.suffix.lower()
+    if suffix in TORCH_SUFFIXES:
+        return "pt"
+    if suffix in SAFETENSORS_SUFFIXES:
+        return "safetensors"
+    raise UnsupportedCheckpointError(
+        f"{target}: cannot tell the format from the extension; use .pt/.pth/.ckpt/.bin or .safetensors, or give a format"
+    )
+
+
+def _safetensors_payload(state: Any, target: Path) -> dict[str, torch.Tensor]:
+    """The flat str -> contiguous CPU tensor dict safetensors accepts; shared memory is copied apart."""
+    hint = "; use format 'pt' for nested checkpoints"
+    if not isinstance(state, dict):
+        raise UsageError(f"{target}: safetensors holds only a flat dict of tensors, got {type(state).__name__}{hint}")
+    payload: dict[str, torch.Tensor] = {}
+    seen: set[tuple[str, int]] = set()
+    for key, value in state.items():
+        if type(key) is not str or not isinstance(value, torch.Tensor):
+            raise UsageError(
+                f"{target}: safetensors holds only str -> tensor entries, got {key!r}: {type(value).__name__}{hint}"
+            )
+        if value.layout != torch.strided or value.is_quantized or value.is_nested:
+            raise UsageError(f"{target}: safetensors cannot hold the {value.layout} tensor {key!r}{hint}")
+        tensor = value.detach().cpu().contiguous()
+        if tensor.untyped_storage().nbytes():
+            pointer = (str(tensor.device), tensor.untyped_storage().data_ptr())
+            if pointer in seen:
+                tensor = tensor.clone()
+            seen.add((str(tensor.device), tensor.untyped_storage().data_ptr()))
+        payload[key] = tensor
+    import safetensors.torch
+
+    # safetensors keeps its writable dtypes in a private table; skip the check if it moves.
+    writable = set(getattr(safetensors.torch, "_TYPES", {}).values())
+    for key, tensor in payload.items():
+        if writable and tensor.dtype not in writable:
+            raise UsageError(f"{target}: safetensors cannot store {tensor.dtype} (tensor {key!r}){hint}")
+    return payload
+
+
+def _fsync_path(path: Path, flags: int) -> None:
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return  # some platforms cannot open directories; the rename is still atomic
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+

@@ -1,0 +1,206 @@
+"""Safe, JSON-able encoding of the non-tensor leaves of a checkpoint.
+
+A checkpoint's "remainder" is everything that is not a tensor: step counters,
+scheduler state, hyper-parameters, RNG states.  Each leaf becomes a JSON node
+that `json.dumps(..., allow_nan=False)` accepts and that decodes to a value of
+the same type with the same bits:
+
+* ``None``, ``bool``, ``str``, finite ``float`` and ``int`` within +-2**53 are
+  stored as themselves (JSON round-trips them exactly, including ``-0.0``);
+* everything else is a tagged object ``{"t": <tag>, ...}``: non-finite floats
+  (by bit pattern, so NaN payloads survive), big ints, bytes, complex numbers,
+  ``torch.dtype`` / ``torch.Size`` / ``torch.device``, numpy arrays and
+  scalars of fixed-size dtypes (RNG states hold them);
+* any other object goes through torch's ``weights_only`` format: it is
+  ``torch.save``-d to bytes and accepted only if ``torch.load(weights_only=True)``
+  reads it back.  Plain pickle is never used, so decoding can never run code.
+
+Containers and tensors are handled by `mvc.io.state`; this module only sees
+leaves.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import math
+import re
+import struct
+import sys
+from typing import Any
+
+import torch
+
+from mvc.errors import DataError, MvcError
+
+# JSON numbers beyond 2**53 lose precision in most non-Python readers.
+_JSON_SAFE_INT = 2**53
+# numpy dtype kinds with a fixed-size, pointer-free byte representation.
+_NUMPY_KINDS = frozenset("biufcSUmM")
+
+
+class UnsupportedStateError(MvcError):
+    """A value in the state cannot be stored safely; the message names its key path."""
+
+    exit_code = 24
+
+
+def render_path(path: tuple) -> str:
+    """Render a key path as Python subscripts, e.g. ``state['optimizer']['state'][0]``."""
+    return "state" + "".join(f"[{key!r}]" for key in path)
+
+
+def unsupported(value: Any, path: tuple, reason: str) -> UnsupportedStateError:
+    """Build the error for `value` at `path` (returned, so callers write ``raise unsupported(...)``)."""
+    kind = f"{type(value).__module__}.{type(value).__qualname__}"
+    return UnsupportedStateError(f"cannot store {kind} at {render_path(path)}: {reason}")
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"), validate=True)
+
+
+def _numpy() -> Any:
+    # A value can only be a numpy object if numpy is already imported, so
+    # checking sys.modules avoids importing numpy for states that never use it.
+    return sys.modules.get("numpy")
+
+
+def encode_leaf(value: Any, path: tuple) -> Any:
+    """Encode one non-container, non-tensor value as a JSON node.
+
+    Raises `UnsupportedStateError` naming `path` when the value can be stored
+    neither explicitly nor through torch's ``weights_only`` format.
+    """
+    kind = type(value)
+    if value is None or kind is bool or kind is str:
+        return value
+    if kind is int:
+        if -_JSON_SAFE_INT <= value <= _JSON_SAFE_INT:
+            return value
+        return {"t": "int", "v": str(value)}
+    if kind is float:
+        if math.isfinite(value):
+            return value
+        return {"t": "float", "bits": struct.pack(">d", value).hex()}
+    if kind is complex:
+        return {"t": "complex", "re": encode_leaf(value.real, path), "im": encode_leaf(value.imag, path)}
+    if kind is bytes:
+        return {"t": "bytes", "b64": _b64(value)}
+    if kind is bytearray:
+        return {"t": "bytearray", "b64": _b64(bytes(value))}
+    if kind is torch.dtype:
+        return {"t": "dtype", "v": str(value).removeprefix("torch.")}
+    if kind is torch.Size:
+        return {"t": "size", "v": list(value)}
+    if kind is torch.device:
+        return {"t": "device", "v": str(value)}
+    np = _numpy()
+    if np is not None:
+        if kind is np.ndarray:
+            return _encode_ndarray(value, path)
+        if isinstance(value, np.generic) and value.dtype.kind in _NUMPY_KINDS:
+            return {"t": "npscalar", "dtype": value.dtype.str, "b64": _b64(value.tobytes())}
+    return _encode_weights_only(value, path)
+
+
+def _encode_ndarray(array: Any, path: tuple) -> dict:
+    if array.dtype.kind not in _NUMPY_KINDS or array.dtype.names is not None:
+        raise unsupported(array, path, f"numpy dtype {array.dtype!r} is not a fixed-size plain dtype")
+    # Keep Fortran order when that is the array's layout, as pickle would.
+    order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
+    return {
+        "t": "ndarray",
+        "dtype": array.dtype.str,
+        "shape": list(array.shape),
+        "order": order,
+        "b64": _b64(array.tobytes(order=order)),
+    }
+
+
+def _encode_weights_only(value: Any, path: tuple) -> dict:
+    buffer = io.BytesIO()
+    try:
+        torch.save(value, buffer)
+    except Exception as exc:  # pickling user objects can fail in arbitrary ways
+        raise unsupported(value, path, f"torch.save failed ({_first_line(exc)})") from None
+    data = buffer.getvalue()
+    try:
+        torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        need = f"needs {found.group(1)}" if found else _first_line(exc)
+        raise unsupported(
+            value, path,
+            f"not loadable with torch.load(weights_only=True) ({need}); "
+            "store it as plain Python values or register it with torch.serialization.add_safe_globals",
+        ) from None
+    return {"t": "torch", "b64": _b64(data)}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def decode_leaf(node: Any) -> Any:
+    """Invert `encode_leaf`.  Raises `DataError` for a node it does not recognise."""
+    if node is None or isinstance(node, (bool, int, float, str)):
+        return node
+    if not isinstance(node, dict):
+        raise DataError(f"malformed state remainder: unexpected node {type(node).__name__}")
+    tag = node.get("t")
+    try:
+        decoder = _DECODERS[tag]
+    except (KeyError, TypeError):
+        raise DataError(f"malformed state remainder: unknown tag {tag!r}") from None
+    try:
+        return decoder(node)
+    except MvcError:
+        raise
+    except Exception as exc:
+        raise DataError(f"malformed state remainder node {tag!r}: {_first_line(exc)}") from None
+
+
+def _decode_dtype(node: dict) -> torch.dtype:
+    dtype = getattr(torch, node["v"], None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown torch dtype {node['v']!r}")
+    return dtype
+
+
+def _decode_ndarray(node: dict) -> Any:
+    import numpy as np
+
+    dtype = np.dtype(node["dtype"])
+    flat = np.frombuffer(_unb64(node["b64"]), dtype=dtype)
+    # copy(): frombuffer arrays are read-only views of the decoded bytes.
+    return flat.reshape(node["shape"], order=node["order"]).copy(order=node["order"])
+
+
+def _decode_npscalar(node: dict) -> Any:
+    import numpy as np
+
+    return np.frombuffer(_unb64(node["b64"]), dtype=np.dtype(node["dtype"]))[0]
+
+
+def _decode_weights_only(node: dict) -> Any:
+    return torch.load(io.BytesIO(_unb64(node["b64"])), weights_only=True, map_location="cpu")
+
+
+_DECODERS = {
+    "int": lambda n: int(n["v"]),
+    "float": lambda n: struct.unpack(">d", bytes.fromhex(n["bits"]))[0],
+    "complex": lambda n: complex(decode_leaf(n["re"]), decode_leaf(n["im"])),
+    "bytes": lambda n: _unb64(n["b64"]),
+    "bytearray": lambda n: bytearray(_unb64(n["b64"])),
+    "dtype": _decode_dtype,
+    "size": lambda n: torch.Size(int(v) for v in n["v"]),
+    "device": lambda n: torch.device(n["v"]),
+    "ndarray": _decode_ndarray,
+    "npscalar": _decode_npscalar,
+    "torch": _decode_weights_only,
+}
