@@ -1,0 +1,1 @@
+"""The `mvc` command-line interface."""

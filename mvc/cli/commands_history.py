@@ -1,0 +1,163 @@
+"""log, show, diff, stats."""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import click
+
+from mvc.cli.format import echo_json, human_bytes, ratio, table
+from mvc.repo.objects import Commit
+from mvc.repo.repository import Repo
+
+
+def _decorations(repo: Repo) -> dict[str, list[str]]:
+    deco: dict[str, list[str]] = {}
+    head, current = repo.head(), repo.current_branch()
+    for name, oid in repo.branches():
+        label = f"HEAD -> {name}" if name == current else name
+        deco.setdefault(oid, []).insert(0 if name == current else len(deco.get(oid, [])), label)
+    for name, oid in repo.tags():
+        deco.setdefault(oid, []).append(f"tag: {name}")
+    if head and current is None:
+        deco.setdefault(head, []).insert(0, "HEAD")
+    return deco
+
+
+def commit_dict(c: Commit) -> dict:
+    d = asdict(c)
+    d["id"] = c.id
+    return d
+
+
+@click.command()
+@click.argument("rev", required=False, default="HEAD")
+@click.option("--oneline", is_flag=True, help="One line per commit.")
+@click.option("--graph", is_flag=True, help="Draw the commit graph.")
+@click.option("-n", "max_count", type=int, default=None, help="Show at most N commits.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def log(rev: str, oneline: bool, graph: bool, max_count: int | None, as_json: bool) -> None:
+    """Show the history reachable from REV (default HEAD)."""
+    repo = Repo.discover()
+    commits = repo.log(rev, max_count)
+    if as_json:
+        echo_json([commit_dict(c) for c in commits])
+        return
+    deco = _decorations(repo)
+    for i, c in enumerate(commits):
+        refs = f" ({', '.join(deco[c.id])})" if c.id in deco else ""
+        bullet = "* " if graph else ""
+        if oneline:
+            click.echo(f"{bullet}{c.id[:12]}{refs} {c.summary}")
+            continue
+        pad = "| " if graph else ""
+        click.echo(f"{bullet}commit {c.id}{refs}")
+        click.echo(f"{pad}Author: {c.author}")
+        click.echo(f"{pad}Date:   {c.time}")
+        extra = []
+        if c.step is not None:
+            extra.append(f"step {c.step}")
+        extra += [f"{k}={v:g}" for k, v in c.metrics.items()]
+        if c.quant:
+            extra.append("lossy")
+        if extra:
+            click.echo(f"{pad}Info:   {', '.join(extra)}")
+        click.echo(pad)
+        for line in c.message.splitlines() or [""]:
+            click.echo(f"{pad}    {line}")
+        if i + 1 < len(commits):
+            click.echo(pad)
+
+
+@click.command()
+@click.argument("rev", required=False, default="HEAD")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def show(rev: str, as_json: bool) -> None:
+    """Show a commit: message, metadata, provenance and how each tensor is stored."""
+    repo = Repo.discover()
+    c = repo.read_commit(repo.resolve(rev))
+    snap = repo.read_snapshot(c.snapshot)
+    tensors = [{
+        "name": t.name, "dtype": t.dtype, "shape": t.shape, "codec": t.codec,
+        "raw_bytes": t.raw_bytes, "stored_bytes": t.stored_bytes, "depth": t.depth,
+        "ratio": (t.raw_bytes / t.stored_bytes) if t.stored_bytes else None,
+    } for t in snap.tensors]
+    if as_json:
+        echo_json({**commit_dict(c), "tensors": tensors})
+        return
+    click.echo(f"commit {c.id}")
+    if c.parents:
+        click.echo(f"Parents: {' '.join(p[:12] for p in c.parents)}")
+    click.echo(f"Author:  {c.author}")
+    click.echo(f"Date:    {c.time}")
+    if c.step is not None:
+        click.echo(f"Step:    {c.step}")
+    for k, v in c.metrics.items():
+        click.echo(f"Metric:  {k} = {v:g}")
+    if c.provenance:
+        p = c.provenance
+        dirty = " (dirty)" if p.get("dirty") else ""
+        click.echo(f"Code:    {p.get('commit') or 'no commits'} on {p.get('branch') or 'detached'}"
+                   f"{dirty} in {p.get('repo')}")
+    if c.quant:
+        click.echo(f"Quant:   {c.quant}")
+    if c.quality:
+        q = c.quality
+        click.echo(f"Quality: {q}")
+    click.echo("")
+    for line in c.message.splitlines():
+        click.echo(f"    {line}")
+    click.echo("")
+    rows = [(t["name"], t["dtype"], "x".join(map(str, t["shape"])) or "()", t["codec"],
+             human_bytes(t["stored_bytes"]), ratio(t["raw_bytes"] / t["stored_bytes"])
+             if t["stored_bytes"] else "-") for t in tensors]
+    click.echo(table(rows, ["tensor", "dtype", "shape", "codec", "stored", "ratio"], "lllllr"))
+    raw, stored = snap.raw_bytes, sum(t["stored_bytes"] for t in tensors)
+    click.echo(f"\n{len(tensors)} tensors, {human_bytes(raw)} raw, {human_bytes(stored)} stored"
+               f" ({ratio(raw / stored) if stored else '-'})")
+
+
+@click.command()
+@click.argument("rev_a")
+@click.argument("rev_b")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--all", "show_all", is_flag=True, help="Also list unchanged tensors.")
+def diff(rev_a: str, rev_b: str, as_json: bool, show_all: bool) -> None:
+    """Per-tensor differences between REV_A and REV_B."""
+    repo = Repo.discover()
+    diffs = repo.diff(rev_a, rev_b)
+    if as_json:
+        echo_json([d.to_dict() for d in diffs])
+        return
+    rows = []
+    for d in diffs:
+        if d.status == "unchanged" and not show_all:
+            continue
+        rel = f"{d.rel_l2:.3e}" if d.rel_l2 is not None else "-"
+        mx = f"{d.max_abs:.3e}" if d.max_abs is not None else "-"
+        rows.append((d.name, d.status, rel, mx))
+    counts = {}
+    for d in diffs:
+        counts[d.status] = counts.get(d.status, 0) + 1
+    if rows:
+        click.echo(table(rows, ["tensor", "status", "rel L2", "max |diff|"], "llrr"))
+    click.echo(", ".join(f"{n} {s}" for s, n in counts.items()) or "no tensors")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def stats(as_json: bool) -> None:
+    """Raw checkpoint bytes vs stored bytes, per commit and in total."""
+    repo = Repo.discover()
+    s = repo.stats()
+    if as_json:
+        echo_json(s.to_dict())
+        return
+    rows = [(c.id[:12], c.message[:40], human_bytes(c.raw_bytes), human_bytes(c.stored_bytes),
+             ratio(c.ratio)) for c in s.commits]
+    click.echo(table(rows, ["commit", "message", "raw", "stored", "ratio"], "llrrr"))
+    click.echo(f"\ntotal: {len(s.commits)} commits, {human_bytes(s.raw_bytes)} raw, "
+               f"{human_bytes(s.stored_bytes)} stored ({ratio(s.ratio)}); "
+               f"{human_bytes(s.disk_bytes)} on disk")
+
+
+COMMANDS = [log, show, diff, stats]

@@ -1,0 +1,155 @@
+"""init, commit, checkout, status, config."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from mvc.cli.format import human_bytes
+from mvc.errors import UsageError
+from mvc.repo.repository import Repo
+
+
+def _parse_metrics(items: tuple[str, ...]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--metric expects KEY=VALUE, got {item!r}")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise UsageError(f"--metric {key}: {value!r} is not a number") from None
+    return out
+
+
+def _checkpoint_path(repo: Repo, given: str | None, what: str) -> Path:
+    if given:
+        return Path(given)
+    configured = repo.config.get("checkpoint.path")
+    if not configured:
+        raise UsageError(f"no {what} given and none configured "
+                         "(pass a path, or `mvc config checkpoint.path PATH`)")
+    p = Path(configured)
+    return p if p.is_absolute() else repo.path / p
+
+
+@click.command()
+@click.argument("path", required=False, default=".", type=click.Path(file_okay=False))
+def init(path: str) -> None:
+    """Create an empty repository in PATH (default: the current directory)."""
+    existed = (Path(path) / ".mvc" / "store").is_dir()
+    repo = Repo.init(path)
+    click.echo(f"{'Reinitialized existing' if existed else 'Initialized empty'} mvc repository in {repo.mvc_dir}")
+
+
+@click.command()
+@click.option("-m", "--message", required=True, help="Commit message.")
+@click.argument("checkpoint", required=False)
+@click.option("--step", type=int, default=None, help="Training step of this checkpoint.")
+@click.option("--metric", "metrics", multiple=True, metavar="KEY=VALUE",
+              help="A metric to record (repeatable).")
+@click.option("--lossless", is_flag=True, default=False, help="Store every tensor exactly.")
+def commit(message: str, checkpoint: str | None, step: int | None, metrics: tuple[str, ...],
+           lossless: bool) -> None:
+    """Commit CHECKPOINT (.pt/.pth/.ckpt/.safetensors; default: checkpoint.path)."""
+    from mvc.io.files import load_checkpoint
+
+    repo = Repo.discover()
+    path = _checkpoint_path(repo, checkpoint, "checkpoint")
+    metric_values = _parse_metrics(metrics)
+    state = load_checkpoint(path)
+    st = path.stat()
+    cid = repo.commit(state, message, step=step, metrics=metric_values,
+                      lossless=True if lossless else None)
+    _remember_source(repo, cid, path, st)
+    branch = repo.current_branch()
+    c = repo.read_commit(cid)
+    raw = repo.read_snapshot(c.snapshot).raw_bytes
+    click.echo(f"[{branch or 'detached HEAD'} {cid[:12]}] {c.summary}  ({human_bytes(raw)} of tensors)")
+
+
+def _remember_source(repo: Repo, cid: str, path: Path, st: os.stat_result) -> None:
+    """Record which file HEAD came from, so `status` can tell if it changed since."""
+    import json
+
+    repo.store.set_meta("worktree", json.dumps(
+        {"commit": cid, "path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    ).encode())
+
+
+@click.command()
+@click.argument("rev")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Where to write the checkpoint (default: checkpoint.path).")
+@click.option("--format", "fmt", type=click.Choice(["pt", "safetensors"]), default=None,
+              help="File format (default: from the extension, else pt).")
+def checkout(rev: str, output: str | None, fmt: str | None) -> None:
+    """Write the checkpoint of REV to a file and move HEAD to it."""
+    from mvc.io.files import save_checkpoint
+
+    repo = Repo.discover()
+    path = _checkpoint_path(repo, output, "output file (-o)")
+    cid = repo.resolve(rev)
+    state = repo.read_state(cid)
+    save_checkpoint(state, path, fmt)
+    repo._move_head(rev, cid)
+    _remember_source(repo, cid, path, path.stat())
+    branch = repo.current_branch()
+    where = f"on branch {branch}" if branch else f"HEAD detached at {cid[:12]}"
+    click.echo(f"Wrote {path} ({human_bytes(path.stat().st_size)}); {where}")
+
+
+@click.command()
+def status() -> None:
+    """Show the current branch, HEAD, and whether the checkpoint file changed since."""
+    import json
+
+    repo = Repo.discover()
+    branch = repo.current_branch()
+    head = repo.head()
+    click.echo(f"On branch {branch}" if branch else f"HEAD detached at {head[:12] if head else '?'}")
+    if head is None:
+        click.echo("No commits yet")
+    else:
+        c = repo.read_commit(head)
+        click.echo(f"HEAD {head[:12]} {c.summary}")
+    configured = repo.config.get("checkpoint.path")
+    raw = repo.store.get_meta("worktree")
+    tracked = json.loads(raw) if raw else None
+    path = Path(configured) if configured else (Path(tracked["path"]) if tracked else None)
+    if path is None:
+        click.echo("No checkpoint file configured (mvc config checkpoint.path PATH)")
+        return
+    if not path.is_absolute():
+        path = repo.path / path
+    if not path.exists():
+        click.echo(f"Checkpoint {path}: missing")
+        return
+    st = path.stat()
+    same = (tracked and tracked["path"] == str(path.resolve()) and tracked["commit"] == head
+            and tracked["size"] == st.st_size and tracked["mtime_ns"] == st.st_mtime_ns)
+    click.echo(f"Checkpoint {path}: {'unchanged since HEAD' if same else 'modified (not committed)'}")
+
+
+@click.command("config")
+@click.argument("key", required=False)
+@click.argument("value", required=False)
+@click.option("--unset", is_flag=True, help="Remove KEY (back to its default).")
+def config_cmd(key: str | None, value: str | None, unset: bool) -> None:
+    """Get or set repository configuration (no KEY: list everything)."""
+    repo = Repo.discover()
+    if key is None:
+        for k, v in repo.config.items().items():
+            click.echo(f"{k} = {'' if v is None else v}")
+    elif unset:
+        repo.config.set(key, None)
+    elif value is None:
+        v = repo.config.get(key)
+        click.echo("" if v is None else str(v))
+    else:
+        repo.config.set(key, value)
+
+
+COMMANDS = [init, commit, checkout, status, config_cmd]

@@ -1,0 +1,78 @@
+"""The `mvc` command: a click group whose commands are thin calls into `mvc.repo`.
+
+Errors: every `MvcError` becomes one line on stderr and the error class's own
+exit code; anything else is a bug and says so (traceback only with MVC_DEBUG=1).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import click
+
+from mvc.errors import InternalError, MvcError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="mvc", prog_name="mvc")
+@click.option("-C", "directory", type=click.Path(file_okay=False), default=None,
+              help="Run as if started in this directory.")
+def cli(directory: str | None) -> None:
+    """mvc: version control for training checkpoints."""
+    if directory:
+        try:
+            os.chdir(directory)
+        except OSError as exc:
+            raise click.UsageError(f"cannot change to {directory}: {exc.strerror}")
+
+
+def _register() -> None:
+    from mvc.cli import commands_history, commands_maint, commands_refs, commands_work
+
+    for mod in (commands_work, commands_refs, commands_history, commands_maint):
+        for cmd in mod.COMMANDS:
+            cli.add_command(cmd)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for the `mvc` console script and `python -m mvc`."""
+    try:
+        cli.main(args=argv, prog_name="mvc", standalone_mode=False)
+        return 0
+    except MvcError as exc:
+        click.echo(f"mvc: error: {exc}", err=True)
+        if isinstance(exc, InternalError) and os.environ.get("MVC_DEBUG"):
+            traceback.print_exc()
+        return exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("mvc: aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except KeyboardInterrupt:
+        click.echo("mvc: interrupted", err=True)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except OSError as exc:  # disk full, permissions, ...: the environment, not a bug
+        where = f": {exc.filename}" if exc.filename else ""
+        click.echo(f"mvc: error: {exc.strerror or exc}{where}", err=True)
+        return 74
+    except Exception as exc:  # a bug: say so plainly
+        click.echo(f"mvc: internal error (this is a bug): {type(exc).__name__}: {exc}", err=True)
+        if os.environ.get("MVC_DEBUG"):
+            traceback.print_exc()
+        else:
+            click.echo("mvc: rerun with MVC_DEBUG=1 for a traceback", err=True)
+        return InternalError.exit_code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

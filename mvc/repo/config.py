@@ -1,0 +1,103 @@
+"""Repository configuration: a small JSON file, `.mvc/config.json`, with typed defaults.
+
+A file (rather than a key in LMDB) so that people can read and edit it, and so
+that `mvc config` never needs the store's write lock.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mvc.errors import UsageError
+
+#: Every known key with its default. Unknown keys are refused so typos surface.
+DEFAULTS: dict[str, Any] = {
+    "user.name": None,
+    "user.email": None,
+    "checkpoint.path": None,
+    "checkpoint.format": "pt",
+    "commit.lossless_codec": "lossless/1",
+    "commit.chunk_mib": 32,
+    "core.lock_timeout": 600.0,
+}
+
+
+class ConfigError(UsageError):
+    """An unknown configuration key or a value of the wrong type."""
+
+    exit_code = 19
+
+
+def _coerce(key: str, value: Any) -> Any:
+    default = DEFAULTS[key]
+    if value is None or default is None or isinstance(value, type(default)):
+        if isinstance(default, float) and isinstance(value, int):
+            return float(value)
+        return value
+    if isinstance(value, str):
+        try:
+            if isinstance(default, bool):
+                if value.lower() in ("true", "1", "yes", "on"):
+                    return True
+                if value.lower() in ("false", "0", "no", "off"):
+                    return False
+                raise ValueError(value)
+            return type(default)(value)
+        except ValueError:
+            pass
+    if isinstance(default, float) and isinstance(value, int):
+        return float(value)
+    raise ConfigError(f"config {key} expects a {type(default).__name__}, got {value!r}")
+
+
+class Config:
+    """Read/write access to `.mvc/config.json`."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def _load(self) -> dict[str, Any]:
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            return {}
+        except ValueError as exc:
+            raise ConfigError(f"{self.path} is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{self.path} must hold a JSON object")
+        return data
+
+    def get(self, key: str) -> Any:
+        """The configured value of `key`, or its default."""
+        if key not in DEFAULTS:
+            raise ConfigError(f"unknown config key {key!r} (known: {', '.join(sorted(DEFAULTS))})")
+        return _coerce(key, self._load().get(key, DEFAULTS[key]))
+
+    def set(self, key: str, value: Any) -> None:
+        """Set `key` (validated against its default's type); None unsets it."""
+        if key not in DEFAULTS:
+            raise ConfigError(f"unknown config key {key!r} (known: {', '.join(sorted(DEFAULTS))})")
+        data = self._load()
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = _coerce(key, value)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".config.")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+        os.replace(tmp, self.path)
+
+    def items(self) -> dict[str, Any]:
+        """Every key with its effective value."""
+        data = self._load()
+        return {k: _coerce(k, data.get(k, d)) for k, d in DEFAULTS.items()}
+
+
+def register_key(key: str, default: Any) -> None:
+    """Let a later layer (quantizer, search, gc) declare its own config keys."""
+    DEFAULTS.setdefault(key, default)

@@ -1,0 +1,165 @@
+"""Reachability, garbage collection and consistency checks (`mvc gc`, `mvc fsck`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from mvc.codecs.base import registered
+from mvc.errors import DataError, MvcError
+from mvc.repo import refs as R
+from mvc.repo.objects import Commit, Snapshot, object_kind
+
+if TYPE_CHECKING:
+    from mvc.repo.repository import Repo
+
+
+class UnsafeGcError(MvcError):
+    """gc refused to run because history is damaged: deleting could lose reachable data."""
+
+    exit_code = 25
+
+
+@dataclass
+class GcReport:
+    removed_objects: int
+    freed_bytes: int
+    kept_objects: int
+    dry_run: bool
+
+
+@dataclass
+class FsckReport:
+    objects_checked: int
+    commits_checked: int
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def root_ids(repo: "Repo") -> set[str]:
+    """Every commit id a ref or a reflog entry names: what gc must keep."""
+    roots: set[str] = set()
+    store = repo.store
+    for _, value in store.iter_refs(""):
+        if value and not R.is_symbolic(value):
+            roots.add(value)
+    for name in store.reflog_names():
+        for entry in store.reflog(name):
+            for v in (entry.old, entry.new):
+                if v and not R.is_symbolic(v):
+                    roots.add(v)
+    return roots
+
+
+def reachable_objects(repo: "Repo", roots: set[str]) -> tuple[set[str], list[str]]:
+    """(every object reachable from `roots`, problems met on the way)."""
+    keep: set[str] = set()
+    problems: list[str] = []
+    stack = list(roots)
+    while stack:
+        cid = stack.pop()
+        if cid in keep:
+            continue
+        keep.add(cid)
+        try:
+            commit = repo.read_commit(cid)
+        except DataError as exc:
+            problems.append(f"commit {cid}: {exc}")
+            continue
+        keep.add(commit.snapshot)
+        try:
+            snap = repo.read_snapshot(commit.snapshot)
+        except DataError as exc:
+            problems.append(f"snapshot {commit.snapshot} of commit {cid}: {exc}")
+        else:
+            for rec in snap.tensors:
+                keep.update(rec.chunks)
+                keep.update(rec.meta.get("refs", []))
+        stack.extend(p for p in commit.parents if p not in keep)
+    return keep, problems
+
+
+def gc(repo: "Repo", *, dry_run: bool = False) -> GcReport:
+    """Delete every object no ref or reflog entry reaches.
+
+    Holds the write lock for its whole run, so a concurrent commit (which
+    writes its objects before its ref) can never have them collected.
+    Refuses to delete anything if reachable history is damaged.
+    """
+    store = repo.store
+    with store.write_lock(repo._lock_timeout()):
+        keep, problems = reachable_objects(repo, root_ids(repo))
+        if problems:
+            raise UnsafeGcError(
+                "gc refused: reachable history is damaged, run `mvc fsck`: " + problems[0])
+        doomed = [oid for oid in store.iter_ids() if oid not in keep]
+        freed = sum(store.size(oid) for oid in doomed)
+        if not dry_run and doomed:
+            store.delete(doomed)
+        return GcReport(removed_objects=len(doomed), freed_bytes=freed,
+                        kept_objects=len(keep), dry_run=dry_run)
+
+
+def fsck(repo: "Repo") -> FsckReport:
+    """Verify every stored object against its id, and every ref, reflog entry and snapshot link."""
+    store = repo.store
+    problems: list[str] = []
+    n_objects = 0
+    present: set[str] = set()
+    for oid in store.iter_ids():
+        n_objects += 1
+        present.add(oid)
+        try:
+            store.verify(oid)
+        except DataError as exc:
+            problems.append(f"object {oid}: {exc}")
+    for name, value in store.iter_refs(""):
+        if R.is_symbolic(value):
+            target = R.symbolic_target(value)
+            if store.read_ref(target) is None and name != R.HEAD:
+                problems.append(f"ref {name}: points to missing ref {target}")
+        elif value not in present:
+            problems.append(f"ref {name}: points to missing object {value}")
+    known = set(registered())
+    commits = 0
+    for cid in sorted(root_ids(repo)):
+        if cid not in present:
+            problems.append(f"reflog: names missing commit {cid}")
+    seen: set[str] = set()
+    stack = [c for c in root_ids(repo) if c in present]
+    while stack:
+        cid = stack.pop()
+        if cid in seen:
+            continue
+        seen.add(cid)
+        try:
+            data = store.get(cid)
+            if object_kind(data) != "commit":
+                problems.append(f"{cid}: referenced as a commit but is a {object_kind(data)}")
+                continue
+            commit = Commit.decode(data, cid)
+        except DataError as exc:
+            problems.append(f"commit {cid}: {exc}")
+            continue
+        commits += 1
+        for p in commit.parents:
+            if p not in present:
+                problems.append(f"commit {cid}: parent {p} is missing")
+            else:
+                stack.append(p)
+        try:
+            snap = Snapshot.decode(store.get(commit.snapshot), commit.snapshot)
+        except DataError as exc:
+            problems.append(f"commit {cid}: snapshot {commit.snapshot}: {exc}")
+            continue
+        for rec in snap.tensors:
+            if rec.codec not in known:
+                problems.append(f"commit {cid}: tensor {rec.name!r} uses unknown codec {rec.codec}")
+            for oid in rec.chunks:
+                if oid not in present:
+                    problems.append(f"commit {cid}: tensor {rec.name!r}: chunk {oid} is missing")
+    # One line per problem object, however many commits share it.
+    return FsckReport(objects_checked=n_objects, commits_checked=commits,
+                      problems=list(dict.fromkeys(problems)))

@@ -1,0 +1,347 @@
+"""The `Repo` porcelain: init/open, commit, checkout, refs, log.
+
+Maintenance (gc, fsck) lives in `maintenance.py`, inspection (diff, stats) in
+`inspect.py`; `Repo` exposes them as methods so the public API is one object.
+"""
+from __future__ import annotations
+
+import heapq
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import torch
+
+from mvc.codecs.base import get_codec, registered
+from mvc.errors import MvcError, UsageError
+from mvc.io.state import flatten, unflatten
+from mvc.repo import refs as R
+from mvc.repo.config import Config
+from mvc.repo.objects import Commit, Snapshot, TensorRecord
+from mvc.repo.provenance import author, code_provenance
+from mvc.repo.revparse import UnknownRevisionError, resolve_base, split_suffixes
+from mvc.repo.tensors import ChunkWriter, read_tensor
+from mvc.store import ANY, LmdbStore, RefUpdate
+
+MVC_DIR = ".mvc"
+DEFAULT_BRANCH = "main"
+
+
+class NotARepositoryError(MvcError):
+    """No mvc repository at (or above) the given path."""
+
+    exit_code = 3
+
+
+class Repo:
+    """An mvc repository: a `.mvc/` directory holding the store and the config."""
+
+    def __init__(self, path: str | os.PathLike = ".", *, store=None):
+        """Open the repository whose work tree is `path` (the directory containing `.mvc`)."""
+        self.path = Path(path).resolve()
+        self.mvc_dir = self.path / MVC_DIR
+        if store is None:
+            if not (self.mvc_dir / "store").is_dir():
+                raise NotARepositoryError(f"not an mvc repository: {self.path} (run `mvc init`)")
+            store = LmdbStore.open(self.mvc_dir)
+        self.store = store
+        self.config = Config(self.mvc_dir / "config.json")
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def init(cls, path: str | os.PathLike = ".") -> "Repo":
+        """Create a repository in `path` (created if needed); HEAD is the unborn branch `main`."""
+        root = Path(path).resolve()
+        mvc_dir = root / MVC_DIR
+        if (mvc_dir / "store").is_dir():
+            return cls(root)
+        mvc_dir.mkdir(parents=True, exist_ok=True)
+        store = LmdbStore.create(mvc_dir)
+        if store.read_ref(R.HEAD) is None:
+            store.update_refs([RefUpdate(R.HEAD, None, R.SYMREF + R.HEADS + DEFAULT_BRANCH)], "init")
+        return cls(root, store=store)
+
+    @classmethod
+    def discover(cls, start: str | os.PathLike | None = None) -> "Repo":
+        """Open the repository containing `start` (default: the current directory) or any parent."""
+        here = Path(start if start is not None else os.getcwd()).resolve()
+        for d in (here, *here.parents):
+            if (d / MVC_DIR / "store").is_dir():
+                return cls(d)
+        raise NotARepositoryError(f"not an mvc repository (or any parent): {here}")
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> "Repo":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Repo({str(self.path)!r})"
+
+    # ------------------------------------------------------------------ objects
+    def read_commit(self, oid: str) -> Commit:
+        return Commit.decode(self.store.get(oid), oid)
+
+    def read_snapshot(self, oid: str) -> Snapshot:
+        return Snapshot.decode(self.store.get(oid), oid)
+
+    def _is_commit(self, oid: str) -> bool:
+        try:
+            if self.store.size(oid) > (1 << 20):
+                return False
+            return self.store.get(oid).startswith(b"mvc-commit ")
+        except MvcError:
+            return False
+
+    # ------------------------------------------------------------------ refs
+    def _resolve_ref(self, name: str, depth: int = 0) -> str | None:
+        value = self.store.read_ref(name)
+        if value is None:
+            return None
+        if R.is_symbolic(value):
+            if depth > 5:
+                raise UnknownRevisionError(f"symbolic ref loop at {name}")
+            return self._resolve_ref(R.symbolic_target(value), depth + 1)
+        return value
+
+    def resolve(self, rev: str = "HEAD") -> str:
+        """The commit id a revision names (`HEAD`, branch, tag, id or prefix, with ~n / ^n)."""
+        base, steps = split_suffixes(rev.strip())
+        oid = resolve_base(base, read_ref=self.store.read_ref, resolve_ref=self._resolve_ref,
+                           ids_with_prefix=self.store.ids_with_prefix, is_commit=self._is_commit)
+        for op, n in steps:
+            if op == "~":
+                for _ in range(n):
+                    parents = self.read_commit(oid).parents
+                    if not parents:
+                        raise UnknownRevisionError(f"{rev!r}: {oid[:12]} has no parent")
+                    oid = parents[0]
+            elif n:  # ^n: the n-th parent; ^0 is the commit itself
+                parents = self.read_commit(oid).parents
+                if len(parents) < n:
+                    raise UnknownRevisionError(f"{rev!r}: {oid[:12]} has no parent #{n}")
+                oid = parents[n - 1]
+        return oid
+
+    def head(self) -> str | None:
+        """The commit HEAD points at, or None on an unborn branch."""
+        return self._resolve_ref(R.HEAD)
+
+    def current_branch(self) -> str | None:
+        """The branch HEAD is attached to, or None when detached."""
+        value = self.store.read_ref(R.HEAD)
+        if R.is_symbolic(value) and R.symbolic_target(value).startswith(R.HEADS):
+            return R.symbolic_target(value)[len(R.HEADS):]
+        return None
+
+    def _head_update_target(self) -> tuple[str, str | None]:
+        """(ref to move on commit, its current value)."""
+        value = self.store.read_ref(R.HEAD)
+        if R.is_symbolic(value):
+            target = R.symbolic_target(value)
+            return target, self.store.read_ref(target)
+        return R.HEAD, value
+
+    def branches(self) -> list[tuple[str, str]]:
+        """(name, commit id) of every branch, sorted by name."""
+        return [(n[len(R.HEADS):], v) for n, v in self.store.iter_refs(R.HEADS)]
+
+    def tags(self) -> list[tuple[str, str]]:
+        return [(n[len(R.TAGS):], v) for n, v in self.store.iter_refs(R.TAGS)]
+
+    def branch(self, name: str, rev: str | None = None) -> str:
+        """Create branch `name` at `rev` (default HEAD); returns the commit id."""
+        R.check_ref_name(name, "branch")
+        oid = self.resolve(rev or "HEAD")
+        self._create_ref(R.HEADS + name, oid, f"branch: created from {rev or 'HEAD'}", "branch")
+        return oid
+
+    def tag(self, name: str, rev: str | None = None) -> str:
+        """Create tag `name` at `rev` (default HEAD); returns the commit id."""
+        R.check_ref_name(name, "tag")
+        oid = self.resolve(rev or "HEAD")
+        self._create_ref(R.TAGS + name, oid, f"tag: {rev or 'HEAD'}", "tag")
+        return oid
+
+    def _create_ref(self, ref: str, oid: str, reason: str, kind: str) -> None:
+        from mvc.store import RefConflictError
+
+        try:
+            self.store.update_refs([RefUpdate(ref, None, oid)], reason)
+        except RefConflictError:
+            raise R.RefExistsError(f"{kind} {ref.split('/', 2)[2]!r} already exists") from None
+
+    def delete_branch(self, name: str) -> str:
+        """Delete a branch (never the current one); its reflog goes with it. Returns its old id."""
+        if name == self.current_branch():
+            raise R.CurrentBranchError(f"cannot delete branch {name!r}: HEAD is on it (switch first)")
+        return self._delete_ref(R.HEADS + name, "branch")
+
+    def delete_tag(self, name: str) -> str:
+        return self._delete_ref(R.TAGS + name, "tag")
+
+    def _delete_ref(self, ref: str, kind: str) -> str:
+        old = self.store.read_ref(ref)
+        if old is None:
+            raise R.NoSuchRefError(f"no {kind} named {ref.split('/', 2)[2]!r}")
+        self.store.update_refs([RefUpdate(ref, old, None)], f"{kind}: deleted")
+        self.store.delete_reflog(ref)
+        return old
+
+    def switch(self, name: str, *, create: bool = False) -> None:
+        """Attach HEAD to branch `name` (creating it at HEAD with `create=True`)."""
+        if create:
+            self.branch(name)
+        elif self.store.read_ref(R.HEADS + name) is None:
+            raise R.NoSuchRefError(f"no branch named {name!r}")
+        self.store.update_refs([RefUpdate(R.HEAD, ANY, R.SYMREF + R.HEADS + name)],
+                               f"switch: to {name}")
+
+    def _move_head(self, rev: str, oid: str) -> None:
+        if self.store.read_ref(R.HEADS + rev) is not None:
+            new = R.SYMREF + R.HEADS + rev
+        else:
+            new = oid
+        if self.store.read_ref(R.HEAD) != new:
+            self.store.update_refs([RefUpdate(R.HEAD, ANY, new)], f"checkout: moving to {rev}")
+
+    # ------------------------------------------------------------------ commit
+    def _lock_timeout(self) -> float:
+        return float(self.config.get("core.lock_timeout"))
+
+    def _lossless_codec(self):
+        name = self.config.get("commit.lossless_codec")
+        return get_codec(name if name in registered() else "raw/1")
+
+    def commit(self, state: Any, message: str, *, step: int | None = None,
+               metrics: Mapping[str, float] | None = None, lossless: bool | None = None) -> str:
+        """Store `state` (any nested checkpoint structure) as a new commit on HEAD; returns its id.
+
+        Objects are written first, then the snapshot and the commit object, and
+        the branch moves last, in one small transaction: a crash at any moment
+        leaves either the old history or the complete new commit.
+        """
+        if not isinstance(message, str) or not message.strip():
+            raise UsageError("a commit needs a non-empty message")
+        clean_metrics = _check_metrics(metrics)
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise UsageError(f"step must be an int, got {step!r}")
+        flat = flatten(state)
+        codec = self._lossless_codec()
+        chunk_size = int(self.config.get("commit.chunk_mib")) << 20
+        prov = code_provenance(os.getcwd())
+        who = author(self.config.get("user.name"), self.config.get("user.email"))
+        with self.store.write_lock(self._lock_timeout()):
+            ref, parent = self._head_update_target()
+            writer = ChunkWriter(self.store, chunk_size)
+            records: list[TensorRecord] = [writer.write(t, codec, name)
+                                           for name, t in flat.tensors.items()]
+            writer.flush()
+            snap_id = self.store.put(Snapshot(records, flat.skeleton).encode())
+            commit = Commit(
+                parents=[parent] if parent else [], snapshot=snap_id, message=message,
+                time=datetime.now(timezone.utc).isoformat(timespec="microseconds"),
+                author=who, step=step, metrics=clean_metrics, provenance=prov,
+                chain_depth=max((r.depth for r in records), default=0),
+            )
+            cid = self.store.put(commit.encode())
+            self.store.update_refs([RefUpdate(ref, parent, cid)], f"commit: {commit.summary}")
+        return cid
+
+    # ------------------------------------------------------------------ checkout
+    def read_state(self, rev: str = "HEAD", *, map_location: str | torch.device | None = None) -> Any:
+        """The checkpoint stored at `rev`, rebuilt with its original structure; HEAD does not move."""
+        cid = self.resolve(rev)
+        snap = self.read_snapshot(self.read_commit(cid).snapshot)
+        tensors = {rec.name: read_tensor(self.store, rec) for rec in snap.tensors}
+        return unflatten(snap.skeleton, tensors, map_location=map_location or "cpu")
+
+    def checkout(self, rev: str = "HEAD", *, move_head: bool = True,
+                 map_location: str | torch.device | None = None) -> Any:
+        """Rebuild the checkpoint at `rev` and move HEAD there (attached if `rev` is a branch)."""
+        cid = self.resolve(rev)
+        state = self.read_state(cid, map_location=map_location)
+        if move_head:
+            self._move_head(rev, cid)
+        return state
+
+    # ------------------------------------------------------------------ history
+    def iter_log(self, rev: str = "HEAD") -> Iterator[Commit]:
+        """Commits reachable from `rev`, newest first (by commit time)."""
+        if rev == "HEAD":
+            # Read HEAD once: an unborn branch has an empty log, even if a commit lands meanwhile.
+            start = self.head()
+            if start is None:
+                return
+        else:
+            start = self.resolve(rev)
+        seen = {start}
+        first = self.read_commit(start)
+        heap = [(_neg_time(first), start, first)]
+        while heap:
+            _, _, c = heapq.heappop(heap)
+            yield c
+            for p in c.parents:
+                if p not in seen:
+                    seen.add(p)
+                    pc = self.read_commit(p)
+                    heapq.heappush(heap, (_neg_time(pc), p, pc))
+
+    def log(self, rev: str = "HEAD", n: int | None = None) -> list[Commit]:
+        """Up to `n` commits reachable from `rev`, newest first."""
+        out = []
+        for c in self.iter_log(rev):
+            if n is not None and len(out) >= n:
+                break
+            out.append(c)
+        return out
+
+    # ------------------------------------------------------------------ maintenance / inspection
+    def gc(self, *, dry_run: bool = False):
+        """Remove objects unreachable from refs and reflogs. Returns a `GcReport`."""
+        from mvc.repo.maintenance import gc
+
+        return gc(self, dry_run=dry_run)
+
+    def fsck(self):
+        """Verify every object and every reference. Returns an `FsckReport`."""
+        from mvc.repo.maintenance import fsck
+
+        return fsck(self)
+
+    def diff(self, a: str, b: str):
+        """Per-tensor differences between two revisions (list of `TensorDiff`)."""
+        from mvc.repo.inspect import diff
+
+        return diff(self, a, b)
+
+    def stats(self):
+        """Raw vs stored bytes per commit and in total (a `RepoStats`)."""
+        from mvc.repo.inspect import stats
+
+        return stats(self)
+
+
+def _neg_time(c: Commit) -> float:
+    try:
+        return -datetime.fromisoformat(c.time).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _check_metrics(metrics: Mapping[str, float] | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for k, v in (metrics or {}).items():
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise UsageError(f"metric {k!r} must be a number, got {v!r}") from None
+        if f != f or f in (float("inf"), float("-inf")):
+            raise UsageError(f"metric {k!r} must be finite, got {v!r}")
+        out[str(k)] = f
+    return out

@@ -1,0 +1,118 @@
+"""One tensor to content-addressed chunks and back, through a codec."""
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import torch
+import xxhash
+
+from mvc.codecs.base import BytesLike, TensorCodec, get_codec
+from mvc.errors import DataError
+from mvc.repo.objects import TensorRecord
+
+#: Small payloads are written in batches so a model with thousands of small
+#: tensors costs a few write transactions (each one an fsync), not thousands.
+BATCH_BYTES = 64 << 20
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype):
+        raise DataError(f"unknown dtype {name!r} in snapshot (written by a newer torch?)")
+    return dt
+
+
+def _rechunk(parts: Iterable[BytesLike], size: int) -> Iterator[BytesLike]:
+    """Re-cut a stream of byte pieces into pieces of exactly `size` (the last may be shorter)."""
+    pending: list[memoryview] = []
+    have = 0
+    for part in parts:
+        mv = memoryview(part).cast("B")
+        while len(mv):
+            take = min(size - have, len(mv))
+            pending.append(mv[:take])
+            have += take
+            mv = mv[take:]
+            if have == size:
+                yield pending[0] if len(pending) == 1 else b"".join(pending)
+                pending, have = [], 0
+    if pending:
+        yield pending[0] if len(pending) == 1 else b"".join(pending)
+
+
+class ChunkWriter:
+    """Buffers small chunks and writes them with few transactions; big ones go straight through."""
+
+    def __init__(self, store, chunk_size: int):
+        self.store = store
+        self.chunk_size = chunk_size
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+
+    def write(self, tensor: torch.Tensor, codec: TensorCodec, name: str,
+              meta_extra: dict | None = None, depth: int = 0) -> TensorRecord:
+        """Encode `tensor` with `codec` and store it; returns the snapshot record."""
+        t = tensor.detach()
+        if t.device.type != "cpu":
+            t = t.to("cpu")
+        if not t.is_contiguous():
+            t = _contiguous_bits(t)
+        enc = codec.encode(t)
+        ids: list[str] = []
+        stored = 0
+        for piece in _rechunk(enc.parts, self.chunk_size):
+            stored += len(piece)
+            if len(piece) >= self.chunk_size // 2:
+                ids.append(self.store.put(piece))
+            else:
+                data = bytes(piece)
+                ids.append(xxhash.xxh3_128_hexdigest(data))
+                self._pending.append(data)
+                self._pending_bytes += len(data)
+                if self._pending_bytes >= BATCH_BYTES:
+                    self.flush()
+        meta = dict(enc.meta)
+        if meta_extra:
+            meta.update(meta_extra)
+        return TensorRecord(
+            name=name, dtype=dtype_name(t.dtype), shape=list(t.shape), codec=codec.name,
+            chunks=ids, stored_bytes=stored, raw_bytes=t.numel() * t.element_size(),
+            meta=meta, depth=depth,
+        )
+
+    def flush(self) -> None:
+        """Write every buffered chunk (call before anything refers to them)."""
+        if self._pending:
+            self.store.put_many(self._pending)
+            self._pending, self._pending_bytes = [], 0
+
+
+def _contiguous_bits(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy that is bit-exact for every dtype, incl. ones torch cannot copy itself."""
+    try:
+        return t.contiguous()
+    except (RuntimeError, NotImplementedError):  # sub-byte dtypes (uint1..7) have no copy kernel
+        ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+        return t.view(ints).contiguous().view(t.dtype)
+
+
+def read_payload(store, rec: TensorRecord) -> bytearray:
+    """The concatenated, verified payload of one tensor record."""
+    buf = bytearray(rec.stored_bytes)
+    view = memoryview(buf)
+    off = 0
+    for oid in rec.chunks:
+        off += store.get_into(oid, view[off:])
+    if off != rec.stored_bytes:
+        raise DataError(f"tensor {rec.name!r}: chunks hold {off} bytes, snapshot says {rec.stored_bytes}")
+    return buf
+
+
+def read_tensor(store, rec: TensorRecord) -> torch.Tensor:
+    """Decode one tensor of a snapshot (lossless codecs; lossy ones go through their chain reader)."""
+    codec = get_codec(rec.codec)
+    return codec.decode(rec.meta, read_payload(store, rec), parse_dtype(rec.dtype), tuple(rec.shape))
