@@ -1,0 +1,218 @@
+"""cffi calls into native/assign.c, split across threads.
+
+cffi releases the GIL around every call, so a long-lived thread pool gives real
+parallelism.  Work is cut into pieces whose layout depends only on the input size
+(never on the thread count) wherever the result is a floating-point sum.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from mvc.errors import InternalError
+
+# Below this many elements per thread, splitting costs more than it saves.
+MIN_CHUNK = 1 << 18
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _forget_pool_after_fork() -> None:
+    # A forked child inherits the pool object but not its threads: work submitted to it
+    # would never run.  Start afresh instead.
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    # One long-lived pool: starting threads per call costs more than a small tensor's work.
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL._max_workers < threads:  # noqa: SLF001
+            _POOL = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mvc-quant")
+        return _POOL
+
+
+def parallel_chunks(n: int, fn: Callable[[int, int], None], *,
+                    min_chunk: int = MIN_CHUNK) -> None:
+    """Run fn(start, stop) over [0, n) split across torch's intra-op thread count."""
+    threads = max(1, min(torch.get_num_threads(), n // max(1, min_chunk)))
+    if threads == 1:
+        fn(0, n)
+        return
+    step = -(-n // threads)
+    bounds = [(s, min(n, s + step)) for s in range(0, n, step)]
+    pool = _pool(threads)
+    # the caller's thread takes the first chunk itself instead of idling
+    futures = [pool.submit(fn, a, b) for a, b in bounds[1:]]
+    fn(*bounds[0])
+    for f in futures:
+        f.result()
+
+
+def _lib() -> tuple[Any, Any]:
+    from mvc.native import ffi, lib
+
+    return ffi, lib
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Prune / protect cut-offs in the native kernels' terms (see native/assign.h).
+
+    Disabled rules: prune_t < 0, protect thresholds +inf.  `sens` is the flat float32
+    CPU sensitivity tensor or None.
+    """
+
+    prune_t: float = -1.0
+    protect_mag_t: float = float("inf")
+    protect_sens_t: float = float("inf")
+    prune_on_sens: bool = False
+    sens: torch.Tensor | None = None
+
+    @property
+    def active(self) -> bool:
+        return (self.prune_t >= 0 or self.protect_mag_t != float("inf")
+                or (self.sens is not None and self.protect_sens_t != float("inf")))
+
+    def cdata(self, offset: int) -> Any:
+        ffi, _ = _lib()
+        p = ffi.new("mvc_partition_t *")
+        p.sens = (ffi.cast("const float *", self.sens.data_ptr()) + offset
+                  if self.sens is not None else ffi.NULL)
+        p.prune_t = self.prune_t
+        p.protect_mag_t = self.protect_mag_t
+        p.protect_sens_t = self.protect_sens_t
+        p.prune_on_sens = int(self.prune_on_sens)
+        return p
+
+
+def loghist(x: torch.Tensor, bounds: np.ndarray, inv_log2_gamma: float, first: int,
+            part: Partition | None = None) -> tuple[np.ndarray, int, int]:
+    """(counts[2 * nb], zeros, non-finite) of contiguous float32 CPU `x`."""
+    ffi, lib = _lib()
+    nb = len(bounds)
+    xp = ffi.cast("const float *", x.data_ptr())
+    bp = ffi.cast("const double *", bounds.ctypes.data)
+    parts: list[tuple[np.ndarray, int, int]] = []
+
+    def run(a: int, b: int) -> None:
+        counts = np.zeros(2 * nb, dtype=np.int64)
+        zero = ffi.new("int64_t *", 0)
+        pc = part.cdata(a) if part is not None else ffi.NULL
+        bad = lib.mvc_loghist_f32(xp + a, b - a, pc, bp, nb, inv_log2_gamma, first,
+                                  ffi.cast("int64_t *", counts.ctypes.data), zero)
+        parts.append((counts, int(zero[0]), int(bad)))
+
+    parallel_chunks(x.numel(), run)
+    if not parts or any(p[2] < 0 for p in parts):  # pragma: no cover - arguments built here
+        raise InternalError("mvc_loghist_f32 rejected its arguments")
+    counts = parts[0][0] if len(parts) == 1 else np.sum([p[0] for p in parts], axis=0)
+    return counts, sum(p[1] for p in parts), sum(p[2] for p in parts)
+
+
+def assign_into(x: torch.Tensor, mids: torch.Tensor, out: torch.Tensor,
+                part: Partition | None = None, k: int = 0) -> int:
+    """Levels of contiguous float32 CPU `x` into uint8/int16 `out` (see native/assign.h).
+
+    Returns the number of protected elements (0 without a partition).
+    """
+    ffi, lib = _lib()
+    mids_c = mids.contiguous()
+    mp = ffi.cast("const float *", mids_c.data_ptr())
+    xp = ffi.cast("const float *", x.data_ptr())
+    if out.dtype == torch.uint8:
+        fn, ctype = lib.mvc_assign_f32_u8, "uint8_t *"
+    else:
+        fn, ctype = lib.mvc_assign_f32_i16, "int16_t *"
+    op = ffi.cast(ctype, out.data_ptr())
+    rcs: list[tuple[int, int]] = []
+
+    def run(a: int, b: int) -> None:
+        pc = part.cdata(a) if part is not None else ffi.NULL
+        n_prot = ffi.new("int64_t *", 0)
+        rc = fn(xp + a, b - a, mp, mids_c.numel(), pc, k, op + a, n_prot)
+        rcs.append((rc, int(n_prot[0])))
+
+    parallel_chunks(x.numel(), run)
+    if any(rc != 0 for rc, _ in rcs):  # pragma: no cover - arguments are validated by callers
+        raise InternalError(f"native assignment failed with codes {rcs}")
+    return sum(c for _, c in rcs)
+
+
+def gather_level(levels: torch.Tensor, level: int, src: torch.Tensor, count: int) -> torch.Tensor:
+    """src's elements (flattened, C order) where `levels == level`; `count` is their number.
+
+    CPU, contiguous, uint8/int16 levels; `src` of any dtype with levels' element count.
+    """
+    ffi, lib = _lib()
+    out = torch.empty(count, dtype=src.dtype)
+    fn, ctype = ((lib.mvc_gather_level_u8, "const uint8_t *") if levels.dtype == torch.uint8
+                 else (lib.mvc_gather_level_i16, "const int16_t *"))
+    got = fn(ffi.cast(ctype, levels.data_ptr()), levels.numel(), level,
+             ffi.cast("const void *", src.data_ptr()), src.element_size(),
+             ffi.cast("void *", out.data_ptr()) if count else ffi.NULL, count)
+    if got != count:  # pragma: no cover - count comes from the assignment kernel
+        raise InternalError(f"gathered {got} elements of level {level}, expected {count}")
+    return out
+
+
+def _block_size(n: int) -> int:
+    # depends on n only, never on the thread count, so float sums are reproducible
+    return max(1 << 16, -(-n // 64))
+
+
+def level_sums(x: torch.Tensor, levels: torch.Tensor,
+               k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float64 sums, int64 counts) per level < k of contiguous CPU float32 `x`."""
+    ffi, lib = _lib()
+    n = x.numel()
+    bs = _block_size(n)
+    nblocks = max(1, -(-n // bs))
+    sums = torch.zeros(nblocks, k, dtype=torch.float64)
+    cnts = torch.zeros(nblocks, k, dtype=torch.int64)
+    fn, ctype = ((lib.mvc_level_sums_u8, "const uint8_t *") if levels.dtype == torch.uint8
+                 else (lib.mvc_level_sums_i16, "const int16_t *"))
+    xp = ffi.cast("const float *", x.data_ptr())
+    lp = ffi.cast(ctype, levels.data_ptr())
+    sp = ffi.cast("double *", sums.data_ptr())
+    cp = ffi.cast("int64_t *", cnts.data_ptr())
+
+    def run(b0: int, b1: int) -> None:
+        for b in range(b0, b1):
+            a, e = b * bs, min(n, (b + 1) * bs)
+            if fn(xp + a, lp + a, e - a, k, sp + b * k, cp + b * k) != 0:  # pragma: no cover
+                raise InternalError("mvc_level_sums rejected its arguments")
+
+    parallel_chunks(nblocks, run, min_chunk=1)
+    # numpy reduces row by row in a fixed order: reproducible to the last bit
+    return torch.from_numpy(sums.numpy().sum(0)), cnts.sum(0)
+
+
+def dequant(levels: torch.Tensor, table: torch.Tensor,
+            protected: torch.Tensor) -> torch.Tensor | None:
+    """table[levels] with the last table level filled from `protected` in order (CPU).
+
+    `levels` contiguous uint8/int16, `table` and `protected` of the output dtype (2, 4 or
+    8 bytes).  Returns None when the parts are inconsistent (level out of range,
+    protected count mismatch).
+    """
+    ffi, lib = _lib()
+    out = torch.empty(levels.numel(), dtype=table.dtype)
+    fn, ctype = ((lib.mvc_dequant_u8, "const uint8_t *") if levels.dtype == torch.uint8
+                 else (lib.mvc_dequant_i16, "const int16_t *"))
+    prot = protected.contiguous()
+    rc = fn(ffi.cast(ctype, levels.data_ptr()), levels.numel(),
+            ffi.cast("const void *", table.data_ptr()), table.numel(), table.element_size(),
+            ffi.cast("const void *", prot.data_ptr()) if prot.numel() else ffi.NULL,
+            prot.numel(), ffi.cast("void *", out.data_ptr()) if out.numel() else ffi.NULL)
+    return out if rc == 0 else None

@@ -1,0 +1,274 @@
+"""Quantize one tensor: `quantize()` and its result, `QuantizedTensor`.
+
+Pipeline (Inshrinkerator §4): sketch the values (Alg. 1) -> prune / protect thresholds
+from importance-sketch quantiles -> approximate k-means on the sketch of the remaining
+values (Alg. 2-3) -> nearest-centroid levels.  Everything runs in float32 on the
+tensor's device except the k-means itself, which works on a few thousand histogram
+buckets on the CPU.
+
+Level convention (relied on by the delta codec): with k = bins centroids, level i in
+[0, k) means centroids[i], level k means pruned (exactly 0) and level k+1 means
+protected (the next value of `protected`, in flattened C order).
+
+NaN/Inf policy: a tensor (or gradient) with NaN or +-Inf is never binned; `quantize()`
+raises `NonFiniteTensorError` naming it.  The repository then keeps that tensor
+lossless or refuses the commit (`quantize_state(..., nonfinite="lossless")` does the
+former).  float64 values beyond float32 range count as non-finite.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mvc.quant._kernels import Partition, assign_into, dequant, gather_level
+from mvc.quant.assign import assign, level_dtype, level_means, midpoints, native_ok
+from mvc.quant.config import check_bins
+from mvc.quant.errors import QuantConfigError, QuantizedPartsError
+from mvc.quant.importance import check_metric, sensitivity
+from mvc.quant.kmeans import approx_kmeans
+from mvc.quant.partition import Thresholds, check_fraction, masks, thresholds
+from mvc.quant.sketch import LogSketch, check_alpha
+
+_INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizedTensor:
+    """A quantized tensor: integer levels plus the tables that give them values.
+
+    levels:    integer tensor with the input's shape (uint8 / int16 / int32).
+    centroids: float32, ascending, length `bins`.
+    protected: 1-D, the original dtype: exact values of level-(bins+1) parameters.
+    dtype:     the original dtype, restored by `dequantize()`.
+    """
+
+    levels: torch.Tensor
+    centroids: torch.Tensor
+    protected: torch.Tensor
+    dtype: torch.dtype
+    bins: int
+
+    @property
+    def n_levels(self) -> int:
+        """bins + 2 (the pruned and protected levels)."""
+        return self.bins + 2
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.levels.shape
+
+    @property
+    def pruned_level(self) -> int:
+        return self.bins
+
+    @property
+    def protected_level(self) -> int:
+        return self.bins + 1
+
+    def dequantize(self) -> torch.Tensor:
+        """The reconstructed tensor (original dtype, shape and device), bit-identical
+        across calls: centroids.to(dtype)[levels], 0 for pruned, stored values for
+        protected."""
+        dev = self.levels.device
+        table = torch.zeros(self.n_levels, dtype=self.dtype, device=dev)
+        table[:self.bins] = self.centroids.to(device=dev).to(self.dtype)
+        flat = self.levels.reshape(-1)
+        if native_ok(flat, flat.dtype) and table.element_size() in (2, 4, 8):
+            out = dequant(flat.contiguous(), table, self.protected)
+            if out is None:
+                raise QuantizedPartsError(
+                    "inconsistent quantized parts: level out of range or protected count mismatch")
+            return out.reshape(self.levels.shape)
+        idx = flat if flat.dtype in (torch.int32, torch.int64) else flat.to(torch.int32)
+        out = torch.index_select(table, 0, idx)
+        if self.protected.numel():
+            out.masked_scatter_(flat == self.protected_level, self.protected.to(dev))
+        return out.reshape(self.levels.shape)
+
+    @classmethod
+    def from_parts(cls, levels: torch.Tensor, centroids: torch.Tensor, protected: torch.Tensor,
+                   dtype: torch.dtype, bins: int) -> QuantizedTensor:
+        """Rebuild from stored parts, checking they are consistent.
+
+        Raises `QuantizedPartsError` (a DataError) when they are not: wrong dtypes,
+        unsorted or wrong number of centroids, levels out of range, or a protected count
+        that does not match the protected levels.
+        """
+        def bad(msg: str) -> QuantizedPartsError:
+            return QuantizedPartsError(f"inconsistent quantized parts: {msg}")
+
+        if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
+            raise bad(f"bins={bins!r}")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise bad(f"dtype {dtype!r} is not a floating-point dtype")
+        if levels.dtype not in _INT_DTYPES:
+            raise bad(f"levels have dtype {levels.dtype}")
+        if centroids.dtype != torch.float32 or centroids.dim() != 1 or centroids.numel() != bins:
+            raise bad(f"centroids must be float32 of length {bins}, got {centroids.dtype} "
+                      f"{tuple(centroids.shape)}")
+        if bins > 1 and bool((centroids[1:] < centroids[:-1]).any()):
+            raise bad("centroids are not sorted ascending")
+        if not bool(torch.isfinite(centroids).all()):
+            raise bad("centroids are not finite")
+        if protected.dim() != 1 or protected.dtype != dtype:
+            raise bad(f"protected must be 1-D {dtype}, "
+                      f"got {protected.dtype} {tuple(protected.shape)}")
+        if levels.numel():
+            lo, hi = int(levels.min()), int(levels.max())
+            if lo < 0 or hi > bins + 1:
+                raise bad(f"levels span [{lo}, {hi}], outside [0, {bins + 1}]")
+        n_prot = int((levels == bins + 1).sum())
+        if n_prot != protected.numel():
+            raise bad(f"{n_prot} protected levels but {protected.numel()} protected values")
+        lv = levels.to(level_dtype(bins)) if levels.dtype != level_dtype(bins) else levels
+        return cls(lv, centroids.to(lv.device), protected.to(lv.device), dtype, bins)
+
+
+def _generator(seed: int) -> torch.Generator:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise QuantConfigError(f"seed must be an int, got {seed!r}")
+    return torch.Generator(device="cpu").manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
+
+
+def _flat32(tensor: torch.Tensor) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+        raise QuantConfigError("quantize() takes a floating-point torch.Tensor")
+    return tensor.detach().reshape(-1).to(torch.float32).contiguous()
+
+
+def _exact_means(x: torch.Tensor, levels: torch.Tensor, centroids: np.ndarray) -> np.ndarray:
+    """Per-level means of the raw values (levels < k); empty levels keep their centroid."""
+    sums, cnt = level_means(x, levels, centroids.size)
+    sums, cnt = sums.numpy(), cnt.numpy().astype(np.float64)
+    return np.where(cnt > 0, sums / np.maximum(cnt, 1.0), centroids)
+
+
+def _partition(thr: Thresholds, sens: torch.Tensor | None) -> Partition | None:
+    """The thresholds in the native kernels' terms; None when nothing is pruned/protected."""
+    inf = float("inf")
+    part = Partition(
+        prune_t=thr.prune if thr.prune is not None else -1.0,
+        protect_mag_t=thr.protect_magnitude if thr.protect_magnitude is not None else inf,
+        protect_sens_t=thr.protect_sensitivity if thr.protect_sensitivity is not None else inf,
+        prune_on_sens=thr.prune is not None and thr.prune_metric == "sensitivity",
+        sens=sens.contiguous() if sens is not None else None,
+    )
+    return part if part.active else None
+
+
+def _magnitude_only_keep(sketch: LogSketch, thr: Thresholds) -> LogSketch | None:
+    """The kept values' sketch as a slice of the full one, when no sensitivity is involved."""
+    if thr.needs_sensitivity:
+        return None
+    return sketch.restrict_magnitude(thr.prune, thr.protect_magnitude)
+
+
+def _levels_native(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
+                   sens: torch.Tensor | None, thr: Thresholds, k: int,
+                   generator: torch.Generator, sigma: float
+                   ) -> tuple[torch.Tensor, np.ndarray, LogSketch, torch.Tensor]:
+    # CPU: the partition is applied inside the histogram and assignment kernels.
+    part = _partition(thr, sens)
+    keep = sketch
+    if part is not None:
+        keep = _magnitude_only_keep(sketch, thr)
+        if keep is None:
+            keep = LogSketch.from_tensor(x, sketch.alpha, part=part)
+    centres = approx_kmeans(keep, k, sigma=sigma, generator=generator)
+    levels = torch.empty(x.numel(), dtype=level_dtype(k))
+    mids = midpoints(torch.from_numpy(centres).to(torch.float32))
+    n_prot = assign_into(x, mids, levels, part, k)
+    src = flat.contiguous()
+    protected = gather_level(levels, k + 1, src, n_prot) if n_prot else flat.new_empty(0)
+    return levels, centres, keep, protected
+
+
+def _levels_torch(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
+                  sens: torch.Tensor | None, thr: Thresholds, k: int,
+                  generator: torch.Generator, sigma: float
+                  ) -> tuple[torch.Tensor, np.ndarray, LogSketch, torch.Tensor]:
+    prune_mask, protect_mask = masks(x, sens, thr)
+    keep = _magnitude_only_keep(sketch, thr)
+    if keep is None:
+        dropped = prune_mask if protect_mask is None else (
+            protect_mask if prune_mask is None else prune_mask | protect_mask)
+        keep = sketch.subtract(LogSketch.from_tensor(x[dropped], sketch.alpha))
+    centres = approx_kmeans(keep, k, sigma=sigma, generator=generator)
+    levels = assign(x, torch.from_numpy(centres).to(torch.float32), backend="torch")
+    if prune_mask is not None:
+        levels.masked_fill_(prune_mask, k)
+    protected = flat.new_empty(0)
+    if protect_mask is not None:
+        levels.masked_fill_(protect_mask, k + 1)
+        protected = flat[protect_mask]
+    return levels, centres, keep, protected
+
+
+def quantize_prepared(tensor: torch.Tensor, x: torch.Tensor, sketch: LogSketch,
+                      sens: torch.Tensor | None, thr: Thresholds, bins: int, *,
+                      seed: int = 0, sigma: float = 0.2) -> QuantizedTensor:
+    """Quantize with thresholds already chosen (e.g. per layer type over many tensors).
+
+    `x` is `tensor` flattened to contiguous float32, `sketch` its LogSketch, `sens` its
+    sensitivity scores (required when the thresholds use sensitivity, else may be None).
+    """
+    k = check_bins(bins)
+    if thr.needs_sensitivity and sens is None:
+        raise QuantConfigError("these thresholds need sensitivity scores (a gradient)")
+    if not thr.needs_sensitivity:
+        sens = None  # no rule reads it: spare the kernels the extra stream
+    x = x.reshape(-1).to(torch.float32).contiguous()
+    if x.numel() != tensor.numel() or (sens is not None and sens.numel() != x.numel()):
+        raise QuantConfigError("quantize_prepared(): x / sens do not match the tensor")
+    gen = _generator(seed)
+    flat = tensor.detach().reshape(-1)
+    run = _levels_native if native_ok(x, level_dtype(k)) else _levels_torch
+    levels, centres, keep, protected = run(x, flat, sketch, sens, thr, k, gen, sigma)
+    vals, _ = keep.buckets()
+    if 0 < vals.size <= k:
+        # Degenerate input (no more distinct buckets than centroids): bucket centres are
+        # only alpha-close, the exact per-level means reproduce such tensors exactly.
+        centres = np.maximum.accumulate(_exact_means(x, levels, centres))
+    cen = torch.from_numpy(np.asarray(centres, dtype=np.float64)).to(torch.float32)
+    return QuantizedTensor(levels.reshape(tensor.shape), cen.to(levels.device), protected,
+                           tensor.dtype, k)
+
+
+def quantize(tensor: torch.Tensor, bins: int, *, prune: float = 0.0,
+             prune_metric: str = "magnitude", protect: float = 0.0,
+             grad: torch.Tensor | None = None, seed: int = 0, alpha: float = 0.01,
+             sigma: float = 0.2, name: str | None = None) -> QuantizedTensor:
+    """Quantize `tensor` to `bins` non-uniform levels, pruning and protecting fractions.
+
+    prune:        fraction of least important parameters set to exactly 0.
+    prune_metric: "magnitude" (|w|) or "sensitivity" (|g w|, needs `grad`).
+    protect:      fraction of most important parameters kept exactly, by magnitude
+                  and, when `grad` is given, also by sensitivity.
+    grad:         gradient (e.g. its EMA) with the tensor's shape, or None.
+    seed:         seeds the k-means++ initialization; same input + seed -> same result.
+    alpha, sigma: sketch relative error and the frequency share of the k-means weights.
+    name:         used in error messages.
+
+    Raises `NonFiniteTensorError` for NaN/Inf in `tensor` or `grad` and
+    `QuantConfigError` for invalid arguments.
+    """
+    check_bins(bins)
+    check_fraction(prune, "prune")
+    check_fraction(protect, "protect")
+    check_metric(prune_metric)
+    check_alpha(alpha)
+    if not 0.0 <= float(sigma) <= 1.0:
+        raise QuantConfigError(f"sigma must be in [0, 1], got {sigma!r}")
+    if prune > 0 and prune_metric == "sensitivity" and grad is None:
+        raise QuantConfigError("prune_metric='sensitivity' needs a gradient")
+    x = _flat32(tensor)
+    sketch = LogSketch.from_tensor(x, alpha, name=name)
+    sens = sens_sketch = None
+    if grad is not None and (protect > 0 or (prune > 0 and prune_metric == "sensitivity")):
+        sens = sensitivity(tensor, grad, name=name)
+        sens_sketch = LogSketch.from_tensor(sens, alpha, name=name)
+    thr = thresholds(sketch.abs(), sens_sketch, prune=prune, prune_metric=prune_metric,
+                     protect=protect)
+    return quantize_prepared(tensor, x, sketch, sens, thr, bins, seed=seed, sigma=sigma)

@@ -1,0 +1,274 @@
+/* Quantizer kernels; see assign.h.  Inner loops are branch-free where the data decides
+ * (comparisons against midpoints, signs, prune/protect classes): those branches would
+ * mispredict on a large share of elements. */
+#include "assign.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ASSIGN_CHUNK 512
+#define LINEAR_MAX_MIDS 16
+#define SEARCH_MAX_PAD 32768
+
+/* 0 = keep, 1 = prune, 2 = protect. */
+static inline unsigned part_class(const mvc_partition_t *p, float v, size_t i)
+{
+    const float a = fabsf(v);
+    const float s = p->sens ? p->sens[i] : 0.0f;
+    const unsigned prot = (a > p->protect_mag_t) | (p->sens != NULL && s > p->protect_sens_t);
+    const float imp = p->prune_on_sens ? s : a;
+    const unsigned prune = (imp <= p->prune_t) & !prot;
+    return prot * 2u + prune;
+}
+
+/* Few midpoints: count them with a comparison sweep the compiler can vectorize. */
+static void count_linear(const float *x, size_t n, const float *mids, int n_mids, uint32_t *acc)
+{
+    for (size_t i = 0; i < n; i++) acc[i] = 0;
+    for (int j = 0; j < n_mids; j++) {
+        const float t = mids[j];
+        for (size_t i = 0; i < n; i++) acc[i] += (uint32_t)(x[i] > t);
+    }
+}
+
+/* Many midpoints: branchless binary search over a +inf padded power-of-two table,
+ * eight independent searches interleaved to hide load latency. */
+static void count_search(const float *x, size_t n, const float *tab, unsigned pad, uint32_t *acc)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        unsigned p0 = 0, p1 = 0, p2 = 0, p3 = 0, p4 = 0, p5 = 0, p6 = 0, p7 = 0;
+        const float x0 = x[i], x1 = x[i + 1], x2 = x[i + 2], x3 = x[i + 3];
+        const float x4 = x[i + 4], x5 = x[i + 5], x6 = x[i + 6], x7 = x[i + 7];
+        for (unsigned s = pad >> 1; s; s >>= 1) {
+            p0 += (tab[p0 + s - 1] < x0) ? s : 0;
+            p1 += (tab[p1 + s - 1] < x1) ? s : 0;
+            p2 += (tab[p2 + s - 1] < x2) ? s : 0;
+            p3 += (tab[p3 + s - 1] < x3) ? s : 0;
+            p4 += (tab[p4 + s - 1] < x4) ? s : 0;
+            p5 += (tab[p5 + s - 1] < x5) ? s : 0;
+            p6 += (tab[p6 + s - 1] < x6) ? s : 0;
+            p7 += (tab[p7 + s - 1] < x7) ? s : 0;
+        }
+        acc[i] = p0; acc[i + 1] = p1; acc[i + 2] = p2; acc[i + 3] = p3;
+        acc[i + 4] = p4; acc[i + 5] = p5; acc[i + 6] = p6; acc[i + 7] = p7;
+    }
+    for (; i < n; i++) {
+        unsigned p = 0;
+        const float v = x[i];
+        for (unsigned s = pad >> 1; s; s >>= 1) p += (tab[p + s - 1] < v) ? s : 0;
+        acc[i] = p;
+    }
+}
+
+/* Shared driver for both output widths (exactly one of out8 / out16 is set). */
+static int assign_impl(const float *x, size_t n, const float *mids, int n_mids,
+                       const mvc_partition_t *part_in, int k, uint8_t *out8, int16_t *out16,
+                       int64_t *n_protected)
+{
+    uint32_t acc[ASSIGN_CHUNK];
+    /* a local copy: stores through out8/out16 cannot alias it, so it stays in registers */
+    mvc_partition_t local;
+    const mvc_partition_t *part = NULL;
+    if (part_in != NULL) { local = *part_in; part = &local; }
+    int64_t protected_count = 0;
+    if (n_mids < 0 || (n_mids > 0 && mids == NULL) || (n > 0 && x == NULL)) return -1;
+    if (part != NULL && k < n_mids + 1) return -1;
+    float *tab = NULL;
+    unsigned pad = 1;
+    const int linear = n_mids <= LINEAR_MAX_MIDS;
+    if (!linear) {
+        while (pad < (unsigned)n_mids + 1) pad <<= 1;
+        tab = (float *)malloc(sizeof(float) * pad);
+        if (tab == NULL) return -2;
+        for (unsigned j = 0; j < pad; j++) tab[j] = j < (unsigned)n_mids ? mids[j] : INFINITY;
+    }
+    const uint32_t subst[3] = {0, (uint32_t)k, (uint32_t)k + 1};
+    for (size_t i0 = 0; i0 < n; i0 += ASSIGN_CHUNK) {
+        const size_t m = (n - i0) < ASSIGN_CHUNK ? (n - i0) : ASSIGN_CHUNK;
+        if (linear) count_linear(x + i0, m, mids, n_mids, acc);
+        else count_search(x + i0, m, tab, pad, acc);
+        if (part != NULL) {
+            for (size_t i = 0; i < m; i++) {
+                const unsigned c = part_class(part, x[i0 + i], i0 + i);
+                acc[i] = c ? subst[c] : acc[i];
+                protected_count += (c == 2u);
+            }
+        }
+        if (out8) for (size_t i = 0; i < m; i++) out8[i0 + i] = (uint8_t)acc[i];
+        else for (size_t i = 0; i < m; i++) out16[i0 + i] = (int16_t)acc[i];
+    }
+    free(tab);
+    if (n_protected != NULL) *n_protected += protected_count;
+    return 0;
+}
+
+int mvc_assign_f32_u8(const float *x, size_t n, const float *mids, int n_mids,
+                      const mvc_partition_t *part, int k, uint8_t *out, int64_t *n_protected)
+{
+    if (n_mids > 253 || (part != NULL && k > 254) || (n > 0 && out == NULL)) return -1;
+    return assign_impl(x, n, mids, n_mids, part, k, out, NULL, n_protected);
+}
+
+int mvc_assign_f32_i16(const float *x, size_t n, const float *mids, int n_mids,
+                       const mvc_partition_t *part, int k, int16_t *out, int64_t *n_protected)
+{
+    if (n_mids > 32765 || (part != NULL && k > 32766) || (n > 0 && out == NULL)) return -1;
+    return assign_impl(x, n, mids, n_mids, part, k, NULL, out, n_protected);
+}
+
+#define GATHER_BODY                                                         \
+    if (n > 0 && (levels == NULL || src == NULL)) return -1;                \
+    if (elem_size == 0 || (cap > 0 && out == NULL)) return -1;              \
+    size_t w = 0;                                                           \
+    const unsigned char *s = (const unsigned char *)src;                    \
+    unsigned char *o = (unsigned char *)out;                                \
+    for (size_t i = 0; i < n; i++) {                                        \
+        if ((int)levels[i] == level) {                                      \
+            if (w == cap) return -1;                                        \
+            memcpy(o + w * elem_size, s + i * elem_size, elem_size);        \
+            w++;                                                            \
+        }                                                                   \
+    }                                                                       \
+    return (int64_t)w;
+
+int64_t mvc_gather_level_u8(const uint8_t *levels, size_t n, int level, const void *src,
+                            size_t elem_size, void *out, size_t cap)
+{
+    GATHER_BODY
+}
+
+int64_t mvc_gather_level_i16(const int16_t *levels, size_t n, int level, const void *src,
+                             size_t elem_size, void *out, size_t cap)
+{
+    GATHER_BODY
+}
+
+/* log2 of a positive finite float from its bits: exponent plus a degree-5 fit of
+ * log2(1 + t) (max error 1.5e-5, far below a bucket's width for any alpha >= 1e-3). */
+static inline double fast_log2(uint32_t mag)
+{
+    int e = (int)(mag >> 23);
+    uint32_t mant = mag & 0x7fffff;
+    if (e == 0) { /* subnormal: normalise the mantissa by hand (rare) */
+        int shift = 0;
+        while (!(mant & 0x800000)) { mant <<= 1; shift++; }
+        mant &= 0x7fffff;
+        e = 1 - shift;
+    }
+    const double t = (double)mant * (1.0 / 8388608.0);
+    const double p = 1.43909300e-05 + t * (1.44159208e+00 + t * (-7.07253434e-01 + t * (
+        4.11561482e-01 + t * (-1.89832447e-01 + t * 4.39286278e-02))));
+    return (double)(e - 127) + p;
+}
+
+int64_t mvc_loghist_f32(const float *x, size_t n, const mvc_partition_t *part_in,
+                        const double *bounds, int n_bounds, double inv_log2_gamma,
+                        int first_index, int64_t *counts, int64_t *zero)
+{
+    mvc_partition_t local; /* see assign_impl: keeps the rule out of the aliasing analysis */
+    const mvc_partition_t *part = NULL;
+    if (part_in != NULL) { local = *part_in; part = &local; }
+    if (n_bounds < 3 || bounds == NULL || counts == NULL || zero == NULL) return -1;
+    if (n > 0 && x == NULL) return -1;
+    int64_t bad = 0, zeros = 0;
+    const int last = n_bounds - 1;
+    /* ceil(v) as a truncating cast of a shifted positive number; the shift keeps every
+     * possible index (|v| < 1e6 for alpha >= 1e-3) positive. */
+    const double shift = 1048576.0;
+    const int base = 1048576 + first_index;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &x[i], sizeof bits);
+        const uint32_t mag = bits & 0x7fffffffu;
+        if (mag >= 0x7f800000u) { bad++; continue; }
+        if (part != NULL && part_class(part, x[i], i) != 0) continue;
+        if (mag == 0) { zeros++; continue; }
+        float fa;
+        memcpy(&fa, &mag, sizeof fa);
+        const double a = (double)fa;
+        const double v = fast_log2(mag) * inv_log2_gamma + shift;
+        int j = (int)v;
+        j += (double)j < v; /* ceil */
+        j -= base;
+        j = j < 1 ? 1 : (j > last - 1 ? last - 1 : j);
+        /* The seed is exact or one off (fast_log2's error is < 1% of a bucket), so one
+         * branch-free nudge each way lands on the smallest j with a <= bounds[j]. */
+        j += (a > bounds[j]);
+        j -= (a <= bounds[j - 1]);
+        counts[j + (bits >> 31) * (size_t)n_bounds]++;
+    }
+    *zero += zeros;
+    return bad;
+}
+
+/* Summed in element order, so a fixed split into blocks gives results that do not
+ * depend on how many threads ran the blocks. */
+#define LEVEL_SUMS_BODY                                             \
+    if (n_levels < 1 || sums == NULL || counts == NULL) return -1;  \
+    if (n > 0 && (x == NULL || levels == NULL)) return -1;          \
+    for (size_t i = 0; i < n; i++) {                                \
+        const int l = (int)levels[i];                               \
+        if (l >= 0 && l < n_levels) {                               \
+            sums[l] += (double)x[i];                                \
+            counts[l]++;                                            \
+        }                                                           \
+    }                                                               \
+    return 0;
+
+int mvc_level_sums_u8(const float *x, const uint8_t *levels, size_t n, int n_levels,
+                      double *sums, int64_t *counts)
+{
+    LEVEL_SUMS_BODY
+}
+
+int mvc_level_sums_i16(const float *x, const int16_t *levels, size_t n, int n_levels,
+                       double *sums, int64_t *counts)
+{
+    LEVEL_SUMS_BODY
+}
+
+/* One loop per element size so the copies compile to plain moves. */
+#define DEQUANT_LOOP(T)                                                     \
+    do {                                                                    \
+        const T *tab = (const T *)table;                                    \
+        const T *prot = (const T *)protected_vals;                          \
+        T *o = (T *)out;                                                    \
+        for (size_t i = 0; i < n; i++) {                                    \
+            const int l = (int)levels[i];                                   \
+            if ((unsigned)l >= (unsigned)n_table) return -1;                \
+            if (l == plevel) {                                              \
+                if (p == n_protected) return -1;                            \
+                o[i] = prot[p++];                                           \
+            } else {                                                        \
+                o[i] = tab[l];                                              \
+            }                                                               \
+        }                                                                   \
+    } while (0)
+
+#define DEQUANT_BODY                                                        \
+    if (n_table < 1 || table == NULL) return -1;                            \
+    if (n > 0 && (levels == NULL || out == NULL)) return -1;                \
+    if (n_protected > 0 && protected_vals == NULL) return -1;               \
+    const int plevel = n_table - 1;                                         \
+    size_t p = 0;                                                           \
+    switch (elem_size) {                                                    \
+    case 2: DEQUANT_LOOP(uint16_t); break;                                  \
+    case 4: DEQUANT_LOOP(uint32_t); break;                                  \
+    case 8: DEQUANT_LOOP(uint64_t); break;                                  \
+    default: return -1;                                                     \
+    }                                                                       \
+    return p == n_protected ? 0 : -1;
+
+int mvc_dequant_u8(const uint8_t *levels, size_t n, const void *table, int n_table,
+                   size_t elem_size, const void *protected_vals, size_t n_protected, void *out)
+{
+    DEQUANT_BODY
+}
+
+int mvc_dequant_i16(const int16_t *levels, size_t n, const void *table, int n_table,
+                    size_t elem_size, const void *protected_vals, size_t n_protected, void *out)
+{
+    DEQUANT_BODY
+}
