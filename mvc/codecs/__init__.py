@@ -9,6 +9,7 @@ from mvc.codecs.base import (
     registered,
 )
 from mvc.codecs import raw as _raw  # noqa: F401  (registers raw/1)
+from mvc.codecs import lossless as _lossless  # noqa: F401
 
 __all__ = ["CodecError", "Encoded", "TensorCodec", "UnknownCodecError", "get_codec",
            "register", "registered"]

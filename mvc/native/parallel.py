@@ -1,0 +1,91 @@
+"""One process-wide thread pool for independent native calls.
+
+cffi's API-mode calls release the GIL, so native block coders run truly in
+parallel on these threads.  Tasks must not call `pmap` themselves expecting
+parallelism: inside a worker it runs inline, so nesting never deadlocks.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Callable, Iterable, Optional, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+_lock = threading.Lock()
+_pool: Optional[ThreadPoolExecutor] = None
+_local = threading.local()
+
+
+def worker_count() -> int:
+    """Threads to use: $MVC_THREADS if set, else the CPUs this process may run on."""
+    env = os.environ.get("MVC_THREADS")
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            pass
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def scratch(nbytes: int) -> "np.ndarray":
+    """A per-thread reusable uint8 buffer of at least `nbytes`.
+
+    Fresh multi-megabyte numpy buffers are mmapped, so every use would pay
+    page faults and kernel zeroing; reusing one per thread avoids that.  The
+    buffer is only valid until the same thread asks again.
+    """
+    import numpy as np
+
+    buf = getattr(_local, "scratch", None)
+    if buf is None or buf.size < nbytes:
+        buf = np.empty(max(nbytes, 1 << 16), dtype=np.uint8)
+        _local.scratch = buf
+    return buf
+
+
+def _mark_worker() -> None:
+    _local.in_pool = True
+
+
+def get_pool() -> ThreadPoolExecutor:
+    """The shared executor, created on first use."""
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=worker_count(), thread_name_prefix="mvc-native",
+                                       initializer=_mark_worker)
+        return _pool
+
+
+def _forget_pool() -> None:
+    # A forked child inherits the executor object but not its threads.
+    global _pool
+    _pool = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def pmap(fn: Callable[[T], R], items: Iterable[T], threads: Optional[int] = None) -> list[R]:
+    """`[fn(x) for x in items]`, run on the pool when that can help.
+
+    `threads=1` forces inline execution (used to measure the pool's speedup).
+    Every task has finished when this returns or raises: tasks write into
+    buffers the caller frees once it sees an error, so a failing task must
+    not leave its siblings running.  The first exception (in item order)
+    then propagates.
+    """
+    seq = list(items)
+    if (len(seq) <= 1 or (threads or worker_count()) <= 1 or worker_count() <= 1
+            or getattr(_local, "in_pool", False)):
+        return [fn(x) for x in seq]
+    futures = [get_pool().submit(fn, x) for x in seq]
+    wait(futures)
+    return [f.result() for f in futures]

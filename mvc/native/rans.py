@@ -1,0 +1,56 @@
+"""Static rANS coding of byte blocks (native/rans.c): near-entropy coding for skewed planes.
+
+A rANS block is one more block mode (mode byte 4) beside the raw / constant /
+Huffman blocks of `mvc.native.huffman`; `decode_block` accepts all of them.
+Format: docs/native-formats.md.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from mvc.native._lib import ffi, lib
+from mvc.native.status import ERR_ARG, ERR_CAPACITY, BytesLike, check_decode, check_encode
+
+MODE = 4
+
+
+def encode_block(src: Any, n: int) -> Optional[np.ndarray]:
+    """rANS-code n bytes at cffi pointer `src`; None when the block has fewer than two
+    distinct values or would not fit in its bound (use a Huffman block then)."""
+    out = np.empty(int(lib.mvc_rans_bound(n)), dtype=np.uint8)
+    rc = lib.mvc_rans_encode(src, n, ffi.from_buffer("uint8_t[]", out), out.size)
+    if rc in (ERR_ARG, ERR_CAPACITY) and n > 0:
+        return None
+    return out[: check_encode(rc, "rANS encode")].copy()  # the bound is 1.5x: keep only the output
+
+
+def decode_block(src: Any, length: int, dst: Any, n: int) -> None:
+    """Decode a rANS block, or any 8-bit raw / constant / Huffman block, into n bytes at `dst`."""
+    check_decode(lib.mvc_rans_decode(src, length, dst, n), "rANS block")
+
+
+def encode(data: np.ndarray) -> bytes:
+    """rANS-code a uint8 array as one block (falls back to a Huffman block when rANS cannot)."""
+    from mvc.native import huffman
+
+    arr = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
+    if arr.size == 0:
+        return b""
+    ptr = ffi.from_buffer("uint8_t[]", arr)
+    block = encode_block(ptr, arr.size)
+    if block is None:
+        block = huffman.encode_block(ptr, arr.size, 1)
+    return block.tobytes()
+
+
+def decode(data: BytesLike, n: int) -> np.ndarray:
+    """Inverse of `encode`: n bytes; `CodecError` if the block is corrupt."""
+    out = np.empty(n, dtype=np.uint8)
+    if n == 0 and len(data) == 0:
+        return out
+    src = ffi.from_buffer("uint8_t[]", data) if len(data) else ffi.NULL
+    dst = ffi.from_buffer("uint8_t[]", out, require_writable=True) if n else ffi.NULL
+    decode_block(src, len(data), dst, n)
+    return out

@@ -1,0 +1,97 @@
+/* Byte-plane split/merge for the lossless float codec (see byteplane.h). */
+#include <string.h>
+#include "status.h"
+#include "byteplane.h"
+
+#define MAX_ITEMSIZE 16
+
+int mvc_bp_nplanes(int layout, int itemsize) {
+    switch (layout) {
+    case MVC_BP_BYTES: return (itemsize >= 1 && itemsize <= MAX_ITEMSIZE) ? itemsize : MVC_ERR_ARG;
+    case MVC_BP_F16: case MVC_BP_BF16: return itemsize == 2 ? 2 : MVC_ERR_ARG;
+    case MVC_BP_F32: return itemsize == 4 ? 4 : MVC_ERR_ARG;
+    case MVC_BP_F64: return itemsize == 8 ? 8 : MVC_ERR_ARG;
+    default: return MVC_ERR_ARG;
+    }
+}
+
+static void split16(const uint8_t *src, size_t n, uint8_t *restrict p0, uint8_t *restrict p1) {
+    for (size_t i = 0; i < n; i++) {
+        uint16_t x; memcpy(&x, src + 2 * i, 2);
+        x = (uint16_t)((x << 1) | (x >> 15));
+        p0[i] = (uint8_t)(x >> 8); p1[i] = (uint8_t)x;
+    }
+}
+static void merge16(const uint8_t *restrict p0, const uint8_t *restrict p1, size_t n, uint8_t *dst) {
+    for (size_t i = 0; i < n; i++) {
+        uint16_t x = (uint16_t)((p0[i] << 8) | p1[i]);
+        x = (uint16_t)((x >> 1) | (x << 15));
+        memcpy(dst + 2 * i, &x, 2);
+    }
+}
+static void split32(const uint8_t *src, size_t n, uint8_t *restrict p0, uint8_t *restrict p1,
+                    uint8_t *restrict p2, uint8_t *restrict p3) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x; memcpy(&x, src + 4 * i, 4);
+        x = (x << 1) | (x >> 31);
+        p0[i] = (uint8_t)(x >> 24); p1[i] = (uint8_t)(x >> 16); p2[i] = (uint8_t)(x >> 8); p3[i] = (uint8_t)x;
+    }
+}
+static void merge32(const uint8_t *restrict p0, const uint8_t *restrict p1, const uint8_t *restrict p2,
+                    const uint8_t *restrict p3, size_t n, uint8_t *dst) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x = ((uint32_t)p0[i] << 24) | ((uint32_t)p1[i] << 16) | ((uint32_t)p2[i] << 8) | p3[i];
+        x = (x >> 1) | (x << 31);
+        memcpy(dst + 4 * i, &x, 4);
+    }
+}
+static void split64(const uint8_t *src, size_t n, uint8_t **pl) {
+    for (size_t i = 0; i < n; i++) {
+        uint64_t x; memcpy(&x, src + 8 * i, 8);
+        x = (x << 1) | (x >> 63);
+        for (int b = 0; b < 8; b++) pl[b][i] = (uint8_t)(x >> (56 - 8 * b));
+    }
+}
+static void merge64(uint8_t **pl, size_t n, uint8_t *dst) {
+    for (size_t i = 0; i < n; i++) {
+        uint64_t x = 0;
+        for (int b = 0; b < 8; b++) x |= (uint64_t)pl[b][i] << (56 - 8 * b);
+        x = (x >> 1) | (x << 63);
+        memcpy(dst + 8 * i, &x, 8);
+    }
+}
+
+int mvc_bp_split(const uint8_t *src, size_t n, int layout, int itemsize, uint8_t **pl) {
+    int np = mvc_bp_nplanes(layout, itemsize);
+    if (np < 0) return np;
+    switch (layout) {
+    case MVC_BP_F16: case MVC_BP_BF16: split16(src, n, pl[0], pl[1]); break;
+    case MVC_BP_F32: split32(src, n, pl[0], pl[1], pl[2], pl[3]); break;
+    case MVC_BP_F64: split64(src, n, pl); break;
+    default:
+        if (np == 1) { memcpy(pl[0], src, n); break; }
+        for (int b = 0; b < np; b++) {
+            uint8_t *p = pl[b];
+            for (size_t i = 0; i < n; i++) p[i] = src[i * (size_t)np + (size_t)b];
+        }
+    }
+    return MVC_OK;
+}
+
+int mvc_bp_merge(uint8_t **pl, size_t n, int layout, int itemsize, uint8_t *dst) {
+    int np = mvc_bp_nplanes(layout, itemsize);
+    if (np < 0) return np;
+    switch (layout) {
+    case MVC_BP_F16: case MVC_BP_BF16: merge16(pl[0], pl[1], n, dst); break;
+    case MVC_BP_F32: merge32(pl[0], pl[1], pl[2], pl[3], n, dst); break;
+    case MVC_BP_F64: merge64(pl, n, dst); break;
+    default:
+        if (np == 1) { memcpy(dst, pl[0], n); break; }
+        for (int b = 0; b < np; b++) {
+            const uint8_t *p = pl[b];
+            for (size_t i = 0; i < n; i++) dst[i * (size_t)np + (size_t)b] = p[i];
+        }
+    }
+    return MVC_OK;
+}
+

@@ -1,0 +1,286 @@
+/* Canonical, length-limited Huffman block coder (format: docs/native-formats.md).
+ *
+ * A block is split into 4 interleaved-decodable streams so the decoder's four
+ * lookup chains overlap in the CPU.  Bits are packed LSB-first, so codes are
+ * stored bit-reversed and the decoder indexes its table with the low bits of a
+ * 64-bit window.  8-bit alphabets decode through a table whose entries hold up
+ * to 4 symbols; every table here is built for a complete code (Kraft sum
+ * exactly 1), so each index decodes to something and the hot loops need no
+ * validity checks: corruption is caught by the exact end-of-stream check. */
+#include <stdlib.h>
+#include <string.h>
+#include "status.h"
+#include "huffman.h"
+#include "internal/huf_common.h"
+
+#define SLACK 24 /* a 64-bit store may run this far past the encoded size */
+
+size_t mvc_huf_max_block(void) { return MAX_BLOCK; }
+size_t mvc_huf_bound(size_t n, int width) { return 1 + n * (size_t)width + SLACK; }
+
+/* ---- encoder ----------------------------------------------------------- */
+
+/* enc entries: reversed code in bits 0..15, length in bits 24..31. */
+#define PUT(v) do { uint32_t e_ = enc[v]; acc |= (uint64_t)(e_ & 0xffffu) << nb; nb += e_ >> 24; } while (0)
+#define FLUSH() do { st64(o, acc); o += nb >> 3; acc >>= nb & ~7u; nb &= 7; } while (0)
+
+static uint8_t *put_stream1(const uint8_t *s, size_t cnt, const uint32_t *enc, uint8_t *o) {
+    uint64_t acc = 0; unsigned nb = 0; size_t i = 0;
+    for (; i + 4 <= cnt; i += 4) { PUT(s[i]); PUT(s[i + 1]); PUT(s[i + 2]); PUT(s[i + 3]); FLUSH(); }
+    for (; i < cnt; i++) { PUT(s[i]); FLUSH(); }
+    if (nb) { st64(o, acc); o++; }
+    return o;
+}
+
+static uint8_t *put_stream2(const uint8_t *s, size_t cnt, const uint32_t *enc, uint32_t lo, uint8_t *o) {
+    uint64_t acc = 0; unsigned nb = 0; size_t i = 0;
+    for (; i + 3 <= cnt; i += 3) {
+        PUT(ld16(s + 2 * i) - lo); PUT(ld16(s + 2 * i + 2) - lo); PUT(ld16(s + 2 * i + 4) - lo); FLUSH();
+    }
+    for (; i < cnt; i++) { PUT(ld16(s + 2 * i) - lo); FLUSH(); }
+    if (nb) { st64(o, acc); o++; }
+    return o;
+}
+
+int64_t mvc_huf_encode_block(const void *src_, size_t n, int w, uint8_t *dst, size_t cap,
+                             int max_permille) {
+    const uint8_t *src = src_;
+    if ((w != 1 && w != 2) || n > MAX_BLOCK || cap < mvc_huf_bound(n, w) ||
+        max_permille <= 0 || max_permille > 1000)
+        return MVC_ERR_ARG;
+    if (n == 0) return 0;
+    const int ns = n >= MIN_SPLIT ? 4 : 1;
+    const size_t q = (n + (size_t)ns - 1) / (size_t)ns;
+    size_t cnt_s[4] = {n, 0, 0, 0};
+    if (ns == 4) { cnt_s[0] = cnt_s[1] = cnt_s[2] = q; cnt_s[3] = n - 3 * q; }
+
+    /* Histogram: per stream for 8-bit symbols; over [lo, hi] for 16-bit. */
+    uint32_t h1[4][256], tot1[256];
+    uint32_t lo = 0, hi = 255, span;
+    uint32_t *hist;
+    if (w == 1) {
+        memset(h1, 0, sizeof h1);
+        for (int s = 0; s < ns; s++) {
+            const uint8_t *p = src + (size_t)s * q;
+            for (size_t i = 0; i < cnt_s[s]; i++) h1[s][p[i]]++;
+        }
+        for (int v = 0; v < 256; v++) tot1[v] = h1[0][v] + h1[1][v] + h1[2][v] + h1[3][v];
+        hist = tot1;
+        span = 256;
+    } else {
+        lo = 0xffff; hi = 0;
+        for (size_t i = 0; i < n; i++) { uint32_t v = ld16(src + 2 * i); lo = v < lo ? v : lo; hi = v > hi ? v : hi; }
+        span = hi - lo + 1;
+        hist = calloc(span, sizeof *hist);
+        if (!hist) return MVC_ERR_NOMEM;
+        for (size_t i = 0; i < n; i++) hist[ld16(src + 2 * i) - lo]++;
+    }
+    int k = 0;
+    for (uint32_t v = 0; v < span; v++) k += hist[v] != 0;
+
+    int64_t ret;
+    size_t raw = 1 + n * (size_t)w;
+    if (k == 1) {
+        dst[0] = MODE_CONST;
+        memcpy(dst + 1, src, (size_t)w);
+        ret = 1 + w;
+        goto done;
+    }
+    uint32_t *cnt = malloc((size_t)k * sizeof *cnt), *code = malloc((size_t)k * sizeof *code);
+    uint32_t *sym = malloc((size_t)k * sizeof *sym);
+    uint8_t *len = malloc((size_t)k);
+    if (!cnt || !code || !sym || !len) { ret = MVC_ERR_NOMEM; goto done2; }
+    for (uint32_t v = 0, j = 0; v < span; v++)
+        if (hist[v]) { sym[j] = v + lo; cnt[j] = hist[v]; j++; }
+    ret = huf_build_lengths(k, cnt, w == 1 ? LMAX1 : LMAX2, len);
+    if (ret < 0) goto done2;
+    huf_canonical_codes(k, len, code);
+
+    /* Exact size, known before writing anything. */
+    int use_dense;
+    size_t tbl = huf_table_size(k, sym, len, w, &use_dense);
+    uint64_t bits[4] = {0, 0, 0, 0};
+    /* Reuse hist as the dense encode table (its counts are in cnt[] now). */
+    uint32_t *enc = hist;
+    for (int j = 0; j < k; j++) enc[sym[j] - lo] = code[j] | ((uint32_t)len[j] << 24);
+    if (w == 1) {
+        for (int s = 0; s < ns; s++)
+            for (int j = 0; j < k; j++) bits[s] += (uint64_t)h1[s][sym[j]] * len[j];
+    } else {
+        for (int s = 0; s < ns; s++) {
+            const uint8_t *p = src + 2 * (size_t)s * q;
+            for (size_t i = 0; i < cnt_s[s]; i++) bits[s] += enc[ld16(p + 2 * i) - lo] >> 24;
+        }
+    }
+    size_t sbytes[4], total = 1 + tbl + (ns == 4 ? 12 : 0);
+    for (int s = 0; s < ns; s++) { sbytes[s] = (size_t)((bits[s] + 7) / 8); total += sbytes[s]; }
+    if ((uint64_t)total * 1000 >= (uint64_t)raw * (uint64_t)max_permille) {
+        dst[0] = MODE_RAW;
+        memcpy(dst + 1, src, n * (size_t)w);
+        ret = (int64_t)raw;
+        goto done2;
+    }
+    uint8_t *o = dst;
+    *o++ = MODE_HUF;
+    o = huf_write_table(o, k, sym, len, w, use_dense);
+    if (ns == 4)
+        for (int s = 0; s < 3; s++) { uint32_t b = (uint32_t)sbytes[s]; memcpy(o, &b, 4); o += 4; }
+    for (int s = 0; s < ns; s++) {
+        uint8_t *start = o;
+        if (w == 1) o = put_stream1(src + (size_t)s * q, cnt_s[s], enc, o);
+        else o = put_stream2(src + 2 * (size_t)s * q, cnt_s[s], enc, lo, o);
+        if ((size_t)(o - start) != sbytes[s]) { ret = MVC_ERR_INTERNAL; goto done2; }
+    }
+    ret = (int64_t)(o - dst);
+    if ((size_t)ret != total) ret = MVC_ERR_INTERNAL;
+done2:
+    free(cnt); free(code); free(sym); free(len);
+done:
+    if (w == 2) free(hist);
+    return ret;
+}
+
+/* ---- decoder ----------------------------------------------------------- */
+
+/* 8-bit table entries: symbols in bytes 0..3, count in byte 4, total bits in
+ * byte 5, first symbol's length in byte 6. */
+static int tail1(bstream *b, const uint64_t *tab) {
+    while (b->o < b->end) {
+        uint64_t e = tab[peek(b) & MASK1];
+        *b->o++ = (uint8_t)e;
+        b->pos += (e >> 48) & 0xff;
+    }
+    return finished(b);
+}
+
+#define DEC1(x) do { uint64_t e_ = tab[w##x & MASK1]; st32(s[x].o, (uint32_t)e_); \
+    s[x].o += (e_ >> 32) & 0xff; unsigned c_ = (e_ >> 40) & 0xff; w##x >>= c_; s[x].pos += c_; } while (0)
+#define FITS1(x) ((s[x].pos >> 3) + 8 <= s[x].len && (size_t)(s[x].end - s[x].o) >= 20)
+#define REFILL(x) uint64_t w##x = ld64(s[x].p + (s[x].pos >> 3)) >> (s[x].pos & 7)
+
+static int decode_streams1(bstream *s, int ns, const uint64_t *tab) {
+    if (ns == 4) {
+        while (FITS1(0) && FITS1(1) && FITS1(2) && FITS1(3)) {
+            REFILL(0); REFILL(1); REFILL(2); REFILL(3);
+            DEC1(0); DEC1(1); DEC1(2); DEC1(3);
+            DEC1(0); DEC1(1); DEC1(2); DEC1(3);
+            DEC1(0); DEC1(1); DEC1(2); DEC1(3);
+            DEC1(0); DEC1(1); DEC1(2); DEC1(3);
+            DEC1(0); DEC1(1); DEC1(2); DEC1(3);
+        }
+    }
+    for (int x = 0; x < ns; x++) { int r = tail1(&s[x], tab); if (r) return r; }
+    return MVC_OK;
+}
+
+static int build_table1(int k, const uint32_t *sym, const uint8_t *len, const uint32_t *code,
+                        uint64_t *tab) {
+    uint16_t single[1u << LMAX1];
+    for (int j = 0; j < k; j++)
+        for (uint32_t x = code[j]; x <= MASK1; x += 1u << len[j])
+            single[x] = (uint16_t)(sym[j] | ((uint32_t)len[j] << 8));
+    for (uint32_t idx = 0; idx <= MASK1; idx++) {
+        uint64_t syms = 0; unsigned cnt = 0, used = 0, first = single[idx] >> 8;
+        while (cnt < 4) {
+            uint16_t e = single[(idx >> used) & MASK1];
+            unsigned l = e >> 8;
+            if (used + l > LMAX1) break;
+            syms |= (uint64_t)(e & 0xff) << (8 * cnt);
+            cnt++; used += l;
+        }
+        tab[idx] = syms | ((uint64_t)cnt << 32) | ((uint64_t)used << 40) | ((uint64_t)first << 48);
+    }
+    return MVC_OK;
+}
+
+static int decode_streams2(bstream *s, int ns, const uint32_t *tab, unsigned tbits) {
+    const uint64_t mask = ((uint64_t)1 << tbits) - 1;
+    for (int x = 0; x < ns; x++) {
+        bstream *b = &s[x];
+        while ((b->pos >> 3) + 8 <= b->len && (size_t)(b->end - b->o) >= 6) {
+            uint64_t wv = ld64(b->p + (b->pos >> 3)) >> (b->pos & 7);
+            for (int r = 0; r < 3; r++) {
+                uint32_t e = tab[wv & mask];
+                st16(b->o, (uint16_t)e); b->o += 2;
+                wv >>= e >> 16; b->pos += e >> 16;
+            }
+        }
+        while (b->o < b->end) {
+            uint32_t e = tab[peek(b) & mask];
+            st16(b->o, (uint16_t)e); b->o += 2;
+            b->pos += e >> 16;
+        }
+        int r = finished(b);
+        if (r) return r;
+    }
+    return MVC_OK;
+}
+
+static int decode_huf(const uint8_t *p, const uint8_t *end, uint8_t *dst, size_t n, int w) {
+    const size_t alpha = w == 1 ? 256u : 65536u;
+    int r;
+    uint32_t *sym = malloc(alpha * sizeof *sym), *code = malloc(alpha * sizeof *code);
+    uint8_t *len = malloc(alpha);
+    void *tab = NULL;
+    if (!sym || !code || !len) { r = MVC_ERR_NOMEM; goto out; }
+    int64_t kk = huf_read_table(&p, end, w, sym, len);
+    if (kk < 0) { r = (int)kk; goto out; }
+    uint32_t k = (uint32_t)kk;
+    unsigned maxlen = 0;
+    for (uint32_t j = 0; j < k; j++) maxlen = len[j] > maxlen ? len[j] : maxlen;
+    huf_canonical_codes((int)k, len, code);
+
+    const int ns = n >= MIN_SPLIT ? 4 : 1;
+    const size_t q = (n + (size_t)ns - 1) / (size_t)ns;
+    bstream s[4];
+    size_t left;
+    if (ns == 4 && end - p < 12) { r = MVC_ERR_TRUNCATED; goto out; }
+    const uint8_t *sp = p + (ns == 4 ? 12 : 0);
+    left = (size_t)(end - sp);
+    for (int x = 0; x < ns; x++) {
+        size_t sz = left;
+        if (x < ns - 1) { uint32_t b; memcpy(&b, p + 4 * x, 4); sz = b; }
+        if (sz > left) { r = MVC_ERR_TRUNCATED; goto out; }
+        size_t cnt = ns == 4 ? (x < 3 ? q : n - 3 * q) : n;
+        s[x].p = sp; s[x].len = sz; s[x].pos = 0;
+        s[x].o = dst + (size_t)x * q * (size_t)w; s[x].end = s[x].o + cnt * (size_t)w;
+        sp += sz; left -= sz;
+    }
+    if (w == 1) {
+        tab = malloc(sizeof(uint64_t) << LMAX1);
+        if (!tab) { r = MVC_ERR_NOMEM; goto out; }
+        build_table1((int)k, sym, len, code, tab);
+        r = decode_streams1(s, ns, tab);
+    } else {
+        uint32_t *t2 = malloc(sizeof(uint32_t) << maxlen);
+        if (!(tab = t2)) { r = MVC_ERR_NOMEM; goto out; }
+        for (uint32_t j = 0; j < k; j++)
+            for (uint32_t x = code[j]; x < (1u << maxlen); x += 1u << len[j])
+                t2[x] = sym[j] | ((uint32_t)len[j] << 16);
+        r = decode_streams2(s, ns, t2, maxlen);
+    }
+out:
+    free(sym); free(code); free(len); free(tab);
+    return r;
+}
+
+int mvc_huf_decode_block(const uint8_t *src, size_t len, void *dst, size_t n, int w) {
+    if ((w != 1 && w != 2) || n > MAX_BLOCK) return MVC_ERR_ARG;
+    if (n == 0) return len == 0 ? MVC_OK : MVC_ERR_CORRUPT;
+    if (len == 0) return MVC_ERR_TRUNCATED;
+    switch (src[0]) {
+    case MODE_RAW:
+        if (len != 1 + n * (size_t)w) return MVC_ERR_TRUNCATED;
+        memcpy(dst, src + 1, n * (size_t)w);
+        return MVC_OK;
+    case MODE_CONST:
+        if (len != 1 + (size_t)w) return MVC_ERR_TRUNCATED;
+        if (w == 1) memset(dst, src[1], n);
+        else for (size_t i = 0; i < n; i++) memcpy((uint8_t *)dst + 2 * i, src + 1, 2);
+        return MVC_OK;
+    case MODE_HUF:
+        return decode_huf(src + 1, src + len, dst, n, w);
+    default:
+        return MVC_ERR_CORRUPT;
+    }
+}

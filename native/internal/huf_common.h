@@ -1,0 +1,60 @@
+#ifndef MVC_HUF_COMMON_H
+#define MVC_HUF_COMMON_H
+/* Internal to the native coders (not part of the cffi interface: it lives
+ * outside the top-level native headers on purpose). */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "mvc's native coders assume a little-endian host"
+#endif
+
+#define MAX_BLOCK ((size_t)1 << 24)
+#define LMAX1 11 /* length limit for 8-bit alphabets = decode table bits */
+#define LMAX2 16 /* length limit for 16-bit alphabets */
+#define MASK1 ((1u << LMAX1) - 1)
+#define MIN_SPLIT 64 /* blocks shorter than this use one stream */
+
+enum { MODE_RAW = 0, MODE_CONST = 1, MODE_HUF = 2, MODE_CTX = 3, MODE_RANS = 4 };
+
+static inline uint64_t ld64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline void st64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static inline void st32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline uint16_t ld16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline void st16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
+/* Code lengths (<= lmax) for k >= 2 symbols with counts cnt[]; len[] parallel. */
+int huf_build_lengths(int k, const uint32_t *cnt, int lmax, uint8_t *len);
+/* Canonical codes (deflate order: by length, then symbol), bit-reversed. */
+void huf_canonical_codes(int k, const uint8_t *len, uint32_t *code);
+size_t huf_varint_size(uint32_t v);
+uint8_t *huf_put_varint(uint8_t *p, uint32_t v);
+int huf_get_varint(const uint8_t **p, const uint8_t *end, uint32_t *out);
+/* Serialized size of the table of k symbols (ascending sym[]); sets *dense. */
+size_t huf_table_size(int k, const uint32_t *sym, const uint8_t *len, int w, int *dense);
+uint8_t *huf_write_table(uint8_t *o, int k, const uint32_t *sym, const uint8_t *len, int w, int dense);
+/* Parse a table into sym[]/len[] (room for the whole alphabet); returns k or < 0.
+ * Rejects incomplete codes and lengths over the limit. */
+int64_t huf_read_table(const uint8_t **pp, const uint8_t *end, int w, uint32_t *sym, uint8_t *len);
+
+/* A bit stream being decoded: LSB-first, bytes past len read as zero. */
+typedef struct {
+    const uint8_t *p; size_t len; uint64_t pos; uint8_t *o, *end;
+} bstream;
+
+/* 64-bit window at the bit position; bytes past the stream read as zero. */
+static inline uint64_t peek(const bstream *b) {
+    size_t byte = (size_t)(b->pos >> 3);
+    uint64_t v = 0;
+    if (byte + 8 <= b->len) v = ld64(b->p + byte);
+    else for (size_t i = 0; byte + i < b->len; i++) v |= (uint64_t)b->p[byte + i] << (8 * i);
+    return v >> (b->pos & 7);
+}
+
+static inline int finished(const bstream *b) {
+    return ((b->pos + 7) >> 3) == b->len ? MVC_OK : MVC_ERR_CORRUPT;
+}
+
+
+#endif
