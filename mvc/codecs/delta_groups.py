@@ -1,0 +1,196 @@
+"""Quantization-aware parameter rearrangement (Inshrinkerator Alg. 5 and 6).
+
+Deltas between two checkpoints' level streams are split into groups by each
+parameter's level in the *parent*: parameters of a bucket that rarely migrates
+then form long runs of one delta value, which run-length coding turns into a
+handful of symbols.  The grouping is a stable partition by parent level, so
+the decoder, which holds the parent's levels, rebuilds it by itself and
+nothing about the arrangement is stored.
+
+The codec uses the fused native passes (`native/groups.c`): `grouped_delta`
+computes D = (parent - cur) mod B and scatters it into group order in one
+O(n) counting-sort pass; `apply_grouped_delta` is Alg. 6 fused with the
+inverse delta and the range checks.  Level and delta arrays are uint8 when B
+<= 256, else uint16 (`delta_dtype`).  `split_by_parent` / `merge_by_parent` /
+`cyclic_delta` / `apply_cyclic_delta` are the same operations in plain numpy
+(a stable radix argsort), kept as the readable reference the tests compare to.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from mvc.codecs.base import CodecError
+from mvc.errors import InternalError
+from mvc.native import ffi, lib, status
+
+__all__ = [
+    "GroupedDeltaError", "LevelRangeError",
+    "delta_dtype", "group_counts", "grouped_delta", "apply_grouped_delta", "group_slices",
+    "cyclic_delta", "apply_cyclic_delta", "split_by_parent", "merge_by_parent",
+]
+
+MAX_GROUPS = 1 << 16
+
+
+class GroupedDeltaError(CodecError):
+    """A delta stream is inconsistent with the parent levels it is applied to."""
+
+    exit_code = 45
+
+
+class LevelRangeError(CodecError):
+    """A level array holds a value outside the range its level count allows."""
+
+    exit_code = 46
+
+
+def delta_dtype(modulus: int) -> np.dtype:
+    """The narrowest unsigned dtype holding every value in [0, modulus)."""
+    if modulus <= 1 << 8:
+        return np.dtype(np.uint8)
+    if modulus <= 1 << 16:
+        return np.dtype(np.uint16)
+    raise InternalError(f"delta modulus {modulus} exceeds 65536 levels")
+
+
+def _ptr(arr: np.ndarray):
+    return ffi.from_buffer("uint8_t[]", arr, require_writable=arr.flags.writeable)
+
+
+def _flat(arr: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    if flat.dtype != dtype:
+        raise InternalError(f"{what} must be {dtype}, got {flat.dtype}")
+    return flat
+
+
+def _check_same_length(a: np.ndarray, b: np.ndarray) -> None:
+    if a.size != b.size:
+        raise InternalError(f"level streams differ in length: {a.size} vs {b.size}")
+
+
+def _raise_for(rc: int, what: str) -> None:
+    if rc >= 0:
+        return
+    if rc == status.ERR_RANGE:
+        raise LevelRangeError(f"{what}: a level is >= its level count or the group count")
+    if rc == status.ERR_CORRUPT:
+        raise GroupedDeltaError(f"{what}: the delta does not fit its parent levels")
+    if rc == status.ERR_NOMEM:
+        raise MemoryError(f"{what}: out of memory")
+    raise InternalError(f"{what}: group counts do not match the parent levels (status {rc})")
+
+
+def group_counts(parent: np.ndarray, n_groups: int) -> np.ndarray:
+    """How many parameters sit at each parent level (int64, length `n_groups`).
+
+    `parent` is uint8 or uint16; raises LevelRangeError if a level is >= n_groups.
+    """
+    if not 1 <= n_groups <= MAX_GROUPS:
+        raise InternalError(f"n_groups {n_groups} outside [1, {MAX_GROUPS}]")
+    flat = np.ascontiguousarray(parent).reshape(-1)
+    if flat.dtype not in (np.uint8, np.uint16):
+        raise InternalError(f"parent levels must be uint8 or uint16, got {flat.dtype}")
+    counts = np.zeros(n_groups, dtype=np.int64)
+    rc = lib.mvc_grp_count(_ptr(flat), flat.size, flat.dtype.itemsize, n_groups,
+                           ffi.cast("int64_t *", counts.ctypes.data))
+    _raise_for(rc, f"parent levels (n_groups={n_groups})")
+    return counts
+
+
+def grouped_delta(parent: np.ndarray, cur: np.ndarray, modulus: int,
+                  counts: Optional[np.ndarray]) -> np.ndarray:
+    """D = (parent - cur) mod `modulus`, in group order (Alg. 5) when `counts` is given.
+
+    Both inputs must already be `delta_dtype(modulus)`; `counts` comes from
+    `group_counts(parent, n_groups)`, or is None for the original order.
+    Raises LevelRangeError if a level is >= modulus (or its group count).
+    """
+    dt = delta_dtype(modulus)
+    p, c = _flat(parent, dt, "parent levels"), _flat(cur, dt, "levels")
+    _check_same_length(p, c)
+    out = np.empty(p.size, dtype=dt)
+    cnt = ffi.NULL if counts is None else ffi.cast("int64_t *", counts.ctypes.data)
+    n_groups = 0 if counts is None else counts.size
+    if counts is not None and (counts.dtype != np.int64 or not counts.flags.c_contiguous):
+        raise InternalError("counts must be a contiguous int64 array")
+    rc = lib.mvc_grp_delta(_ptr(p), _ptr(c), p.size, dt.itemsize, modulus, cnt,
+                           n_groups, _ptr(out))
+    _raise_for(rc, "delta")
+    return out
+
+
+def apply_grouped_delta(parent: np.ndarray, delta: np.ndarray, modulus: int, n_cur: int,
+                        counts: Optional[np.ndarray]) -> tuple[np.ndarray, int]:
+    """Alg. 6 fused with the inverse delta: (levels, how many equal n_cur - 1).
+
+    levels = (parent - D) mod `modulus`, D read group by group (`counts` given)
+    or in original order (None).  Raises GroupedDeltaError if D or a result is
+    out of range (corrupt delta), LevelRangeError for an out-of-range parent.
+    """
+    dt = delta_dtype(modulus)
+    p, d = _flat(parent, dt, "parent levels"), _flat(delta, dt, "delta")
+    _check_same_length(p, d)
+    if not 1 <= n_cur <= modulus:
+        raise InternalError(f"n_cur {n_cur} outside [1, {modulus}]")
+    if counts is not None and (counts.dtype != np.int64 or not counts.flags.c_contiguous):
+        raise InternalError("counts must be a contiguous int64 array")
+    out = np.empty(p.size, dtype=dt)
+    top = ffi.new("uint64_t *")
+    cnt = ffi.NULL if counts is None else ffi.cast("int64_t *", counts.ctypes.data)
+    n_groups = 0 if counts is None else counts.size
+    rc = lib.mvc_grp_apply(_ptr(p), _ptr(d), p.size, dt.itemsize, modulus, n_cur,
+                           cnt, n_groups, _ptr(out), top)
+    _raise_for(rc, f"delta (levels must stay below {n_cur})")
+    return out, int(top[0])
+
+
+def group_slices(counts: np.ndarray) -> list[slice]:
+    """The slice of each group inside the concatenated grouped array."""
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    return [slice(int(s), int(e)) for s, e in zip(starts, ends)]
+
+
+# --------------------------------------------------------------------------- numpy reference
+
+def cyclic_delta(prev: np.ndarray, cur: np.ndarray, modulus: int) -> np.ndarray:
+    """Reference: D = (prev - cur) mod `modulus`, as the narrowest unsigned dtype."""
+    _check_same_length(prev, cur)
+    d = prev.astype(np.int32) - cur.astype(np.int32)
+    np.remainder(d, modulus, out=d)
+    return d.astype(delta_dtype(modulus))
+
+
+def apply_cyclic_delta(prev: np.ndarray, delta: np.ndarray, modulus: int) -> np.ndarray:
+    """Reference inverse of `cyclic_delta`: cur = (prev - D) mod `modulus`, as int32."""
+    _check_same_length(prev, delta)
+    cur = prev.astype(np.int32) - delta.astype(np.int32)
+    np.remainder(cur, modulus, out=cur)
+    return cur
+
+
+def _order(parent: np.ndarray) -> np.ndarray:
+    # Stable: within a group parameters keep their original (C) order, which
+    # is what lets the decoder rebuild the same permutation from the parent.
+    return np.argsort(parent.reshape(-1), kind="stable")
+
+
+def split_by_parent(values: np.ndarray, parent: np.ndarray, n_groups: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Reference Alg. 5: (values in group order, counts per group)."""
+    flat = values.reshape(-1)
+    _check_same_length(flat, parent.reshape(-1))
+    counts = np.bincount(parent.reshape(-1), minlength=n_groups)[:n_groups].astype(np.int64)
+    return flat[_order(parent)], counts
+
+
+def merge_by_parent(grouped: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """Reference Alg. 6: the inverse of `split_by_parent`, rebuilt from the parent alone."""
+    flat_parent = parent.reshape(-1)
+    _check_same_length(grouped, flat_parent)
+    out = np.empty_like(grouped)
+    out[_order(flat_parent)] = grouped
+    return out

@@ -1,0 +1,433 @@
+"""Codecs for quantized tensors: a standalone base and a delta against the parent.
+
+`qbase/1` stores one `QuantizedTensor` on its own: its centroids (float32), the
+level of every parameter (Huffman coded) and the protected parameters' exact
+values (in the tensor's dtype, through the `lossless/1` codec, whose meta is
+nested as `meta["protected"]`; their positions are the parameters at level
+k+1, so they cost nothing extra).
+
+`qdelta/1` stores it against the same tensor's levels in the parent commit
+(Inshrinkerator §6): D = (L_parent - L) mod B, B the larger level count of the
+two, split into one group per parent level (Alg. 5), each group run-length
+coded (sign-trick form) and Huffman coded on its own.  Centroids and protected
+values are stored as in the base.  Decoding (Alg. 6) rebuilds the grouping
+from the parent's levels, so no permutation is stored.  A group whose deltas
+are all zero (the common case late in training) is stored as zero bytes.
+
+Two ablations share the delta format and decoder, for the benchmark: mode
+"he" (Huffman of D, original order) and mode "rle" (RLE + Huffman of D,
+original order); "pe" is the real codec.
+
+Layout of every payload: centroids | protected | level sections, with each
+section's byte length and an xxh3-64 of the payload in `meta`; decoding
+validates all of it against the declared shape before allocating anything.
+
+Level convention (shared with `mvc.quant`): level i < k is centroid i, level k
+is pruned (0), level k+1 is protected; a tensor has k + 2 levels.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+import xxhash
+
+from mvc.codecs.base import BytesLike, CodecError, Encoded, get_codec
+from mvc.codecs import delta_groups as dg
+from mvc.errors import InternalError, MvcError, UsageError
+from mvc.native import huffman, rle
+from mvc.quant import QuantizedTensor, level_dtype
+
+__all__ = [
+    "QBASE", "QDELTA", "QDELTA_RLE", "QDELTA_HE", "DELTA_MODES",
+    "QuantPayloadError", "QuantChecksumError", "DeltaParentError", "DeltaShapeError",
+    "QuantInputError",
+    "encode_base", "decode_base", "encode_delta", "encode_delta_rle", "encode_delta_he",
+    "decode_delta", "encoded_size",
+]
+
+QBASE = "qbase/1"
+QDELTA = "qdelta/1"
+# Benchmark-only names for the ablations; never written by the repository.
+QDELTA_RLE = "qdelta-rle/1"
+QDELTA_HE = "qdelta-he/1"
+DELTA_MODES = {"pe": QDELTA, "rle": QDELTA_RLE, "he": QDELTA_HE}
+
+# A level stream is Huffman coded as uint8 or uint16 symbols.
+MAX_LEVELS = 1 << 16
+_CENTROID_DTYPE = np.dtype("<f4")
+_LOSSLESS = "lossless/1"  # protected values are exact floats: the project's lossless codec
+_NP_LEVEL_DTYPES = {torch.uint8: np.uint8, torch.int16: np.int16, torch.int32: np.int32}
+
+
+class QuantPayloadError(CodecError):
+    """A quantized payload or its meta is corrupt, truncated or inconsistent."""
+
+    exit_code = 40
+
+
+class QuantChecksumError(QuantPayloadError):
+    """A quantized payload does not match the checksum recorded at encode time."""
+
+    exit_code = 41
+
+
+class DeltaParentError(CodecError):
+    """The parent levels handed to the delta decoder are not the ones it was encoded against."""
+
+    exit_code = 42
+
+
+class DeltaShapeError(UsageError):
+    """Child and parent differ in shape, so a delta cannot be formed (store a base)."""
+
+    exit_code = 43
+
+
+class QuantInputError(InternalError):
+    """The QuantizedTensor handed to an encoder breaks the level convention (a bug upstream)."""
+
+    exit_code = 44
+
+
+# --------------------------------------------------------------------------- helpers
+
+def encoded_size(enc: Encoded) -> int:
+    """Bytes an `Encoded` costs in the store: payload plus its JSON meta.
+
+    Consumes `enc.parts` if it is an iterator; meant for benchmarks and for
+    callers that hold the parts as a list.
+    """
+    parts = list(enc.parts)
+    enc.parts = parts
+    return sum(len(p) for p in parts) + len(json.dumps(enc.meta, separators=(",", ":")))
+
+
+def _levels_np(t: torch.Tensor, n_levels: int, what: str, dtype: Optional[np.dtype] = None,
+               check: bool = True) -> np.ndarray:
+    """Flattened levels on the CPU as `dtype` (default: narrowest for `n_levels`).
+
+    Range checked against `n_levels` unless `check` is False and the values
+    arrive as uint8 already (the native passes then do the check themselves).
+    """
+    dtype = dg.delta_dtype(n_levels) if dtype is None else dtype
+    flat = t.detach().reshape(-1)
+    if flat.device.type != "cpu":
+        flat = flat.to("cpu")
+    if flat.dtype.is_floating_point or flat.dtype.is_complex or flat.dtype == torch.bool:
+        raise QuantInputError(f"{what} must be an integer tensor, got {flat.dtype}")
+    arr = flat.numpy()
+    if (check or arr.dtype != np.uint8) and arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= n_levels:
+            raise QuantInputError(f"{what} hold values outside [0, {n_levels}): min {lo}, max {hi}")
+    return np.ascontiguousarray(arr.astype(dtype, copy=False))
+
+
+def _quant_parts(q: Any) -> tuple[np.ndarray, int, np.ndarray, torch.Tensor, int]:
+    """(levels, k, centroids float32, protected values, n_protected) of a QuantizedTensor."""
+    k = int(q.bins)
+    if not 1 <= k <= MAX_LEVELS - 2:
+        raise QuantInputError(f"bins must be in [1, {MAX_LEVELS - 2}], got {k}")
+    levels = _levels_np(q.levels, k + 2, "levels")
+    cent = q.centroids.detach().to("cpu", torch.float32).reshape(-1).contiguous()
+    if cent.numel() != k:
+        raise QuantInputError(f"{cent.numel()} centroids for {k} bins")
+    prot = q.protected.detach().to("cpu").reshape(-1).contiguous()
+    if prot.dtype != q.dtype:
+        raise QuantInputError(f"protected values are {prot.dtype}, tensor dtype is {q.dtype}")
+    n_prot = int(np.count_nonzero(levels == k + 1))
+    if prot.numel() != n_prot:
+        raise QuantInputError(f"{prot.numel()} protected values for {n_prot} protected levels")
+    return levels, k, cent.numpy().astype(_CENTROID_DTYPE, copy=False), prot, n_prot
+
+
+def _encode_protected(prot: torch.Tensor) -> tuple[bytes, dict[str, Any]]:
+    """Protected values through the lossless codec; (section, meta entries)."""
+    if prot.numel() == 0:
+        return b"", {}
+    enc = get_codec(_LOSSLESS).encode(prot)
+    return b"".join(bytes(p) for p in enc.parts), {"protected": enc.meta}
+
+
+def _huffman_encode(values: np.ndarray) -> bytes:
+    return bytes(huffman.encode(np.ascontiguousarray(values)))
+
+
+def _rle_encode(values: np.ndarray) -> bytes:
+    return bytes(rle.encode_huffman(np.ascontiguousarray(values)))
+
+
+def _decode_with(fn, data: BytesLike, n: int, dtype: np.dtype, what: str) -> np.ndarray:
+    """Run a native decoder, turning whatever it raises on bad input into a CodecError."""
+    try:
+        out = fn(data, n, dtype)
+    except CodecError:
+        raise
+    except (MvcError, ValueError, OverflowError, IndexError, TypeError, MemoryError) as exc:
+        raise QuantPayloadError(f"{what}: {exc}") from exc
+    out = np.asarray(out).reshape(-1)
+    if out.size != n:
+        raise QuantPayloadError(f"{what}: decoded {out.size} symbols, expected {n}")
+    return out
+
+
+def _checksum(parts: Sequence[BytesLike]) -> str:
+    h = xxhash.xxh3_64()
+    for p in parts:
+        h.update(p)
+    return h.hexdigest()
+
+
+def _config_meta(config: Optional[Mapping[str, Any]]) -> dict[str, Any]:
+    return {} if config is None else {"config": dict(config)}
+
+
+# --------------------------------------------------------------------------- meta validation
+
+def _int_field(meta: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
+    v = meta.get(key)
+    if type(v) is not int or not lo <= v <= hi:
+        raise QuantPayloadError(f"meta field {key!r} = {v!r} is not an integer in [{lo}, {hi}]")
+    return v
+
+
+def _numel(shape: Sequence[int]) -> int:
+    if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
+        raise QuantPayloadError(f"invalid shape {list(shape)}")
+    return math.prod(int(d) for d in shape)
+
+
+def _sections(meta: Mapping[str, Any], payload: BytesLike, count: int) -> list[memoryview]:
+    """Split `payload` by the recorded section lengths after checking them and the checksum."""
+    lens = meta.get("sections")
+    if (not isinstance(lens, list) or len(lens) != count
+            or any(type(n) is not int or n < 0 for n in lens)):
+        raise QuantPayloadError(f"meta 'sections' must list {count} byte lengths, got {lens!r}")
+    view = memoryview(payload).cast("B")
+    if sum(lens) != len(view):
+        raise QuantPayloadError(
+            f"payload is {len(view)} bytes but its sections add up to {sum(lens)} (truncated?)"
+        )
+    digest = meta.get("xxh3")
+    if not isinstance(digest, str) or _checksum([view]) != digest:
+        raise QuantChecksumError("quantized payload does not match its checksum")
+    out, pos = [], 0
+    for n in lens:
+        out.append(view[pos:pos + n])
+        pos += n
+    return out
+
+
+def _common_parts(meta: Mapping[str, Any], dtype: torch.dtype, shape: Sequence[int]
+                  ) -> tuple[int, int, int]:
+    """(numel, k, n_protected) from meta, validated against the declared shape."""
+    numel = _numel(shape)
+    if _int_field(meta, "numel", 0, numel) != numel:
+        raise QuantPayloadError(f"meta numel {meta['numel']} != {numel} for shape {list(shape)}")
+    k = _int_field(meta, "bins", 1, MAX_LEVELS - 2)
+    n_prot = _int_field(meta, "n_protected", 0, numel)
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        raise QuantPayloadError(f"quantized tensors are floating point, not {dtype}")
+    return numel, k, n_prot
+
+
+def _decode_centroids(sec: memoryview, k: int) -> torch.Tensor:
+    if len(sec) != k * _CENTROID_DTYPE.itemsize:
+        raise QuantPayloadError(f"centroid section is {len(sec)} bytes, {k} centroids need {4 * k}")
+    cent = np.frombuffer(sec, dtype=_CENTROID_DTYPE).astype(np.float32)
+    if not np.all(np.isfinite(cent)):
+        raise QuantPayloadError("stored centroids are not finite")
+    if k > 1 and bool(np.any(cent[1:] < cent[:-1])):
+        raise QuantPayloadError("stored centroids are not sorted")
+    return torch.from_numpy(cent)
+
+
+def _decode_protected(sec: memoryview, n_prot: int, dtype: torch.dtype,
+                      meta: Mapping[str, Any]) -> torch.Tensor:
+    if n_prot == 0:
+        if len(sec):
+            raise QuantPayloadError("protected section present but no protected values")
+        return torch.empty(0, dtype=dtype)
+    pmeta = meta.get("protected")
+    if not isinstance(pmeta, dict):
+        raise QuantPayloadError("meta lacks the protected values' codec meta")
+    try:
+        prot = get_codec(_LOSSLESS).decode(pmeta, sec, dtype, (n_prot,))
+    except CodecError:
+        raise
+    except (MvcError, ValueError, OverflowError, TypeError) as exc:
+        raise QuantPayloadError(f"protected values: {exc}") from exc
+    return prot.reshape(-1)
+
+
+def _assemble(levels: np.ndarray, k: int, cent: torch.Tensor, prot: torch.Tensor,
+              dtype: torch.dtype, shape: Sequence[int]):
+    """Build the QuantizedTensor from parts the caller has fully validated.
+
+    The constructor is used rather than `from_parts` because every check
+    `from_parts` makes has been made here already, on the fly, and repeating
+    them costs more than decoding a delta.
+    """
+    np_dtype = _NP_LEVEL_DTYPES[level_dtype(k)]
+    if levels.dtype == np.uint16 and np_dtype == np.int16:
+        levels = levels.view(np.int16)  # every level is < 32768 here: same bits
+    lv = torch.from_numpy(np.ascontiguousarray(levels.astype(np_dtype, copy=False)))
+    return QuantizedTensor(lv.reshape(tuple(int(d) for d in shape)), cent, prot, dtype, k)
+
+
+# --------------------------------------------------------------------------- base
+
+def encode_base(q: Any, *, config: Optional[Mapping[str, Any]] = None) -> Encoded:
+    """Encode a QuantizedTensor on its own (codec ``qbase/1``).
+
+    `config` (JSON-able) records the quantization configuration used; it is
+    kept in `meta["config"]` for the commit log and gc.
+    """
+    levels, k, cent, prot, n_prot = _quant_parts(q)
+    level_bytes = _huffman_encode(levels) if levels.size else b""
+    prot_bytes, prot_meta = _encode_protected(prot)
+    parts = [cent.tobytes(), prot_bytes, level_bytes]
+    meta = {
+        "bins": k, "numel": int(levels.size), "n_protected": n_prot, **prot_meta,
+        "sections": [len(p) for p in parts], "xxh3": _checksum(parts), **_config_meta(config),
+    }
+    return Encoded(meta=meta, parts=parts, extra={"codec": QBASE})
+
+
+def decode_base(meta: Mapping[str, Any], payload: BytesLike, dtype: torch.dtype,
+                shape: Sequence[int]):
+    """Rebuild the QuantizedTensor `encode_base` stored (levels bit-exact)."""
+    numel, k, n_prot = _common_parts(meta, dtype, shape)
+    cent_sec, prot_sec, level_sec = _sections(meta, payload, 3)
+    cent = _decode_centroids(cent_sec, k)
+    prot = _decode_protected(prot_sec, n_prot, dtype, meta)
+    if numel == 0:
+        if len(level_sec):
+            raise QuantPayloadError("level section present for an empty tensor")
+        levels = np.empty(0, dtype=dg.delta_dtype(k + 2))
+    else:
+        levels = _decode_with(huffman.decode, level_sec, numel, dg.delta_dtype(k + 2), "level stream")
+        if int(levels.max()) > k + 1:
+            raise QuantPayloadError(f"decoded level {int(levels.max())} >= {k + 2} levels")
+    if int(np.count_nonzero(levels == k + 1)) != n_prot:
+        raise QuantPayloadError("protected level count does not match stored protected values")
+    return _assemble(levels, k, cent, prot, dtype, shape)
+
+
+# --------------------------------------------------------------------------- delta
+
+def _encode_stream(d: np.ndarray, mode: str) -> bytes:
+    # An all-zero stream (nothing migrated) costs nothing: the decoder knows its length.
+    if d.size == 0 or not d.any():
+        return b""
+    return _huffman_encode(d) if mode == "he" else _rle_encode(d)
+
+
+def _encode_delta(q: Any, parent_levels: torch.Tensor, parent_n_levels: int, mode: str,
+                  config: Optional[Mapping[str, Any]]) -> Encoded:
+    if not 2 <= int(parent_n_levels) <= MAX_LEVELS:
+        raise QuantInputError(f"parent_n_levels must be in [2, {MAX_LEVELS}], got {parent_n_levels}")
+    n_prev = int(parent_n_levels)
+    levels, k, cent, prot, n_prot = _quant_parts(q)
+    if tuple(parent_levels.shape) != tuple(q.levels.shape):
+        raise DeltaShapeError(
+            f"parent shape {list(parent_levels.shape)} != {list(q.levels.shape)}: store a base"
+        )
+    modulus = max(n_prev, k + 2)
+    dt = dg.delta_dtype(modulus)
+    parent = _levels_np(parent_levels, n_prev, "parent levels", dt, check=False)
+    levels = levels.astype(dt, copy=False)
+    try:
+        if mode == "pe":
+            counts = dg.group_counts(parent, n_prev)
+            d = dg.grouped_delta(parent, levels, modulus, counts)
+            streams = [_encode_stream(d[s], mode) for s in dg.group_slices(counts)]
+        else:
+            dg.group_counts(parent, n_prev)  # range check only
+            streams = [_encode_stream(dg.grouped_delta(parent, levels, modulus, None), mode)]
+    except dg.LevelRangeError as exc:
+        raise QuantInputError(f"parent levels: {exc}") from exc
+    prot_bytes, prot_meta = _encode_protected(prot)
+    parts = [cent.tobytes(), prot_bytes, *streams]
+    meta = {
+        "mode": mode, "bins": k, "numel": int(levels.size), "n_protected": n_prot, **prot_meta,
+        "parent_n_levels": n_prev, "sections": [len(p) for p in parts],
+        "xxh3": _checksum(parts), **_config_meta(config),
+    }
+    return Encoded(meta=meta, parts=parts, extra={"codec": DELTA_MODES[mode]})
+
+
+def encode_delta(q: Any, parent_levels: torch.Tensor, parent_n_levels: int, *,
+                 config: Optional[Mapping[str, Any]] = None) -> Encoded:
+    """Encode `q` against the same tensor's levels in the parent (codec ``qdelta/1``).
+
+    `parent_levels` are the parent's decoded levels (any integer dtype, any
+    device, same shape as `q`), `parent_n_levels` its level count (bins + 2).
+    Raises DeltaShapeError when the shapes differ: the caller stores a base.
+    """
+    return _encode_delta(q, parent_levels, parent_n_levels, "pe", config)
+
+
+def encode_delta_rle(q: Any, parent_levels: torch.Tensor, parent_n_levels: int, *,
+                     config: Optional[Mapping[str, Any]] = None) -> Encoded:
+    """Ablation "RLE": RLE + Huffman of the delta in original order (benchmark only)."""
+    return _encode_delta(q, parent_levels, parent_n_levels, "rle", config)
+
+
+def encode_delta_he(q: Any, parent_levels: torch.Tensor, parent_n_levels: int, *,
+                    config: Optional[Mapping[str, Any]] = None) -> Encoded:
+    """Ablation "HE": Huffman of the delta in original order (benchmark only)."""
+    return _encode_delta(q, parent_levels, parent_n_levels, "he", config)
+
+
+def decode_delta(meta: Mapping[str, Any], payload: BytesLike, dtype: torch.dtype,
+                 shape: Sequence[int], parent_levels: torch.Tensor):
+    """Rebuild the QuantizedTensor from a delta and the parent's levels (Alg. 6).
+
+    Decodes every mode (``pe``, ``rle``, ``he``).  `parent_levels` may be of
+    any integer dtype and any shape with the right number of elements (a
+    flattened cache works).  Raises DeltaParentError if they cannot be the
+    parent this delta was encoded against.
+    """
+    numel, k, n_prot = _common_parts(meta, dtype, shape)
+    mode = meta.get("mode")
+    if mode not in DELTA_MODES:
+        raise QuantPayloadError(f"unknown delta mode {mode!r}")
+    n_prev = _int_field(meta, "parent_n_levels", 2, MAX_LEVELS)
+    if parent_levels.numel() != numel:
+        raise DeltaParentError(f"parent has {parent_levels.numel()} parameters, delta {numel}")
+    modulus = max(n_prev, k + 2)
+    ddt = dg.delta_dtype(modulus)
+    try:
+        parent = _levels_np(parent_levels, n_prev, "parent levels", ddt, check=False)
+        counts = dg.group_counts(parent, n_prev)  # also checks every parent level < n_prev
+    except (QuantInputError, dg.LevelRangeError) as exc:
+        raise DeltaParentError(f"parent levels do not fit parent_n_levels={n_prev}: {exc}") from exc
+    sizes = counts if mode == "pe" else np.array([numel], dtype=np.int64)
+    secs = _sections(meta, payload, 2 + len(sizes))
+    cent = _decode_centroids(secs[0], k)
+    prot = _decode_protected(secs[1], n_prot, dtype, meta)
+    decode = huffman.decode if mode == "he" else rle.decode_huffman
+    pieces = []
+    for g, (n, sec) in enumerate(zip(sizes.tolist(), secs[2:])):
+        if len(sec) == 0:
+            pieces.append(np.zeros(n, dtype=ddt))
+        elif n == 0:
+            raise QuantPayloadError(f"delta group {g} has data but no parameters")
+        else:
+            pieces.append(_decode_with(decode, sec, n, ddt, f"delta group {g}"))
+    d = np.concatenate(pieces) if len(pieces) > 1 else (pieces[0] if pieces else np.zeros(0, ddt))
+    if d.dtype != ddt:
+        raise QuantPayloadError(f"delta decoded as {d.dtype}, expected {ddt}")
+    try:
+        levels, n_top = dg.apply_grouped_delta(parent, d, modulus, k + 2,
+                                               counts if mode == "pe" else None)
+    except dg.LevelRangeError as exc:  # parent was range checked above: a bug if it happens
+        raise InternalError(str(exc)) from exc
+    if n_top != n_prot:
+        raise QuantPayloadError(f"{n_top} protected levels but {n_prot} protected values stored")
+    return _assemble(levels, k, cent, prot, dtype, shape)

@@ -1,0 +1,139 @@
+"""Alg. 5/6 rearrangement: the vectorized version equals a literal reading of the paper."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from mvc.codecs import delta_groups as dg
+from mvc.errors import InternalError
+
+
+def ref_split(delta: list[int], parent: list[int]) -> dict[int, list[int]]:
+    """Algorithm 5, as written: append each delta to its parent level's group."""
+    groups: dict[int, list[int]] = {b: [] for b in sorted(set(parent))}
+    for j in range(len(parent)):
+        groups[parent[j]].append(delta[j])
+    return groups
+
+
+def ref_merge(groups: dict[int, list[int]], parent: list[int]) -> list[int]:
+    """Algorithm 6, as written: pop each parameter's delta from its parent level's group."""
+    groups = {b: list(v) for b, v in groups.items()}
+    out = [0] * len(parent)
+    for j in range(len(parent)):
+        b = parent[j]
+        if groups[b]:
+            out[j] = groups[b].pop(0)
+    return out
+
+
+streams = st.integers(2, 40).flatmap(
+    lambda n_levels: st.tuples(
+        st.just(n_levels),
+        st.lists(st.tuples(st.integers(0, n_levels - 1), st.integers(0, n_levels - 1)), max_size=200),
+    )
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(streams)
+def test_split_and_merge_match_reference(case):
+    n_levels, pairs = case
+    parent = np.array([p for p, _ in pairs], dtype=np.uint8)
+    delta = np.array([d for _, d in pairs], dtype=np.uint8)
+    grouped, counts = dg.split_by_parent(delta, parent, n_levels)
+    ref = ref_split(delta.tolist(), parent.tolist())
+    for g, sl in enumerate(dg.group_slices(counts)):
+        assert grouped[sl].tolist() == ref.get(g, [])
+    assert counts.sum() == parent.size and counts.size == n_levels
+    merged = dg.merge_by_parent(grouped, parent)
+    assert merged.tolist() == ref_merge(ref, parent.tolist()) == delta.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 300), st.integers(2, 300), st.lists(st.integers(0, 10**6), max_size=100))
+def test_cyclic_delta_inverts(n_prev, n_cur, seeds):
+    rng = np.random.default_rng(len(seeds) * 7919 + n_prev)
+    prev = rng.integers(0, n_prev, len(seeds))
+    cur = rng.integers(0, n_cur, len(seeds))
+    modulus = max(n_prev, n_cur)
+    d = dg.cyclic_delta(prev, cur, modulus)
+    assert d.dtype == (np.uint8 if modulus <= 256 else np.uint16)
+    assert all(int(x) == (int(p) - int(c)) % modulus for x, p, c in zip(d, prev, cur))
+    assert dg.apply_cyclic_delta(prev, d, modulus).tolist() == cur.tolist()
+
+
+def test_unchanged_levels_give_zero_delta_and_pure_groups():
+    parent = np.random.default_rng(0).integers(0, 18, 10_000).astype(np.uint8)
+    d = dg.cyclic_delta(parent, parent, 18)
+    assert not d.any()
+    grouped, counts = dg.split_by_parent(parent, parent, 18)
+    for g, sl in enumerate(dg.group_slices(counts)):
+        assert (grouped[sl] == g).all()
+
+
+def test_uint16_levels_and_multidimensional_input():
+    rng = np.random.default_rng(1)
+    parent = rng.integers(0, 1000, (30, 40)).astype(np.uint16)
+    delta = rng.integers(0, 1000, (30, 40)).astype(np.uint16)
+    grouped, counts = dg.split_by_parent(delta, parent, 1000)
+    assert np.array_equal(dg.merge_by_parent(grouped, parent), delta.reshape(-1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 300), st.integers(2, 300), st.integers(0, 300), st.integers(0, 2**31),
+       st.booleans())
+def test_native_fused_passes_match_reference(n_prev, n_cur, n, seed, grouped):
+    rng = np.random.default_rng(seed)
+    modulus = max(n_prev, n_cur)
+    dt = dg.delta_dtype(modulus)
+    parent = rng.integers(0, n_prev, n).astype(dt)
+    cur = rng.integers(0, n_cur, n).astype(dt)
+    # mostly-unchanged streams too, where runs matter
+    keep = rng.random(n) < 0.8
+    cur[keep & (parent < n_cur)] = parent[keep & (parent < n_cur)]
+    counts = dg.group_counts(parent, n_prev) if grouped else None
+    d = dg.grouped_delta(parent, cur, modulus, counts)
+    ref = dg.cyclic_delta(parent, cur, modulus)
+    if grouped:
+        ref_grouped, ref_counts = dg.split_by_parent(ref, parent, n_prev)
+        assert np.array_equal(counts, ref_counts)
+        assert np.array_equal(d, ref_grouped)
+        assert np.array_equal(dg.merge_by_parent(d, parent), ref)
+    else:
+        assert np.array_equal(d, ref)
+    levels, n_top = dg.apply_grouped_delta(parent, d, modulus, n_cur, counts)
+    assert levels.dtype == dt and np.array_equal(levels, cur)
+    assert n_top == int(np.count_nonzero(cur == n_cur - 1))
+
+
+def test_native_passes_reject_out_of_range_input():
+    parent = np.array([0, 1, 5], dtype=np.uint8)
+    with pytest.raises(dg.LevelRangeError):
+        dg.group_counts(parent, 5)
+    with pytest.raises(dg.LevelRangeError):
+        dg.grouped_delta(parent, np.array([0, 1, 6], np.uint8), 6, None)
+    counts = dg.group_counts(parent, 6)
+    # a delta that would move a parameter to level 5 when the child has only 4 levels
+    with pytest.raises(dg.GroupedDeltaError):
+        dg.apply_grouped_delta(parent, np.zeros(3, np.uint8), 6, 4, counts)
+    # a delta value >= modulus
+    with pytest.raises(dg.GroupedDeltaError):
+        dg.apply_grouped_delta(parent, np.array([0, 0, 9], np.uint8), 6, 6, counts)
+    # counts that do not describe this parent are a bug, not data corruption
+    with pytest.raises(InternalError):
+        dg.apply_grouped_delta(parent, np.zeros(3, np.uint8), 6, 6, np.array([3, 0, 0, 0, 0, 0]))
+    with pytest.raises(InternalError):
+        dg.grouped_delta(parent, np.zeros(3, np.uint8), 6, np.array([1, 1, 1, 0, 0, 0]))
+    with pytest.raises(InternalError):
+        dg.grouped_delta(parent, np.zeros(3, np.uint16), 6, None)
+
+
+def test_mismatched_lengths_are_a_bug():
+    with pytest.raises(InternalError):
+        dg.split_by_parent(np.zeros(3, np.uint8), np.zeros(4, np.uint8), 2)
+    with pytest.raises(InternalError):
+        dg.cyclic_delta(np.zeros(3, np.uint8), np.zeros(4, np.uint8), 2)
+    with pytest.raises(InternalError):
+        dg.delta_dtype(70_000)
