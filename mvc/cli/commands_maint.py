@@ -15,14 +15,22 @@ class FsckFailed(DataError):
 
 
 @click.command()
-@click.option("--dry-run", is_flag=True, help="Report what would be removed; remove nothing.")
-def gc(dry_run: bool) -> None:
-    """Remove objects unreachable from any ref or reflog entry."""
+@click.option("--dry-run", is_flag=True, help="Report what would be removed; change nothing.")
+@click.option("--shrink", is_flag=True, help="Also rewrite the store file compactly to return disk space.")
+@click.option("--max-chain", type=int, default=None,
+              help="Re-encode tensors with deeper delta chains as bases (default: gc.max_chain).")
+def gc(dry_run: bool, shrink: bool, max_chain: int | None) -> None:
+    """Bound delta chains and remove objects unreachable from any ref or reflog entry."""
     repo = Repo.discover()
-    r = repo.gc(dry_run=dry_run)
+    r = repo.gc(dry_run=dry_run, max_chain=max_chain, shrink=shrink)
+    if r.snapshots_rewritten:
+        click.echo(f"gc: re-encoded {r.tensors_rebased} tensors in {r.snapshots_rewritten} snapshots "
+                   f"as bases (chain depth {r.max_chain_before} -> {r.max_chain_after})")
     verb = "would remove" if dry_run else "removed"
     click.echo(f"gc: {verb} {r.removed_objects} objects, {human_bytes(r.freed_bytes)}; "
                f"{r.kept_objects} reachable objects kept")
+    if r.disk_before is not None:
+        click.echo(f"gc: store file {human_bytes(r.disk_before)} -> {human_bytes(r.disk_after)}")
 
 
 @click.command()

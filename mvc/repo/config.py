@@ -22,7 +22,24 @@ DEFAULTS: dict[str, Any] = {
     "commit.lossless_codec": "lossless/1",
     "commit.chunk_mib": 32,
     "core.lock_timeout": 600.0,
+    # How commits store tensors: "search" (the quantization-config search, the commit hook),
+    # "fixed" (always commit.quant) or "lossless".
+    "commit.mode": "lossless",
+    # The QuantConfig (as a JSON object) used by commit.mode = fixed.
+    "commit.quant": None,
+    # The quality hook for `mvc commit`: "module:function" taking the candidate state, returning
+    # a loss (lower is better). Without one the search uses its proxy metric.
+    "quality.hook": None,
+    # Bound on the relative degradation of quality.hook's value (the proxy has its own bound).
+    "quality.epsilon": 0.01,
+    # A quantized tensor is stored as a base at least every this many commits (0 = never forced).
+    "commit.base_every": 32,
+    # gc re-encodes tensors whose delta chain is deeper than this as bases.
+    "gc.max_chain": 16,
 }
+
+#: Keys whose values are JSON objects (given as JSON text on the command line).
+JSON_KEYS = {"commit.quant"}
 
 
 class ConfigError(UsageError):
@@ -33,6 +50,15 @@ class ConfigError(UsageError):
 
 def _coerce(key: str, value: Any) -> Any:
     default = DEFAULTS[key]
+    if key in JSON_KEYS:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ConfigError(f"config {key} expects JSON, got {value!r}") from None
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(f"config {key} expects a JSON object or null, got {value!r}")
+        return value
     if value is None or default is None or isinstance(value, type(default)):
         if isinstance(default, float) and isinstance(value, int):
             return float(value)

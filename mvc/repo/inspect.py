@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mvc.repo.tensors import read_tensor
+from mvc.repo.lossy import read_any
 
 if TYPE_CHECKING:
     from mvc.repo.repository import Repo
@@ -83,8 +83,9 @@ def _compare(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 
 def diff(repo: "Repo", rev_a: str, rev_b: str) -> list[TensorDiff]:
     """Per tensor: added / removed / changed / unchanged, with relative L2 and max abs change."""
-    snap_a = repo.read_snapshot(repo.read_commit(repo.resolve(rev_a)).snapshot)
-    snap_b = repo.read_snapshot(repo.read_commit(repo.resolve(rev_b)).snapshot)
+    sid_a = repo.read_commit(repo.resolve(rev_a)).snapshot
+    sid_b = repo.read_commit(repo.resolve(rev_b)).snapshot
+    snap_a, snap_b = repo.read_snapshot(sid_a), repo.read_snapshot(sid_b)
     recs_a = {r.name: r for r in snap_a.tensors}
     recs_b = {r.name: r for r in snap_b.tensors}
     out: list[TensorDiff] = []
@@ -102,7 +103,7 @@ def diff(repo: "Repo", rev_a: str, rev_b: str) -> list[TensorDiff]:
         elif (ra.codec, ra.chunks, ra.meta) == (rb.codec, rb.chunks, rb.meta):
             d.rel_l2, d.max_abs = 0.0, 0.0
         else:
-            ta, tb = read_tensor(repo.store, ra), read_tensor(repo.store, rb)
+            ta, tb = read_any(repo, sid_a, ra), read_any(repo, sid_b, rb)
             if torch.equal(ta.view(-1).view(torch.uint8), tb.view(-1).view(torch.uint8)):
                 d.rel_l2, d.max_abs = 0.0, 0.0
             else:

@@ -8,6 +8,7 @@ from mvc.codecs.base import registered
 from mvc.errors import DataError, MvcError
 from mvc.repo import refs as R
 from mvc.repo.objects import Commit, Snapshot, object_kind
+from mvc.store import RefUpdate
 
 if TYPE_CHECKING:
     from mvc.repo.repository import Repo
@@ -25,6 +26,12 @@ class GcReport:
     freed_bytes: int
     kept_objects: int
     dry_run: bool
+    snapshots_rewritten: int = 0
+    tensors_rebased: int = 0
+    max_chain_before: int = 0
+    max_chain_after: int = 0
+    disk_before: int | None = None
+    disk_after: int | None = None
 
 
 @dataclass
@@ -40,12 +47,16 @@ class FsckReport:
 
 def root_ids(repo: "Repo") -> set[str]:
     """Every commit id a ref or a reflog entry names: what gc must keep."""
+    from mvc.repo.repository import REPLACE
+
     roots: set[str] = set()
     store = repo.store
-    for _, value in store.iter_refs(""):
-        if value and not R.is_symbolic(value):
+    for name, value in store.iter_refs(""):
+        if value and not R.is_symbolic(value) and not name.startswith(REPLACE):
             roots.add(value)
     for name in store.reflog_names():
+        if name.startswith(REPLACE):
+            continue
         for entry in store.reflog(name):
             for v in (entry.old, entry.new):
                 if v and not R.is_symbolic(v):
@@ -69,6 +80,7 @@ def reachable_objects(repo: "Repo", roots: set[str]) -> tuple[set[str], list[str
             problems.append(f"commit {cid}: {exc}")
             continue
         keep.add(commit.snapshot)
+        keep.add(repo.resolve_snapshot_id(commit.snapshot))
         try:
             snap = repo.read_snapshot(commit.snapshot)
         except DataError as exc:
@@ -81,25 +93,53 @@ def reachable_objects(repo: "Repo", roots: set[str]) -> tuple[set[str], list[str
     return keep, problems
 
 
-def gc(repo: "Repo", *, dry_run: bool = False) -> GcReport:
-    """Delete every object no ref or reflog entry reaches.
+def gc(repo: "Repo", *, dry_run: bool = False, max_chain: int | None = None,
+       shrink: bool = False) -> GcReport:
+    """Compact deep delta chains, then delete every object no ref or reflog entry reaches.
 
     Holds the write lock for its whole run, so a concurrent commit (which
     writes its objects before its ref) can never have them collected.
-    Refuses to delete anything if reachable history is damaged.
+    Refuses to delete anything if reachable history is damaged. With
+    `shrink`, the LMDB file is then rewritten compactly to return disk space.
     """
+    from mvc.repo.compact import compact_chains
+    from mvc.repo.repository import REPLACE
+
     store = repo.store
+    if max_chain is None:
+        max_chain = int(repo.config.get("gc.max_chain"))
     with store.write_lock(repo._lock_timeout()):
-        keep, problems = reachable_objects(repo, root_ids(repo))
+        roots = root_ids(repo)
+        keep, problems = reachable_objects(repo, roots)
         if problems:
             raise UnsafeGcError(
                 "gc refused: reachable history is damaged, run `mvc fsck`: " + problems[0])
+        compacted = None
+        if not dry_run and max_chain > 0:
+            compacted = compact_chains(repo, roots, max_chain)
+            if compacted.snapshots_rewritten:
+                keep, problems = reachable_objects(repo, roots)
+        # Replacements of snapshots nothing reaches any more go too.
+        stale = [RefUpdate(n, v, None) for n, v in store.iter_refs(REPLACE)
+                 if n[len(REPLACE):] not in keep]
+        if stale and not dry_run:
+            store.update_refs(stale, "gc: drop replacements of unreachable snapshots")
+            for u in stale:
+                store.delete_reflog(u.name)
         doomed = [oid for oid in store.iter_ids() if oid not in keep]
         freed = sum(store.size(oid) for oid in doomed)
         if not dry_run and doomed:
             store.delete(doomed)
-        return GcReport(removed_objects=len(doomed), freed_bytes=freed,
-                        kept_objects=len(keep), dry_run=dry_run)
+        report = GcReport(removed_objects=len(doomed), freed_bytes=freed,
+                          kept_objects=len(keep), dry_run=dry_run)
+        if compacted is not None:
+            report.snapshots_rewritten = compacted.snapshots_rewritten
+            report.tensors_rebased = compacted.tensors_rebased
+            report.max_chain_before = compacted.max_depth_before
+            report.max_chain_after = compacted.max_depth_after
+        if shrink and not dry_run:
+            report.disk_before, report.disk_after = store.shrink()
+        return report
 
 
 def fsck(repo: "Repo") -> FsckReport:
@@ -122,7 +162,9 @@ def fsck(repo: "Repo") -> FsckReport:
                 problems.append(f"ref {name}: points to missing ref {target}")
         elif value not in present:
             problems.append(f"ref {name}: points to missing object {value}")
-    known = set(registered())
+    from mvc.repo.lossy import QUANT_CODECS
+
+    known = set(registered()) | set(QUANT_CODECS)
     commits = 0
     for cid in sorted(root_ids(repo)):
         if cid not in present:
@@ -150,7 +192,7 @@ def fsck(repo: "Repo") -> FsckReport:
             else:
                 stack.append(p)
         try:
-            snap = Snapshot.decode(store.get(commit.snapshot), commit.snapshot)
+            snap = repo.read_snapshot(commit.snapshot)
         except DataError as exc:
             problems.append(f"commit {cid}: snapshot {commit.snapshot}: {exc}")
             continue
@@ -160,6 +202,27 @@ def fsck(repo: "Repo") -> FsckReport:
             for oid in rec.chunks:
                 if oid not in present:
                     problems.append(f"commit {cid}: tensor {rec.name!r}: chunk {oid} is missing")
+            problems.extend(f"commit {cid}: {p}" for p in _check_delta_parent(repo, rec))
+    from mvc.repo.repository import REPLACE
+
+    for name, value in store.iter_refs(REPLACE):
+        if value not in present:
+            problems.append(f"ref {name}: replacement snapshot {value} is missing")
     # One line per problem object, however many commits share it.
     return FsckReport(objects_checked=n_objects, commits_checked=commits,
                       problems=list(dict.fromkeys(problems)))
+
+
+def _check_delta_parent(repo: "Repo", rec) -> list[str]:
+    from mvc.repo.lossy import QUANT_CODECS, parent_ref
+
+    try:
+        ref = parent_ref(rec)
+        if ref is None:
+            return []
+        parent = repo.read_snapshot(ref[0])
+    except DataError as exc:
+        return [f"tensor {rec.name!r}: delta parent unreadable: {exc}"]
+    if not any(r.name == ref[1] and r.codec in QUANT_CODECS for r in parent.tensors):
+        return [f"tensor {rec.name!r}: delta parent {ref[1]!r} missing in snapshot {ref[0]}"]
+    return []

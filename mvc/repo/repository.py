@@ -9,7 +9,7 @@ import heapq
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -19,13 +19,18 @@ from mvc.io.state import flatten, unflatten
 from mvc.repo import refs as R
 from mvc.repo.config import Config
 from mvc.repo.objects import Commit, Snapshot, TensorRecord
+from mvc.repo import lossy
 from mvc.repo.provenance import author, code_provenance
 from mvc.repo.revparse import UnknownRevisionError, resolve_base, split_suffixes
-from mvc.repo.tensors import ChunkWriter, read_tensor
+from mvc.repo.tensors import ChunkWriter
 from mvc.store import ANY, LmdbStore, RefUpdate
 
 MVC_DIR = ".mvc"
 DEFAULT_BRANCH = "main"
+#: gc's re-encodings: refs/replace/<snapshot id> names a snapshot that restores identically.
+REPLACE = "refs/replace/"
+#: Tensors this small are stored raw: a codec header would cost more than it saves.
+RAW_BELOW_BYTES = 64
 
 
 class NotARepositoryError(MvcError):
@@ -47,6 +52,10 @@ class Repo:
             store = LmdbStore.open(self.mvc_dir)
         self.store = store
         self.config = Config(self.mvc_dir / "config.json")
+        self._levels = lossy.LevelCache()
+        #: Set (e.g. by the CLI) when this process will not live to make the next commit:
+        #: each lossy commit then leaves its levels in `.mvc/cache/` for the next process.
+        self.disk_levels: lossy.DiskLevelCache | None = None
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -87,8 +96,14 @@ class Repo:
     def read_commit(self, oid: str) -> Commit:
         return Commit.decode(self.store.get(oid), oid)
 
+    def resolve_snapshot_id(self, oid: str) -> str:
+        """The snapshot actually read for `oid`: gc may have replaced it by an identical re-encoding."""
+        return self.store.read_ref(REPLACE + oid) or oid
+
     def read_snapshot(self, oid: str) -> Snapshot:
-        return Snapshot.decode(self.store.get(oid), oid)
+        """The snapshot a commit names (following gc's replacement, if any)."""
+        real = self.resolve_snapshot_id(oid)
+        return Snapshot.decode(self.store.get(real), real)
 
     def _is_commit(self, oid: str) -> bool:
         try:
@@ -219,12 +234,32 @@ class Repo:
         return get_codec(name if name in registered() else "raw/1")
 
     def commit(self, state: Any, message: str, *, step: int | None = None,
-               metrics: Mapping[str, float] | None = None, lossless: bool | None = None) -> str:
+               metrics: Mapping[str, float] | None = None, lossless: bool | None = None,
+               quant: "QuantConfig | None" = None, policy: "QuantPolicy | None" = None,
+               grads: Mapping[str, torch.Tensor] | None = None,
+               quality: "Callable[[Any], float] | None" = None,
+               epsilon: float | None = None) -> str:
         """Store `state` (any nested checkpoint structure) as a new commit on HEAD; returns its id.
 
         Objects are written first, then the snapshot and the commit object, and
         the branch moves last, in one small transaction: a crash at any moment
         leaves either the old history or the complete new commit.
+
+        How tensors are stored (repository config `commit.mode`, default "search"):
+
+        * "search": the commit hook picks the most compressive quantization
+          config whose degradation stays within `epsilon` on `quality`
+          (`quality(candidate_state) -> loss`, lower is better; without one,
+          a documented proxy with its own bound), starting from the parent's
+          config (Inshrinkerator §5). The chosen config, the metric, its
+          baseline and measured value are recorded in the commit.
+        * "fixed": quantize with `commit.quant`.
+        * "lossless": store every tensor exactly.
+
+        `lossless=True` or an explicit `quant=` bypass the search. `policy`
+        chooses which tensors are quantized (default: big float tensors, not
+        biases / norms / optimizer state); `grads` (by flattened tensor name,
+        e.g. an EMA of gradients) enables sensitivity-based protect / prune.
         """
         if not isinstance(message, str) or not message.strip():
             raise UsageError("a commit needs a non-empty message")
@@ -232,33 +267,132 @@ class Repo:
         if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
             raise UsageError(f"step must be an int, got {step!r}")
         flat = flatten(state)
+        config, qmap, quality_record = self._plan(flat, lossless, quant, policy, grads,
+                                                  quality, epsilon)
         codec = self._lossless_codec()
+        raw_codec = get_codec("raw/1")
         chunk_size = int(self.config.get("commit.chunk_mib")) << 20
+        base_every = int(self.config.get("commit.base_every"))
         prov = code_provenance(os.getcwd())
         who = author(self.config.get("user.name"), self.config.get("user.email"))
         with self.store.write_lock(self._lock_timeout()):
             ref, parent = self._head_update_target()
+            psid, precs = None, {}
+            if parent is not None and qmap:
+                psid = self.read_commit(parent).snapshot
+                precs = {r.name: r for r in self.read_snapshot(psid).tensors}
             writer = ChunkWriter(self.store, chunk_size)
-            records: list[TensorRecord] = [writer.write(t, codec, name)
-                                           for name, t in flat.tensors.items()]
-            writer.flush()
-            snap_id = self.store.put(Snapshot(records, flat.skeleton).encode())
+            records: list[TensorRecord] = []
+            bases: dict[str, tuple] = {}
+            for name, t in flat.tensors.items():
+                q = qmap.get(name)
+                if q is None:
+                    small = t.numel() * t.element_size() < RAW_BELOW_BYTES
+                    records.append(writer.write(t, raw_codec if small else codec, name))
+                    continue
+                prec = precs.get(name)
+                pinfo = None
+                if prec is not None and prec.codec in lossy.QUANT_CODECS:
+                    pinfo = (psid, prec, lossy.read_quantized(self, psid, prec))
+                cname, enc, extra, depth, base = lossy.choose_encoding(q, pinfo, base_every)
+                bases[name] = (base, q.dtype, tuple(q.shape))
+                records.append(writer.write_encoded(enc, cname, name, q.dtype, tuple(q.shape),
+                                                    extra, depth,
+                                                    raw_bytes=t.numel() * t.element_size()))
+            # Snapshot and commit objects ride in the same transaction as the last chunks:
+            # one fsync for all objects, then one for the ref (the commit point).
+            snap_id = writer.add(Snapshot(records, flat.skeleton).encode())
             commit = Commit(
                 parents=[parent] if parent else [], snapshot=snap_id, message=message,
                 time=datetime.now(timezone.utc).isoformat(timespec="microseconds"),
                 author=who, step=step, metrics=clean_metrics, provenance=prov,
+                quant=config.to_dict() if config is not None else None, quality=quality_record,
                 chain_depth=max((r.depth for r in records), default=0),
             )
-            cid = self.store.put(commit.encode())
+            cid = writer.add(commit.encode())
+            writer.flush()
             self.store.update_refs([RefUpdate(ref, parent, cid)], f"commit: {commit.summary}")
+        # The next commit deltas against these levels without re-walking the chain.
+        for name, q in qmap.items():
+            if q is not None:
+                self._levels.put((snap_id, name), q)
+        if self.disk_levels is not None:
+            self.disk_levels.save(snap_id, bases)
         return cid
+
+    def _plan(self, flat, lossless, quant, policy, grads, quality, epsilon):
+        """(config or None, name -> QuantizedTensor or None, quality record) for this commit."""
+        from mvc.quant import QuantConfig
+
+        if quant is not None and not isinstance(quant, QuantConfig):
+            raise UsageError(f"quant must be a mvc.quant.QuantConfig, got {type(quant).__name__}")
+        if quality is not None and not callable(quality):
+            raise UsageError("quality must be a callable taking the candidate state")
+        mode = self.config.get("commit.mode")
+        if lossless or (quant is None and mode == "lossless"):
+            return None, {}, None
+        if quant is None and mode == "fixed":
+            configured = self.config.get("commit.quant")
+            if not configured:
+                raise UsageError("commit.mode is 'fixed' but commit.quant is not set")
+            quant = QuantConfig.from_dict(configured)
+        if quant is not None:
+            qmap, record = self._quantize(flat.tensors, quant, policy, grads)
+            return quant, qmap, record
+        return self._search(flat, policy, grads, quality, epsilon)
+
+    def _search(self, flat, policy, grads, quality, epsilon):
+        from mvc.quant import QuantConfig
+        from mvc.search import find_config
+
+        previous = None
+        head = self.head()
+        if head is not None:
+            prev = self.read_commit(head).quant
+            if prev:
+                try:
+                    previous = QuantConfig.from_dict(prev)
+                except MvcError:  # written by another version: start afresh
+                    previous = None
+        evaluate = None
+        if quality is not None:
+            skeleton = flat.skeleton
+
+            def evaluate(candidate: dict[str, torch.Tensor]) -> float:
+                return quality(unflatten(skeleton, candidate))
+        if epsilon is None:
+            epsilon = self.config.get("quality.epsilon") if quality is not None else None
+        result = find_config(flat.tensors, evaluate=evaluate, epsilon=epsilon, previous=previous,
+                             grads=grads, policy=policy or _default_policy(),
+                             metric_name=getattr(quality, "__name__", None) if quality else None)
+        if result.config is None:
+            return None, {}, dict(result.quality, stored="lossless: no feasible configuration")
+        return result.config, result.qmap, result.quality
+
+    def _quantize(self, tensors, config, policy, grads):
+        """(name -> QuantizedTensor or None, quality record) for a fixed config."""
+        from mvc.quant import quantize_state
+
+        qmap = quantize_state(tensors, config, policy or _default_policy(), grads,
+                              nonfinite="lossless")
+        err = ref = 0.0
+        for name, q in qmap.items():
+            if q is not None:
+                w = tensors[name].detach()
+                err += float(torch.linalg.vector_norm((q.dequantize() - w).float())) ** 2
+                ref += float(torch.linalg.vector_norm(w.float())) ** 2
+        rel = (err / ref) ** 0.5 if ref > 0 else 0.0
+        quality = {"metric": "rel_l2_weights", "value": rel, "baseline": 0.0, "bound": None,
+                   "quantized_tensors": sum(q is not None for q in qmap.values())}
+        return qmap, quality
 
     # ------------------------------------------------------------------ checkout
     def read_state(self, rev: str = "HEAD", *, map_location: str | torch.device | None = None) -> Any:
         """The checkpoint stored at `rev`, rebuilt with its original structure; HEAD does not move."""
         cid = self.resolve(rev)
-        snap = self.read_snapshot(self.read_commit(cid).snapshot)
-        tensors = {rec.name: read_tensor(self.store, rec) for rec in snap.tensors}
+        sid = self.read_commit(cid).snapshot
+        snap = self.read_snapshot(sid)
+        tensors = {rec.name: lossy.read_any(self, sid, rec) for rec in snap.tensors}
         return unflatten(snap.skeleton, tensors, map_location=map_location or "cpu")
 
     def checkout(self, rev: str = "HEAD", *, move_head: bool = True,
@@ -302,11 +436,14 @@ class Repo:
         return out
 
     # ------------------------------------------------------------------ maintenance / inspection
-    def gc(self, *, dry_run: bool = False):
-        """Remove objects unreachable from refs and reflogs. Returns a `GcReport`."""
+    def gc(self, *, dry_run: bool = False, max_chain: int | None = None, shrink: bool = False):
+        """Bound delta chains (`gc.max_chain`), remove objects unreachable from refs and reflogs,
+        and with `shrink` rewrite the LMDB file compactly. Returns a `GcReport`.
+
+        Never changes what any commit restores."""
         from mvc.repo.maintenance import gc
 
-        return gc(self, dry_run=dry_run)
+        return gc(self, dry_run=dry_run, max_chain=max_chain, shrink=shrink)
 
     def fsck(self):
         """Verify every object and every reference. Returns an `FsckReport`."""
@@ -332,6 +469,12 @@ def _neg_time(c: Commit) -> float:
         return -datetime.fromisoformat(c.time).timestamp()
     except ValueError:
         return 0.0
+
+
+def _default_policy():
+    from mvc.quant import QuantPolicy
+
+    return QuantPolicy(exclude=lossy.OPTIMIZER_STATE_PATTERNS)
 
 
 def _check_metrics(metrics: Mapping[str, float] | None) -> dict[str, float]:

@@ -62,6 +62,13 @@ class ChunkWriter:
         if not t.is_contiguous():
             t = _contiguous_bits(t)
         enc = codec.encode(t)
+        return self.write_encoded(enc, codec.name, name, t.dtype, tuple(t.shape), meta_extra, depth,
+                                  raw_bytes=t.numel() * t.element_size())
+
+    def write_encoded(self, enc, codec_name: str, name: str, dtype: torch.dtype,
+                      shape: tuple[int, ...], meta_extra: dict | None = None,
+                      depth: int = 0, raw_bytes: int | None = None) -> TensorRecord:
+        """Store an already encoded tensor; returns the snapshot record."""
         ids: list[str] = []
         stored = 0
         for piece in _rechunk(enc.parts, self.chunk_size):
@@ -78,11 +85,23 @@ class ChunkWriter:
         meta = dict(enc.meta)
         if meta_extra:
             meta.update(meta_extra)
+        if raw_bytes is None:
+            numel = 1
+            for d in shape:
+                numel *= d
+            raw_bytes = numel * torch.empty((), dtype=dtype).element_size()
         return TensorRecord(
-            name=name, dtype=dtype_name(t.dtype), shape=list(t.shape), codec=codec.name,
-            chunks=ids, stored_bytes=stored, raw_bytes=t.numel() * t.element_size(),
+            name=name, dtype=dtype_name(dtype), shape=list(shape), codec=codec_name,
+            chunks=ids, stored_bytes=stored, raw_bytes=raw_bytes,
             meta=meta, depth=depth,
         )
+
+    def add(self, data: bytes) -> str:
+        """Queue one small object for the next flush; returns its id."""
+        oid = xxhash.xxh3_128_hexdigest(data)
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        return oid
 
     def flush(self) -> None:
         """Write every buffered chunk (call before anything refers to them)."""

@@ -1,0 +1,1 @@
+"""Porcelain: commits, checkout, refs and revisions, history, gc and fsck."""

@@ -1,0 +1,191 @@
+"""Quantized commits: base/delta chains restore exactly dequantize(quantize(W_t)), no drift."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mvc.quant import QuantConfig, QuantPolicy, quantize_state
+from mvc.repo import lossy
+from mvc.repo.repository import Repo
+
+POLICY = QuantPolicy(exclude=lossy.OPTIMIZER_STATE_PATTERNS)
+
+
+def trajectory(n: int, seed: int = 0):
+    """Weights drifting like SGD: small updates to a fixed init, plus a tensor that changes shape."""
+    g = torch.Generator().manual_seed(seed)
+    w = {"enc.weight": torch.randn(128, 96, generator=g) * 0.05,
+         "embed.weight": torch.randn(200, 32, generator=g) * 0.02,
+         "dec.weight": torch.randn(96, 64, generator=g).to(torch.bfloat16) * 0.05}
+    for t in range(n):
+        w = {k: v + (0.002 * torch.randn(v.shape, generator=g)).to(v.dtype) for k, v in w.items()}
+        state = dict(w)
+        state["bias"] = torch.full((7,), float(t))
+        if t >= n // 2:  # reshaped mid-run: becomes a base
+            state["dec.weight"] = w["dec.weight"].reshape(64, 96)
+        yield t, state
+
+
+def configs(t: int) -> QuantConfig:
+    bins = [4, 6, 8, 12, 16, 32][t % 6]
+    return QuantConfig(bins=bins, prune=[0.0, 0.1, 0.3][t % 3],
+                       prune_metric="magnitude", protect=[0.0005, 0.005, 0.01][t % 3],
+                       embedding_bins=[16, 32][t % 2])
+
+
+def expected(state, cfg):
+    floats = {k: v for k, v in state.items()}
+    q = quantize_state(floats, cfg, POLICY, nonfinite="lossless")
+    return {k: (q[k].dequantize() if q[k] is not None else v) for k, v in floats.items()}
+
+
+def assert_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape, what
+    assert torch.equal(a.contiguous().view(-1).view(torch.uint8),
+                       b.contiguous().view(-1).view(torch.uint8)), what
+
+
+def test_chain_of_32_commits_restores_exactly(tmp_path):
+    repo = Repo.init(tmp_path / "r")
+    repo.config.set("commit.base_every", 100)
+    ids, exp = [], []
+    for t, state in trajectory(32):
+        cfg = configs(t)
+        ids.append(repo.commit(state, f"step {t}", quant=cfg))
+        exp.append(expected(state, cfg))
+    depths = [repo.read_commit(c).chain_depth for c in ids]
+    assert max(depths) >= 20  # deltas were actually chained
+    snap = repo.read_snapshot(repo.read_commit(ids[-1]).snapshot)
+    codecs = {r.name: r.codec for r in snap.tensors}
+    assert codecs["enc.weight"] == "qdelta/1" and codecs["bias"] != "qdelta/1"
+    repo.close()
+    # a fresh process-like Repo: no cached levels, chains walked from the bases
+    with Repo(tmp_path / "r") as fresh:
+        for cid, e in zip(ids, exp):
+            got = fresh.read_state(cid)
+            for k, v in e.items():
+                assert_bits(got[k], v, f"{cid[:8]} {k}")
+
+
+def test_lossy_same_checkpoint_twice_is_tiny(repo):
+    state = dict(next(iter(trajectory(1)))[1])
+    cfg = QuantConfig(bins=16)
+    repo.commit(state, "a", quant=cfg)
+    before = repo.store.object_bytes()
+    repo.commit(state, "b", quant=cfg)
+    assert repo.store.object_bytes() - before < 4096
+
+
+def test_lossy_commit_records_config_and_quality(repo):
+    state = dict(next(iter(trajectory(1)))[1])
+    cid = repo.commit(state, "q", quant=QuantConfig(bins=8, prune=0.1, protect=0.005))
+    c = repo.read_commit(cid)
+    assert c.quant["bins"] == 8 and c.quality["metric"] == "rel_l2_weights"
+    assert 0 < c.quality["value"] < 0.5
+
+
+def test_configured_default_quant_and_lossless_override(repo):
+    state = dict(next(iter(trajectory(1)))[1])
+    repo.config.set("commit.mode", "fixed")
+    repo.config.set("commit.quant", '{"bins": 8}')
+    lossy_id = repo.commit(state, "lossy by config")
+    exact_id = repo.commit(state, "exact", lossless=True)
+    assert repo.read_commit(lossy_id).quant["bins"] == 8
+    assert repo.read_commit(exact_id).quant is None
+    assert torch.equal(repo.read_state(exact_id)["enc.weight"], state["enc.weight"])
+
+
+def test_optimizer_state_stays_exact_by_default(repo):
+    from checkpoints import realistic_state
+
+    s = realistic_state()
+    cid = repo.commit(s, "q", quant=QuantConfig(bins=4))
+    got = repo.read_state(cid)
+    for k, v in s["optimizer"]["state"].items():
+        for name, t in v.items():
+            assert torch.equal(got["optimizer"]["state"][k][name], t)
+
+
+def test_nan_tensor_is_kept_lossless(repo):
+    w = torch.randn(100, 100)
+    w[3, 4] = float("nan")
+    cid = repo.commit({"w": w}, "nan", quant=QuantConfig(bins=8))
+    got = repo.read_state(cid)["w"]
+    assert torch.equal(got.view(torch.int32), w.view(torch.int32))
+
+
+def _all_states(repo, ids):
+    return {cid: repo.read_state(cid) for cid in ids}
+
+
+def test_gc_compacts_chains_without_changing_any_restore(tmp_path):
+    root = tmp_path / "r"
+    repo = Repo.init(root)
+    repo.config.set("commit.base_every", 100)
+    ids = [repo.commit(state, f"step {t}", quant=configs(t)) for t, state in trajectory(30)]
+    repo.branch("old", ids[10])
+    before = _all_states(repo, ids)
+    report = repo.gc(max_chain=4)
+    assert report.snapshots_rewritten > 0 and report.max_chain_after <= 4
+    assert report.max_chain_before > 4
+    assert repo.fsck().ok
+    repo.close()
+    with Repo(root) as fresh:  # no warm caches: every chain walked from its (new) base
+        after = _all_states(fresh, ids)
+        for cid in ids:
+            for k, v in before[cid].items():
+                assert_bits(after[cid][k], v, f"{cid[:8]} {k}")
+        # compacting again finds nothing to do; shrink returns space and changes nothing
+        assert fresh.gc(max_chain=4).snapshots_rewritten == 0
+        r = fresh.gc(shrink=True)
+        assert r.disk_after <= r.disk_before
+        assert fresh.fsck().ok
+        for cid in ids:
+            got = fresh.read_state(cid)
+            for k, v in before[cid].items():
+                assert_bits(got[k], v, f"after shrink {cid[:8]} {k}")
+
+
+def test_deleted_branch_with_deltas_is_collected(tmp_path):
+    repo = Repo.init(tmp_path / "r")
+    states = list(trajectory(6))
+    for t, s in states[:3]:
+        repo.commit(s, f"main {t}", quant=configs(t))
+    repo.switch("exp", create=True)
+    for t, s in states[3:]:
+        repo.commit(s, f"exp {t}", quant=configs(t))
+    repo.switch("main")
+    keep = {cid: repo.read_state(cid) for cid in (c.id for c in repo.log("main"))}
+    repo.delete_branch("exp")
+    r = repo.gc()
+    assert r.removed_objects > 0 and repo.fsck().ok
+    for cid, st in keep.items():
+        got = repo.read_state(cid)
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                assert_bits(got[k], v, k)
+    repo.close()
+
+
+def test_cli_lossy_commits_use_disk_level_cache(tmp_path):
+    from test_cli import run
+
+    work = tmp_path
+    assert run(work, "init")[0] == 0
+    assert run(work, "config", "commit.mode", "fixed")[0] == 0
+    assert run(work, "config", "commit.quant", '{"bins": 12, "protect": 0.005}')[0] == 0
+    cfg = QuantConfig(bins=12, protect=0.005)
+    exp = []
+    for t, state in trajectory(4):
+        torch.save(state, work / "ckpt.pt")
+        code, _, err = run(work, "commit", "-m", f"step {t}", "ckpt.pt")
+        assert code == 0, err
+        exp.append(expected(state, cfg))
+    assert list((work / ".mvc" / "cache" / "levels").glob("*.levels"))
+    with Repo(work) as repo:
+        ids = [c.id for c in repo.log()][::-1]
+        assert repo.read_commit(ids[-1]).chain_depth >= 1
+        for cid, e in zip(ids, exp):
+            got = repo.read_state(cid)
+            for k, v in e.items():
+                assert_bits(got[k], v, k)
