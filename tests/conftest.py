@@ -19,6 +19,8 @@ def repo(tmp_path):
     from mvc.repo.repository import Repo
 
     r = Repo.init(tmp_path / "r")
+    # These tests pin the exact (lossless) path; lossy ones pass quant= or set the mode.
+    r.config.set("commit.mode", "lossless")
     yield r
     r.close()
 

@@ -35,6 +35,7 @@ def run(cwd: Path, *args: str) -> tuple[int, str, str]:
 def work(tmp_path):
     code, out, _ = run(tmp_path, "init")
     assert code == 0 and "Initialized empty" in out
+    assert run(tmp_path, "config", "commit.mode", "lossless")[0] == 0
     return tmp_path
 
 
@@ -142,7 +143,7 @@ def _bad_inputs(d: Path) -> dict[str, Path]:
 
 def test_bad_input_one_line_distinct_codes_repo_untouched(work):
     torch.save({"w": torch.ones(3)}, work / "ok.pt")
-    run(work, "commit", "-m", "base", "ok.pt")
+    assert run(work, "commit", "-m", "base", "ok.pt")[0] == 0
     with Repo(work) as repo:
         before = (sorted(repo.store.iter_ids()), repo.head())
     codes = {}

@@ -60,6 +60,7 @@ def test_sigkill_during_commits_20_times(tmp_path):
     Repo.init(root).close()
     with Repo(root) as r:
         r.config.set("commit.chunk_mib", 1)  # many chunks: more places to be killed
+        r.config.set("commit.mode", "lossless")  # exact restores are what we compare
     rng = random.Random(1234)
     acknowledged: list[tuple[str, int]] = []
     for attempt in range(20):

@@ -59,7 +59,8 @@ READER = textwrap.dedent("""
 @pytest.mark.slow
 def test_two_processes_commit_concurrently_and_log_stays_consistent(tmp_path):
     root = tmp_path / "r"
-    Repo.init(root).close()
+    with Repo.init(root) as r:
+        r.config.set("commit.mode", "lossless")
     procs = [subprocess.Popen([sys.executable, "-c", COMMITTER, str(root), w]) for w in ("A", "B")]
     reader = subprocess.Popen([sys.executable, "-c", READER, str(root)],
                               stdout=subprocess.PIPE, text=True)

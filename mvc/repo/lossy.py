@@ -97,6 +97,17 @@ def parent_ref(rec: TensorRecord) -> tuple[str, str] | None:
     return p["snapshot"], p["name"]
 
 
+def same_quantization(a: QuantizedTensor, b: QuantizedTensor) -> bool:
+    """True when `a` and `b` restore bit-identical tensors from identical levels."""
+    def bits(t: torch.Tensor) -> torch.Tensor:
+        return t.contiguous().view(-1).view(torch.uint8)
+
+    return (a.bins == b.bins and a.dtype == b.dtype and a.levels.shape == b.levels.shape
+            and torch.equal(a.centroids, b.centroids)
+            and torch.equal(a.levels.to(torch.int32), b.levels.to(torch.int32))
+            and torch.equal(bits(a.protected), bits(b.protected)))
+
+
 def choose_encoding(q: QuantizedTensor, parent: tuple[str, TensorRecord, QuantizedTensor] | None,
                     base_every: int) -> tuple[str, Encoded, dict[str, Any], int, Encoded]:
     """(codec, encoding, extra meta, depth, base encoding) for `q`.

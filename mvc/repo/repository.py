@@ -293,7 +293,13 @@ class Repo:
                 prec = precs.get(name)
                 pinfo = None
                 if prec is not None and prec.codec in lossy.QUANT_CODECS:
-                    pinfo = (psid, prec, lossy.read_quantized(self, psid, prec))
+                    pq = lossy.read_quantized(self, psid, prec)
+                    if lossy.same_quantization(q, pq):
+                        # Unchanged since the parent: reuse its record (and chunks) as is,
+                        # so an unchanged checkpoint re-commits to an identical snapshot.
+                        records.append(prec)
+                        continue
+                    pinfo = (psid, prec, pq)
                 cname, enc, extra, depth, base = lossy.choose_encoding(q, pinfo, base_every)
                 bases[name] = (base, q.dtype, tuple(q.shape))
                 records.append(writer.write_encoded(enc, cname, name, q.dtype, tuple(q.shape),
