@@ -38,15 +38,25 @@ def test_sigkill_during_gc(tmp_path):
     repo.delete_branch("side")  # leaves garbage for gc to delete
     reference = {cid: repo.read_state(cid) for cid in ids}
     repo.close()
+    # How long an uninterrupted gc takes here, so kills land inside it.
+    probe = tmp_path / "probe"
+    shutil.copytree(pristine, probe)
+    proc = subprocess.Popen([sys.executable, "-c", GC_CHILD, str(probe)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "READY"
+    t0 = time.monotonic()
+    assert proc.stdout.readline().strip() == "DONE"
+    duration = time.monotonic() - t0
+    proc.wait()
     rng = random.Random(7)
     finished = 0
-    for attempt in range(8):
+    for attempt in range(10):
         work = tmp_path / f"try{attempt}"
         shutil.copytree(pristine, work)
         proc = subprocess.Popen([sys.executable, "-c", GC_CHILD, str(work)],
                                 stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "READY"
-        time.sleep(rng.uniform(0.0, 2.5))
+        time.sleep(rng.uniform(0.0, duration))
         os.kill(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         finished += "DONE" in out
@@ -60,4 +70,4 @@ def test_sigkill_during_gc(tmp_path):
             r.gc(max_chain=2)  # a later gc completes the job
             assert r.fsck().ok
             assert not r.store.has(side)
-    assert finished < 8, "every gc finished before the kill: the test exercised nothing"
+    assert finished < 10, "every gc finished before the kill: the test exercised nothing"
