@@ -1,0 +1,405 @@
+"""`Tracker`: commit checkpoints from a training loop (Inshrinkerator §4.5, §7).
+
+    tracker = Tracker(repo, model, optimizer, quality=eval_loss, every=500)
+    for step in ...:
+        loss.backward()
+        tracker.after_backward()          # gradient EMA, only near a scheduled commit
+        optimizer.step(); optimizer.zero_grad()
+        if tracker.should_commit():
+            tracker.commit(f"step {step}", background=True)
+    tracker.wait()
+
+Gradient EMA.  `after_backward()` folds each parameter's gradient into
+EMA_t = beta g_t + (1 - beta) EMA_{t-1} (beta = 0.9, §4.5), but only during the
+`grad_window` steps before a scheduled commit (every `every` steps; with
+every=None, always).  On CUDA the gradient is copied asynchronously into pinned
+CPU memory and folded in at the next call, so the copy overlaps the optimizer
+step and the next forward pass; on CPU it is folded in place.  The EMA restarts
+after every commit.  It feeds sensitivity pruning/protection and is keyed by the
+flattened state name ``model/<parameter name>``.
+
+Quality.  `quality(model) -> float` (a loss, lower is better) is turned into the
+search's `evaluate(candidate_tensors)`: the candidate's ``model/...`` tensors are
+copied into the model under `torch.no_grad()`, `quality` runs, and the live values
+(and the train/eval mode) are put back exactly.  Background commits evaluate on a
+private copy of the model (made once, with `copy.deepcopy`, at the first
+background commit), since the live one keeps training meanwhile.
+
+Background commits.  `commit(..., background=True)` blocks only while the state
+is copied to CPU memory; search, encoding and writing run in one worker thread, in
+order.  `wait()` joins them.  An exception in the worker is re-raised by the next
+Tracker call (and by `wait()`), never lost; the returned Future carries it too.
+A foreground commit or `restore` first waits for pending background commits.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
+from typing import Any, Callable, Mapping
+
+import torch
+
+from mvc.errors import MvcError, UsageError
+from mvc.io.state import flatten
+from mvc.quant import QuantConfig, QuantPolicy
+from mvc.search import SearchSpace, find_config
+from mvc.search.space import short
+
+BETA = 0.9
+_RESERVED = ("model", "optimizer")
+
+
+class TrackerError(UsageError):
+    """The Tracker was used in a way it cannot serve (bad arguments, reserved keys)."""
+
+    exit_code = 84
+
+
+def clone_to_cpu(obj: Any, _memo: dict | None = None) -> Any:
+    """A deep copy of a (nested) state with every tensor copied to CPU memory.
+
+    Tensors repeated in the state (tied weights) stay one object; OrderedDict
+    `_metadata` (state_dict versions) is kept.  CUDA tensors are copied through
+    pinned memory with one synchronization at the end.
+    """
+    top = _memo is None
+    memo = {} if _memo is None else _memo
+    if isinstance(obj, torch.Tensor):
+        hit = memo.get(id(obj))
+        if hit is not None:
+            return hit
+        t = obj.detach()
+        if t.device.type == "cuda":
+            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            out.copy_(t, non_blocking=True)
+            memo["__cuda__"] = True
+        else:
+            out = t.clone()
+        memo[id(obj)] = out
+        result: Any = out
+    elif isinstance(obj, dict):
+        result = obj.__class__()
+        for k, v in obj.items():
+            result[k] = clone_to_cpu(v, memo)
+        if hasattr(obj, "_metadata"):
+            result._metadata = copy.deepcopy(obj._metadata)
+    elif isinstance(obj, list):
+        result = [clone_to_cpu(v, memo) for v in obj]
+    elif isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        result = tuple(clone_to_cpu(v, memo) for v in obj)
+    else:
+        result = copy.deepcopy(obj)
+    if top and memo.get("__cuda__"):
+        torch.cuda.synchronize()
+    return result
+
+
+def _accepts(fn: Callable, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class Tracker:
+    """Commits a model (+ optimizer + extra state) to an mvc repository from a training loop.
+
+    `history` gets one dict per finished commit: commit id, step, background,
+    blocking_s (time the training loop was blocked), job_s (search + encode + write),
+    search_s (the search alone, when the Tracker ran it), evaluations, mode,
+    degradation, config (short form) and the full quality record.  `previous` is the
+    config the next neighbourhood search starts from.
+    """
+
+    def __init__(self, repo: Any, model: torch.nn.Module, optimizer: Any = None, *,
+                 quality: Callable[[torch.nn.Module], float] | None = None,
+                 epsilon: float | None = None, every: int | None = None, grad_window: int = 50,
+                 extra_state: Callable[[], dict] | None = None, beta: float = BETA,
+                 policy: QuantPolicy | None = None, space: SearchSpace | None = None) -> None:
+        """repo: an mvc `Repo`; quality(model) -> loss, or None for the proxy metric;
+        epsilon: bound on the relative degradation (None: 0.01 with `quality`, the
+        proxy's own bound without); every: commit interval in steps (schedules the
+        gradient window); extra_state() -> dict of extra top-level state entries."""
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+            raise TrackerError(f"every must be a positive int or None, got {every!r}")
+        if isinstance(grad_window, bool) or not isinstance(grad_window, int) or grad_window < 0:
+            raise TrackerError(f"grad_window must be an int >= 0, got {grad_window!r}")
+        if not 0.0 < float(beta) <= 1.0:
+            raise TrackerError(f"beta must be in (0, 1], got {beta!r}")
+        if quality is not None and not callable(quality):
+            raise TrackerError("quality must be a callable taking the model")
+        self.repo, self.model, self.optimizer = repo, model, optimizer
+        self.quality, self.epsilon, self.every = quality, epsilon, every
+        self.grad_window, self.extra_state, self.beta = grad_window, extra_state, float(beta)
+        self.policy, self.space = policy, space
+        self.steps = 0
+        self.history: list[dict[str, Any]] = []
+        self._params = [("model/" + n, p) for n, p in model.named_parameters()]
+        self._ema: dict[str, torch.Tensor] = {}
+        self._staged: dict[str, tuple[torch.Tensor, Any]] = {}
+        self._staging: dict[str, torch.Tensor] = {}
+        self._executor: ThreadPoolExecutor | None = None
+        self._futures: list[Future] = []
+        self._lock = threading.Lock()
+        self._eval_model: torch.nn.Module | None = None
+        self.previous = self._head_config()
+
+    # ------------------------------------------------------------------ schedule
+    def in_window(self, step: int | None = None) -> bool:
+        """Whether gradients of `step` (default: the next one) feed the EMA."""
+        n = self.steps + 1 if step is None else step
+        if self.every is None:
+            return True
+        return (-n) % self.every < self.grad_window
+
+    def should_commit(self) -> bool:
+        """True right after the backward pass of a scheduled commit step."""
+        return self.every is not None and self.steps > 0 and self.steps % self.every == 0
+
+    # ------------------------------------------------------------------ gradients
+    def after_backward(self) -> None:
+        """Call after `loss.backward()`: counts the step and accumulates the gradient EMA."""
+        self._raise_pending()
+        self._fold_staged()
+        self.steps += 1
+        if not self.in_window(self.steps):
+            return
+        for name, p in self._params:
+            g = p.grad
+            if g is None or g.is_sparse:
+                continue
+            if g.device.type == "cuda":
+                buf = self._staging.get(name)
+                if buf is None or buf.shape != g.shape:
+                    buf = self._staging[name] = torch.empty(g.shape, dtype=torch.float32,
+                                                            pin_memory=True)
+                buf.copy_(g.detach(), non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+                self._staged[name] = (buf, event)
+            else:
+                self._fold(name, g.detach())
+
+    def _fold(self, name: str, g: torch.Tensor) -> None:
+        ema = self._ema.get(name)
+        if ema is None or ema.shape != g.shape:
+            self._ema[name] = g.to(torch.float32, copy=True)
+        else:
+            ema.mul_(1.0 - self.beta).add_(g.to(torch.float32), alpha=self.beta)
+
+    def _fold_staged(self) -> None:
+        for name, (buf, event) in self._staged.items():
+            event.synchronize()
+            self._fold(name, buf)
+        self._staged.clear()
+
+    def _take_grads(self) -> dict[str, torch.Tensor]:
+        self._fold_staged()
+        grads, self._ema = self._ema, {}
+        return grads
+
+    # ------------------------------------------------------------------ commit
+    def commit(self, message: str, *, step: int | None = None,
+               metrics: Mapping[str, float] | None = None, background: bool = False
+               ) -> str | Future:
+        """Commit the current model / optimizer / extra state; returns the commit id, or a
+        Future of it with background=True (the call then blocks only for the CPU copy)."""
+        self._raise_pending()
+        if not background:
+            self.wait()
+        t0 = time.perf_counter()
+        grads = self._take_grads()
+        state = self._state()
+        step = step if step is not None else (self.steps or None)
+        if background:
+            state = clone_to_cpu(state)
+            if self.quality is not None and self._eval_model is None:
+                self._eval_model = copy.deepcopy(self.model)
+            evaluate = self._evaluator(self._eval_model, live=False) if self.quality else None
+            blocking = time.perf_counter() - t0
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="mvc-tracker")
+            fut = self._executor.submit(self._job, state, message, step, metrics, grads,
+                                        evaluate, blocking, True)
+            with self._lock:
+                self._futures.append(fut)
+            return fut
+        evaluate = self._evaluator(self.model, live=True) if self.quality else None
+        cid = self._job(state, message, step, metrics, grads, evaluate, 0.0, False)
+        self.history[-1]["blocking_s"] = time.perf_counter() - t0  # all of it, in the foreground
+        return cid
+
+    def _state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"model": self.model.state_dict()}
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+        if self.extra_state is not None:
+            extra = self.extra_state()
+            if not isinstance(extra, Mapping):
+                raise TrackerError(f"extra_state() must return a dict, got {type(extra).__name__}")
+            clash = [k for k in extra if k in _RESERVED]
+            if clash:
+                raise TrackerError(f"extra_state() may not use the reserved key(s) {clash}")
+            state.update(extra)
+        return state
+
+    def _job(self, state: dict, message: str, step: int | None, metrics: Mapping | None,
+             grads: dict[str, torch.Tensor], evaluate: Callable | None, blocking: float,
+             background: bool) -> str:
+        t0 = time.perf_counter()
+        flat = flatten(state).tensors
+        grads = {k: g for k, g in grads.items()
+                 if k in flat and tuple(flat[k].shape) == tuple(g.shape)}
+        commit = self.repo.commit
+        record: dict[str, Any] | None = None
+        search_s = None
+        if _accepts(commit, "quality") and (self.space is None or _accepts(commit, "space")):
+            kw: dict[str, Any] = {"quality": evaluate, "grads": grads}
+            if _accepts(commit, "epsilon"):
+                kw["epsilon"] = self.epsilon
+            if self.policy is not None:
+                kw["policy"] = self.policy
+            if self.space is not None:
+                kw["space"] = self.space
+            cid = commit(state, message, step=step, metrics=metrics, **kw)
+            record = self.repo.read_commit(cid).quality
+            qd = self.repo.read_commit(cid).quant
+            self.previous = QuantConfig.from_dict(qd) if qd else None
+        else:
+            # A Repo.commit that cannot run this search itself: search here, pass the config.
+            from mvc.search import default_policy
+
+            policy = self.policy or default_policy()
+            t1 = time.perf_counter()
+            res = find_config(flat, evaluate=evaluate, epsilon=self.epsilon,
+                              previous=self.previous, grads=grads, policy=policy,
+                              space=self.space, metric_name=self._metric_name())
+            search_s = time.perf_counter() - t1
+            cid = commit(state, message, step=step, metrics=metrics, quant=res.config,
+                         lossless=res.config is None, grads=grads, policy=policy)
+            record = res.quality
+            self.previous = res.config
+        self.history.append({
+            "commit": cid, "step": step, "background": background, "blocking_s": blocking,
+            "job_s": time.perf_counter() - t0, "search_s": search_s,
+            "evaluations": (record or {}).get("evaluations"), "mode": (record or {}).get("mode"),
+            "degradation": (record or {}).get("degradation"), "config": short(self.previous),
+            "quality": record,
+        })
+        return cid
+
+    def _metric_name(self) -> str | None:
+        if self.quality is None:
+            return None
+        return "tracker:" + getattr(self.quality, "__qualname__", type(self.quality).__name__)
+
+    def _evaluator(self, model: torch.nn.Module, *, live: bool) -> Callable[[Mapping], float]:
+        """evaluate(candidate) -> quality(model) with the candidate's model tensors loaded.
+
+        `candidate` is either the nested candidate state (``{"model": state_dict, ...}``,
+        what `Repo.commit(quality=)` passes) or flat tensors (``{"model/<key>": ...}``,
+        what `find_config(evaluate=)` passes).
+        """
+        quality = self.quality
+        targets = model.state_dict(keep_vars=True)
+        saved: dict[str, torch.Tensor] = {}
+
+        def model_entries(candidate: Mapping) -> Mapping[str, Any]:
+            nested = candidate.get("model")
+            if isinstance(nested, Mapping):
+                return nested
+            return {k[len("model/"):]: v for k, v in candidate.items()
+                    if isinstance(k, str) and k.startswith("model/")}
+
+        def evaluate(candidate: Mapping) -> float:
+            entries = model_entries(candidate)
+            with torch.no_grad():
+                mode = model.training
+                if live and not saved:  # the live values, kept for the whole search
+                    saved.update({k: t.detach().clone() for k, t in targets.items() if k in entries})
+                try:
+                    for k, t in targets.items():
+                        c = entries.get(k)
+                        if isinstance(c, torch.Tensor) and c is not t:
+                            t.detach().copy_(c)
+                    return quality(model)
+                finally:
+                    for k, v in saved.items():
+                        targets[k].detach().copy_(v)
+                    model.train(mode)
+
+        evaluate.__name__ = evaluate.__qualname__ = self._metric_name() or "evaluate"
+        return evaluate
+
+    # ------------------------------------------------------------------ background
+    def _raise_pending(self) -> None:
+        """Raise the first failure among finished background commits (later ones as notes)."""
+        with self._lock:
+            done = [f for f in self._futures if f.done()]
+            self._futures = [f for f in self._futures if not f.done()]
+        errors = [f.exception() for f in done if not f.cancelled()]
+        errors = [e for e in errors if e is not None]
+        if not errors:
+            return
+        first = errors[0]
+        for other in errors[1:]:
+            first.add_note(f"a later background commit also failed: {other!r}")
+        raise first
+
+    def wait(self) -> None:
+        """Wait for every pending background commit; re-raise the first failure."""
+        with self._lock:
+            pending = list(self._futures)
+        futures_wait(pending)
+        self._raise_pending()
+
+    def close(self) -> None:
+        """Wait for pending commits and stop the worker thread."""
+        try:
+            self.wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ restore
+    def restore(self, rev: str = "HEAD") -> dict[str, Any]:
+        """Load commit `rev` into the model (and optimizer) to resume training.
+
+        HEAD moves to `rev` unless it already points there (so restoring HEAD keeps
+        the branch attached).  Returns the extra state (entries other than "model"
+        and "optimizer").  The step counter resumes from the commit's step.
+        """
+        self.wait()
+        repo = self.repo
+        cid = repo.resolve(rev)
+        state = repo.read_state(cid) if cid == repo.head() else repo.checkout(rev)
+        if not isinstance(state, Mapping) or "model" not in state:
+            raise TrackerError(f"commit {cid[:12]} holds no 'model' state: not made by a Tracker")
+        self.model.load_state_dict(state["model"])
+        if self.optimizer is not None and "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+        c = repo.read_commit(cid)
+        if c.step is not None:
+            self.steps = int(c.step)
+        self.previous = QuantConfig.from_dict(c.quant) if c.quant else None
+        self._ema, self._staged = {}, {}
+        return {k: v for k, v in state.items() if k not in _RESERVED}
+
+    def _head_config(self) -> QuantConfig | None:
+        try:
+            head = self.repo.head()
+            quant = self.repo.read_commit(head).quant if head else None
+            return QuantConfig.from_dict(quant) if quant else None
+        except MvcError:
+            return None

@@ -1,0 +1,261 @@
+"""Optimizer-state compression (ExCP §3: joint weight-momentum pruning + non-uniform
+quantization), for Adam/AdamW and SGD with momentum.
+
+Which tensors.  Flattened optimizer state is named ``<prefix>state/<i>/<key>``
+(e.g. ``optimizer/state/3/exp_avg``, with i the parameter's position in the
+optimizer's parameter list).  By key:
+
+    exp_avg, momentum_buffer   first moment / momentum  -> "linear" domain
+    exp_avg_sq, max_exp_avg_sq second moment            -> "log" domain
+
+Everything else (``step`` counters, hyperparameters in param_groups, other keys)
+is never touched here and stays exact.  Tensors smaller than `min_numel`, non-float
+ones and ones holding NaN/Inf are left out (stored exactly).
+
+Linear domain (first moment).  Weighted k-means on the values, as for weights.
+Joint pruning (ExCP eq. 6): where the parameter's weight is pruned in this
+commit's quantization, its momentum is pruned too (set to exactly 0); exact zeros
+are pruned as well so they restore exactly.  `prune_moment` additionally prunes that
+fraction of the remaining smallest-magnitude entries.
+
+Log domain (second moment).  v spans many decades, so linear k-means would give
+all small entries one centroid near 0 and the Adam step m / sqrt(v) would explode
+for them.  Instead log(v) is quantized for v > 0 and restored as exp(centroid),
+which bounds the *relative* error of every entry; v == 0 uses the pruned level and
+restores exactly 0.  The second moment is deliberately NOT jointly pruned: a zero
+v under a non-zero m makes the first step after restore m / eps, whereas a pruned
+m with an intact v only drops that entry's momentum.  Negative entries (impossible
+for Adam) leave the tensor exact.
+
+Result.  `OptQuantized(q, domain)`: q is a `QuantizedTensor` whose levels and
+centroids describe the *transformed* values (log(v) in the log domain), with the
+original dtype and shape, so the repository stores it with the existing quantized
+codecs and records ``meta["domain"]``; its protected values are the original
+values, exact in both domains.  `restore(q, domain)` rebuilds the tensor
+(deterministically, bit for bit across calls and devices: the exp is applied to the
+small centroid table in float64 on the CPU).  `q.dequantize()` is only meaningful
+in the linear domain.
+
+Parameter mapping.  Joint pruning needs to know which weight a state entry
+belongs to.  Pass `param_map` ({state index or state-name prefix: weight tensor
+name}, e.g. from the Tracker, which reads it off the live optimizer) or let
+`infer_param_map` guess: it assumes the optimizer holds the model's parameters in
+`model.parameters()` order (the usual `Adam(model.parameters())`) and aligns state
+indices with the model's float tensors in order, skipping tensors whose shape does
+not match (buffers such as BatchNorm running stats) and names that are buffers
+by convention.  When some state index is missing (parameters without state yet)
+the alignment is ambiguous and nothing is inferred: the moments are then still
+compressed, only without joint pruning.
+"""
+from __future__ import annotations
+
+import re
+from typing import Literal, Mapping, NamedTuple
+
+import numpy as np
+import torch
+
+from mvc.errors import UsageError
+from mvc.quant.assign import level_dtype
+from mvc.quant.config import check_bins
+from mvc.quant.errors import QuantError
+from mvc.quant.partition import check_fraction
+from mvc.quant.tensor import QuantizedTensor, quantize
+
+Domain = Literal["linear", "log"]
+DOMAINS = ("linear", "log")
+#: Flattened optimizer state: ``.../state/<param index>/...``.
+OPTIMIZER_STATE_PATTERNS = ("*state/[0-9]*",)
+#: Repository policy for optimizer state: kept exact or compressed by this module.
+OPTIMIZER_POLICIES = ("exact", "compressed")
+MOMENT_KEYS: dict[str, Domain] = {"exp_avg": "linear", "momentum_buffer": "linear",
+                                  "exp_avg_sq": "log", "max_exp_avg_sq": "log"}
+_STATE_RE = re.compile(r"^(?P<prefix>(?:.*/)?)state/(?P<index>\d+)/(?P<key>[^/]+)$")
+_BUFFER_RE = re.compile(r"(?:^|[./])(?:running_mean|running_var|num_batches_tracked)$")
+
+
+class OptimizerStateError(QuantError, UsageError):
+    """Invalid arguments for optimizer-state compression (unknown domain, bad mapping)."""
+
+    exit_code = 83
+
+
+class OptQuantized(NamedTuple):
+    """A compressed optimizer tensor: levels over the transformed values, and the domain."""
+
+    q: QuantizedTensor
+    domain: Domain
+
+
+def parse_state_name(name: str) -> tuple[str, int, str] | None:
+    """(prefix, parameter index, key) of a flattened optimizer-state name, else None."""
+    m = _STATE_RE.match(name)
+    return (m["prefix"], int(m["index"]), m["key"]) if m else None
+
+
+def moment_domain(name: str) -> Domain | None:
+    """The domain a flattened state name is compressed in, or None if it stays exact."""
+    parsed = parse_state_name(name)
+    return MOMENT_KEYS.get(parsed[2]) if parsed else None
+
+
+def check_policy(value: str) -> str:
+    """Validate the repository setting ``optimizer = exact | compressed``."""
+    if value not in OPTIMIZER_POLICIES:
+        raise OptimizerStateError(f"optimizer policy must be one of {OPTIMIZER_POLICIES}, got {value!r}")
+    return value
+
+
+def infer_param_map(tensors: Mapping[str, torch.Tensor]) -> dict[tuple[str, int], str]:
+    """{(state prefix, index): weight name} by aligning state indices with the model's
+    tensors in order (see the module docstring); {} where the alignment is ambiguous."""
+    states: dict[str, dict[int, tuple[int, ...]]] = {}
+    for name, t in tensors.items():
+        parsed = parse_state_name(name)
+        if parsed and parsed[2] in MOMENT_KEYS:
+            states.setdefault(parsed[0], {})[parsed[1]] = tuple(t.shape)
+    params = [(n, tuple(t.shape)) for n, t in tensors.items()
+              if parse_state_name(n) is None and t.is_floating_point() and not _BUFFER_RE.search(n)]
+    out: dict[tuple[str, int], str] = {}
+    for prefix, shapes in states.items():
+        if sorted(shapes) != list(range(len(shapes))):
+            continue  # a parameter without state: positions cannot be aligned by shape
+        j = 0
+        for i in range(len(shapes)):
+            while j < len(params) and params[j][1] != shapes[i]:
+                j += 1
+            if j == len(params):
+                break
+            out[(prefix, i)] = params[j][0]
+            j += 1
+    return out
+
+
+def _normalize_map(param_map: Mapping) -> dict[tuple[str, int], str]:
+    out: dict[tuple[str, int], str] = {}
+    for k, v in param_map.items():
+        if not isinstance(v, str):
+            raise OptimizerStateError(f"param_map values must be tensor names, got {v!r}")
+        if isinstance(k, int) and not isinstance(k, bool):
+            out[("*", k)] = v
+        elif isinstance(k, tuple) and len(k) == 2:
+            out[(str(k[0]), int(k[1]))] = v
+        else:
+            raise OptimizerStateError(
+                f"param_map keys must be an int index or (prefix, index), got {k!r}")
+    return out
+
+
+def _empty_quantized(shape: torch.Size, dtype: torch.dtype, device: torch.device, bins: int
+                     ) -> QuantizedTensor:
+    levels = torch.full(tuple(shape), bins, dtype=level_dtype(bins), device=device)
+    return QuantizedTensor(levels, torch.zeros(bins, dtype=torch.float32, device=device),
+                           torch.empty(0, dtype=dtype, device=device), dtype, bins)
+
+
+def _scatter(values: torch.Tensor, keep: torch.Tensor, shape: torch.Size, dtype: torch.dtype,
+             bins: int, protected: torch.Tensor, centroids: torch.Tensor, sub_levels: torch.Tensor
+             ) -> QuantizedTensor:
+    levels = torch.full((values.numel(),), bins, dtype=level_dtype(bins), device=values.device)
+    levels[keep] = sub_levels.reshape(-1).to(levels.dtype)
+    return QuantizedTensor(levels.reshape(shape), centroids, protected, dtype, bins)
+
+
+def quantize_moment(m: torch.Tensor, bins: int, *, pruned: torch.Tensor | None = None,
+                    prune: float = 0.0, protect: float = 0.0, seed: int = 0,
+                    alpha: float = 0.01, sigma: float = 0.2) -> QuantizedTensor:
+    """Linear-domain quantization; `pruned` (bool, m's shape) is forced to the pruned level."""
+    flat = m.detach().reshape(-1)
+    drop = flat == 0
+    if pruned is not None:
+        drop |= pruned.reshape(-1).to(drop.device)
+    keep = ~drop
+    sub = flat[keep]
+    if sub.numel() == 0:
+        return _empty_quantized(m.shape, m.dtype, m.device, bins)
+    qs = quantize(sub, bins, prune=prune, protect=protect, seed=seed, alpha=alpha, sigma=sigma)
+    return _scatter(flat, keep, m.shape, m.dtype, bins, qs.protected, qs.centroids, qs.levels)
+
+
+def quantize_second_moment(v: torch.Tensor, bins: int, *, protect: float = 0.0, seed: int = 0,
+                           alpha: float = 0.002, sigma: float = 0.2) -> QuantizedTensor | None:
+    """Log-domain quantization of a non-negative tensor; None if it has negative entries."""
+    flat = v.detach().reshape(-1)
+    if bool((flat < 0).any()):
+        return None
+    keep = flat > 0
+    sub = flat[keep]
+    if sub.numel() == 0:
+        return _empty_quantized(v.shape, v.dtype, v.device, bins)
+    logs = sub.to(torch.float64).log().to(torch.float32)
+    qs = quantize(logs, bins, protect=protect, seed=seed, alpha=alpha, sigma=sigma)
+    protected = sub[qs.levels == bins + 1] if qs.protected.numel() else sub.new_empty(0)
+    return _scatter(flat, keep, v.shape, v.dtype, bins, protected, qs.centroids, qs.levels)
+
+
+def restore(q: QuantizedTensor, domain: str) -> torch.Tensor:
+    """The tensor an `OptQuantized` stands for (original dtype, shape and device)."""
+    if domain == "linear":
+        return q.dequantize()
+    if domain != "log":
+        raise OptimizerStateError(f"unknown optimizer-state domain {domain!r}; known: {DOMAINS}")
+    dev = q.levels.device
+    table64 = np.zeros(q.n_levels, dtype=np.float64)
+    table64[:q.bins] = np.exp(q.centroids.detach().cpu().numpy().astype(np.float64))
+    table = torch.from_numpy(table64).to(q.dtype).to(dev)
+    flat = q.levels.reshape(-1)
+    idx = flat if flat.dtype in (torch.int32, torch.int64) else flat.to(torch.int32)
+    out = torch.index_select(table, 0, idx)
+    if q.protected.numel():
+        out.masked_scatter_(flat == q.protected_level, q.protected.to(dev))
+    return out.reshape(q.levels.shape)
+
+
+def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],
+                             weight_qmap: Mapping[str, QuantizedTensor | None] | None = None, *,
+                             bins_moment: int = 16, bins_second: int = 16,
+                             param_map: Mapping | None = None, prune_moment: float = 0.0,
+                             protect: float = 0.0, min_numel: int = 4096, seed: int = 0,
+                             alpha: float = 0.01, log_alpha: float = 0.002, sigma: float = 0.2,
+                             ) -> dict[str, OptQuantized]:
+    """Compress the optimizer moments among `tensors` (flat names); others are left out.
+
+    weight_qmap: this commit's weight quantization by name (joint pruning reads its
+                 pruned levels); None or a missing / shape-mismatched weight disables
+                 joint pruning for that moment.
+    param_map:   {index or (state prefix, index): weight name}; None infers it
+                 (`infer_param_map`).
+    prune_moment: extra fraction of first-moment entries pruned by magnitude.
+    protect:     fraction of entries kept exact (by magnitude of the transformed value).
+    log_alpha:   sketch accuracy for log values (finer than for weights: |log v| ~ 10-30).
+    Returns {name: OptQuantized} for every compressed tensor.
+    """
+    check_bins(bins_moment)
+    check_bins(bins_second)
+    check_fraction(prune_moment, "prune_moment")
+    check_fraction(protect, "protect")
+    weight_qmap = weight_qmap or {}
+    mapping = _normalize_map(param_map) if param_map is not None else infer_param_map(tensors)
+    out: dict[str, OptQuantized] = {}
+    for name, t in tensors.items():
+        parsed = parse_state_name(name)
+        domain = MOMENT_KEYS.get(parsed[2]) if parsed else None
+        if domain is None or not t.is_floating_point() or t.numel() < min_numel:
+            continue
+        if not bool(torch.isfinite(t).all()):
+            continue  # NaN/Inf: kept exact
+        if domain == "log":
+            q = quantize_second_moment(t, bins_second, protect=protect, seed=seed,
+                                       alpha=log_alpha, sigma=sigma)
+            if q is not None:
+                out[name] = OptQuantized(q, "log")
+            continue
+        wname = mapping.get((parsed[0], parsed[1]), mapping.get(("*", parsed[1])))
+        wq = weight_qmap.get(wname) if wname is not None else None
+        pruned = None
+        if wq is not None and tuple(wq.shape) == tuple(t.shape):
+            pruned = wq.levels == wq.pruned_level
+        q = quantize_moment(t, bins_moment, pruned=pruned, prune=prune_moment, protect=protect,
+                            seed=seed, alpha=alpha, sigma=sigma)
+        out[name] = OptQuantized(q, "linear")
+    return out

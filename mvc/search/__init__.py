@@ -1,0 +1,25 @@
+"""The commit hook: choose, per commit, the most compressive quantization config whose
+measured quality loss stays within epsilon (Inshrinkerator §5).
+
+    from mvc.search import find_config
+    res = find_config(flatten(state).tensors, evaluate=eval_loss, epsilon=0.01,
+                      previous=last_config, grads=grad_ema)
+    res.config, res.qmap, res.quality, res.evaluations
+
+Modules: `space` (the config cube, its ordering and cost model), `guided`
+(Algorithm 4), `neighbourhood` (the steady-state search), `quality` (relative
+degradation and the proxy metric), `driver` (`find_config`).
+"""
+from mvc.search.driver import DEFAULT_EXCLUDE, SearchResult, default_policy, find_config
+from mvc.search.guided import MonotoneOracle, diagonal, guided_search
+from mvc.search.neighbourhood import SWITCH_MARGIN, neighbourhood
+from mvc.search.quality import (DEFAULT_EPSILON, PROXY_EPSILON, QualityFunctionError,
+                                degradation, proxy_error)
+from mvc.search.space import SearchError, SearchSpace, SearchSpaceError
+
+__all__ = [
+    "DEFAULT_EPSILON", "DEFAULT_EXCLUDE", "MonotoneOracle", "PROXY_EPSILON",
+    "QualityFunctionError", "SWITCH_MARGIN", "SearchError", "SearchResult", "SearchSpace",
+    "SearchSpaceError", "default_policy", "degradation", "diagonal", "find_config",
+    "guided_search", "neighbourhood", "proxy_error",
+]

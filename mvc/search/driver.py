@@ -1,0 +1,357 @@
+"""`find_config`: pick the most compressive quantization config within epsilon (§5).
+
+With no previous config (first commit), or when the neighbourhood has nothing
+feasible, the guided exhaustive search (Alg. 4) runs once per pruning metric
+(sensitivity only when a gradient is known for every quantized tensor) and the
+cheaper winner is kept; otherwise the delta-neighbourhood search starts from the
+previous config.  Every chosen config has been evaluated: a winner found by
+monotone inference alone is probed before it is accepted, and if it fails (quality
+is only roughly monotone) the search resumes with that knowledge.
+
+Work shared across trials is done once per call: the value and sensitivity
+sketches of every tensor and their per-layer-type merges (so a trial only reads
+thresholds off merged sketches and runs k-means + assignment), and a tensor whose
+(bins, thresholds) did not change since the last or the best trial reuses that
+quantization.  Trials quantize exactly as `mvc.quant.quantize_state(tensors,
+config, policy, grads, seed, nonfinite="lossless")` does, and the winner's
+quantization is returned so the repository never recomputes it.  Memory: besides
+the sketches, only the current trial's and the best trials' levels are kept.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+
+from mvc.quant import LogSketch, QuantConfig, QuantizedTensor, QuantPolicy, quantize_prepared
+from mvc.quant.errors import NonFiniteTensorError
+from mvc.quant.optimizer import OPTIMIZER_STATE_PATTERNS
+from mvc.quant.importance import sensitivity
+from mvc.quant.partition import Thresholds, layer_type, thresholds
+from mvc.search.guided import MonotoneOracle, guided_search
+from mvc.search.neighbourhood import Outcome, neighbourhood_search
+from mvc.search.quality import (DEFAULT_EPSILON, PROXY_EPSILON, as_loss, check_baseline,
+                                degradation, proxy_error, proxy_name)
+from mvc.search.space import Point, SearchError, SearchSpace, short
+
+Evaluate = Callable[[dict[str, torch.Tensor]], float]
+#: Tensors of the optimizer state (``.../state/<param index>/...``) stay out of the search.
+DEFAULT_EXCLUDE = OPTIMIZER_STATE_PATTERNS
+
+
+def default_policy() -> QuantPolicy:
+    """The repository's default: big float tensors, not biases / norms / optimizer state."""
+    return QuantPolicy(exclude=DEFAULT_EXCLUDE)
+
+
+@dataclass
+class SearchResult:
+    """The outcome of `find_config`.
+
+    config:      the chosen QuantConfig, or None (nothing feasible / nothing to
+                 quantize: store losslessly).
+    qmap:        the winning trial's quantization by tensor name (None = lossless);
+                 all None when config is None.
+    quality:     JSON-ready record (metric, baseline, value, degradation, epsilon,
+                 evaluations, mode, trials).
+    evaluations: quality-function calls made, the baseline included.
+    """
+
+    config: QuantConfig | None
+    qmap: dict[str, QuantizedTensor | None]
+    quality: dict[str, Any]
+    evaluations: int
+
+
+@dataclass
+class _Trial:
+    config: QuantConfig
+    value: float
+    degradation: float
+    feasible: bool
+    bits: float
+    qmap: dict[str, QuantizedTensor | None] | None = field(default=None, repr=False)
+    keys: dict[tuple, QuantizedTensor] = field(default_factory=dict, repr=False)
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+class _Prepared:
+    """Per-call shared work: which tensors, their sketches, per-layer-type merges."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor],
+                 policy: QuantPolicy, alpha: float) -> None:
+        self.tensors = tensors
+        self.grads = grads
+        self.sketches: dict[str, LogSketch] = {}
+        self.sens_sketches: dict[str, LogSketch] = {}
+        self.groups: dict[str, list[str]] = {}
+        for name, t in tensors.items():
+            if not policy.should_quantize(name, t):
+                continue
+            try:
+                sk = LogSketch.from_tensor(t.detach().reshape(-1).to(torch.float32), alpha, name=name)
+                g = grads.get(name)
+                if g is not None:
+                    self.sens_sketches[name] = LogSketch.from_tensor(
+                        sensitivity(t, g, name=name), alpha, name=name)
+            except NonFiniteTensorError:
+                self.sens_sketches.pop(name, None)
+                continue  # NaN/Inf: kept lossless, as quantize_state(nonfinite="lossless")
+            self.sketches[name] = sk
+            self.groups.setdefault(layer_type(name, t.shape), []).append(name)
+        self.names = [n for names in self.groups.values() for n in names]
+        self.mag = {lt: LogSketch(alpha).merge(*(self.sketches[n].abs() for n in names))
+                    for lt, names in self.groups.items()}
+        self.sens = {}
+        for lt, names in self.groups.items():
+            have = [n for n in names if n in self.sens_sketches]
+            if have:
+                self.sens[lt] = LogSketch(alpha).merge(*(self.sens_sketches[n] for n in have))
+        self.has_sensitivity = bool(self.names) and all(n in self.sens_sketches for n in self.names)
+        self.embeddings = "embedding" in self.groups
+        total = sum(tensors[n].numel() for n in self.names)
+        emb = sum(tensors[n].numel() for n in self.groups.get("embedding", []))
+        self.embedding_share = emb / total if total else 0.0
+
+    def thresholds(self, config: QuantConfig, ltype: str) -> Thresholds:
+        lq = config.for_layer_type(ltype)
+        needs_sens = lq.prune > 0 and lq.prune_metric == "sensitivity"
+        sens = self.sens.get(ltype) if (lq.protect > 0 or needs_sens) else None
+        return thresholds(self.mag[ltype], sens, prune=lq.prune, prune_metric=lq.prune_metric,
+                          protect=lq.protect)
+
+
+class _Runner:
+    """Runs trials: quantize (with reuse), score, log; keeps the best trials' levels."""
+
+    def __init__(self, prep: _Prepared, space: SearchSpace, evaluate: Evaluate | None,
+                 epsilon: float, seed: int) -> None:
+        self.prep, self.space, self.evaluate = prep, space, evaluate
+        self.epsilon, self.seed = epsilon, seed
+        self.evaluations = 0
+        self.baseline = 0.0
+        self.metric = proxy_name(prep.has_sensitivity)
+        self.memo: dict[Point, _Trial] = {}
+        self.best: dict[str, Point] = {}          # requested metric -> cheapest feasible point
+        self.log: list[dict[str, Any]] = []
+        self._last: dict[tuple, QuantizedTensor] = {}
+
+    def start(self, metric_name: str | None) -> None:
+        if self.evaluate is not None:
+            self.baseline = check_baseline(as_loss(self._call(dict(self.prep.tensors)),
+                                                   "the quality function"))
+            self.metric = metric_name or "quality:" + getattr(
+                self.evaluate, "__qualname__", type(self.evaluate).__name__)
+
+    def _call(self, candidate: dict[str, torch.Tensor]) -> Any:
+        self.evaluations += 1
+        return self.evaluate(candidate)
+
+    # -------------------------------------------------------------- quantization
+    def quantize(self, config: QuantConfig) -> tuple[dict[str, QuantizedTensor | None], dict]:
+        p = self.prep
+        qmap: dict[str, QuantizedTensor | None] = {n: None for n in p.tensors}
+        keys: dict[tuple, QuantizedTensor] = {}
+        reuse = dict(self._last)
+        for point in self.best.values():
+            reuse.update(self.memo[point].keys)
+        for ltype, names in p.groups.items():
+            thr = p.thresholds(config, ltype)
+            bins = config.for_layer_type(ltype).bins
+            for name in names:
+                t = p.tensors[name]
+                has_sens = name in p.sens_sketches
+                tthr = thr
+                if not has_sens and thr.protect_sensitivity is not None:
+                    tthr = Thresholds(thr.prune, thr.prune_metric, thr.protect_magnitude, None)
+                key = (name, bins, tthr)
+                q = reuse.get(key)
+                if q is None:
+                    sens = sensitivity(t, p.grads[name], name=name) if (
+                        tthr.needs_sensitivity and has_sens) else None
+                    x = t.detach().reshape(-1).to(torch.float32).contiguous()
+                    q = quantize_prepared(t, x, p.sketches[name], sens, tthr, bins,
+                                          seed=self.seed, sigma=config.sigma)
+                qmap[name] = keys[key] = q
+        self._last = keys
+        return qmap, keys
+
+    # -------------------------------------------------------------- scoring
+    def score(self, qmap: Mapping[str, QuantizedTensor | None]) -> float:
+        if self.evaluate is None:
+            value, self.metric = proxy_error(self.prep.tensors, qmap, self.prep.grads)
+            return value
+        cand = {n: (q.dequantize() if q is not None else t)
+                for n, t, q in ((n, t, qmap[n]) for n, t in self.prep.tensors.items())}
+        return as_loss(self._call(cand), "the quality function")
+
+    @staticmethod
+    def bits(qmap: Mapping[str, QuantizedTensor | None]) -> float:
+        """Measured bits per quantized parameter: level entropy plus protected values."""
+        total_bits = 0.0
+        n = 0
+        for q in qmap.values():
+            if q is None or q.levels.numel() == 0:
+                continue
+            cnt = torch.bincount(q.levels.reshape(-1).to(torch.int64), minlength=q.n_levels)
+            p = cnt[cnt > 0].to(torch.float64) / q.levels.numel()
+            total_bits += float(-(p * p.log2()).sum()) * q.levels.numel()
+            total_bits += q.protected.numel() * q.protected.element_size() * 8
+            n += q.levels.numel()
+        return total_bits / n if n else 0.0
+
+    # -------------------------------------------------------------- trials
+    def trial(self, metric: str, idx: tuple[int, ...]) -> _Trial:
+        sp, emb = self.space, self.prep.embeddings
+        point = sp.canonical((metric, idx), emb)
+        tr = self.memo.get(point)
+        if tr is None:
+            config = sp.config(point, emb)
+            qmap, keys = self.quantize(config)
+            value = self.score(qmap)
+            deg = degradation(value, self.baseline)
+            tr = _Trial(config, value, deg, deg <= self.epsilon, self.bits(qmap), qmap, keys)
+            self.memo[point] = tr
+            self.log.append({"config": short(config), "value": _finite(value),
+                             "degradation": _finite(deg), "feasible": tr.feasible,
+                             "bits": round(tr.bits, 4)})
+        if tr.feasible:
+            cur = self.best.get(metric)
+            if cur is None or self._key(point) < self._key(cur):
+                self.best[metric] = point
+        self._release()
+        return tr
+
+    def _key(self, point: Point) -> tuple:
+        return (self.space.cost(point[1], self.prep.embeddings, self.prep.embedding_share), point[1])
+
+    def _release(self) -> None:
+        keep = set(self.best.values())
+        for point, tr in self.memo.items():
+            if point not in keep and tr.qmap is not None:
+                tr.qmap, tr.keys = None, {}
+
+    def outcome(self, metric: str, idx: tuple[int, ...]) -> Outcome:
+        tr = self.trial(metric, idx)
+        return Outcome(tr.feasible, tr.degradation)
+
+    def qmap_of(self, point: Point) -> dict[str, QuantizedTensor | None]:
+        tr = self.memo[point]
+        if tr.qmap is None:  # released: recompute (deterministic, same result)
+            tr.qmap, tr.keys = self.quantize(tr.config)
+        return tr.qmap
+
+
+# ------------------------------------------------------------------ searches
+def _exhaustive(run: _Runner, metrics: list[str]) -> Point | None:
+    sp, prep = run.space, run.prep
+    emb, share = prep.embeddings, prep.embedding_share
+    shape = sp.shape(emb)
+
+    def cost(idx: tuple[int, ...]) -> float:
+        return sp.cost(idx, emb, share)
+
+    winners: list[Point] = []
+    for metric in metrics:
+        oracle = MonotoneOracle(lambda idx, m=metric: run.trial(m, idx).feasible)
+        for point, tr in run.memo.items():  # seed with what earlier trials showed
+            if point[0] == metric or sp.axes(emb)[1][point[1][1]] == 0:
+                oracle.seed(point[1], tr.feasible)
+        while True:
+            idx = guided_search(shape, cost, oracle)
+            if idx is None:
+                break
+            # A winner inferred by monotonicity alone is probed before it is accepted;
+            # if it fails, the oracle now knows and the search resumes.
+            if oracle.probe(idx):
+                winners.append(sp.canonical((metric, idx), emb))
+                break
+    if not winners:
+        return None
+    return min(winners, key=lambda p: (cost(p[1]), run.memo[p].bits, run.memo[p].degradation,
+                                       metrics.index(p[0]) if p[0] in metrics else 0))
+
+
+def _metrics(space: SearchSpace, prep: _Prepared) -> list[str]:
+    return [m for m in space.prune_metric if m != "sensitivity" or prep.has_sensitivity]
+
+
+def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | None = None,
+                epsilon: float | None = None, previous: QuantConfig | None = None,
+                grads: Mapping[str, torch.Tensor] | None = None,
+                policy: QuantPolicy | None = None, space: SearchSpace | None = None,
+                seed: int = 0, radius: int = 1, metric_name: str | None = None) -> SearchResult:
+    """Search the config cube for the most compressive config whose degradation <= epsilon.
+
+    tensors:  flat name -> tensor (`mvc.io.flatten(state).tensors`).
+    evaluate: loss of a full candidate tensor dict (quantized tensors replaced by their
+              dequantized values); None uses the proxy (see `mvc.search.quality`).
+    epsilon:  bound on the relative degradation; None means DEFAULT_EPSILON (0.01) with
+              `evaluate`, PROXY_EPSILON with the proxy.
+    previous: the config chosen at the previous commit: enables the neighbourhood search.
+    grads:    gradient (EMA) by tensor name: sensitivity pruning/protection and the
+              gradient-weighted proxy.
+    policy:   which tensors are quantized (default: `default_policy()`).
+    radius:   neighbourhood size in steps per axis.
+    metric_name: overrides the metric label recorded for `evaluate`.
+    """
+    space = space or SearchSpace()
+    policy = policy or default_policy()
+    if epsilon is None:
+        epsilon = DEFAULT_EPSILON if evaluate is not None else PROXY_EPSILON
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon >= 0 \
+            or not math.isfinite(epsilon):
+        raise SearchError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
+    if previous is not None and not isinstance(previous, QuantConfig):
+        raise SearchError(f"previous must be a QuantConfig, got {type(previous).__name__}")
+    prep = _Prepared(tensors, dict(grads or {}), policy, space.alpha)
+    run = _Runner(prep, space, evaluate, float(epsilon), seed)
+    if not prep.names:
+        return SearchResult(None, {n: None for n in tensors},
+                            _record(run, None, "nothing-to-quantize"), 0)
+    metrics = _metrics(space, prep)
+    if not metrics:
+        raise SearchError("the search space only allows sensitivity pruning, which needs a "
+                          "gradient for every quantized tensor (grads=)")
+    run.start(metric_name)
+    emb, share = prep.embeddings, prep.embedding_share
+    winner: Point | None = None
+    mode = "exhaustive"
+    if previous is not None:
+        mode = "neighbourhood"
+        current = previous.prune_metric if previous.prune_metric in metrics else metrics[0]
+        others = [m for m in metrics if m != current]
+        found = neighbourhood_search(
+            space.snap(previous, emb), current, others[0] if others else None,
+            space.shape(emb), lambda i: space.cost(i, emb, share),
+            lambda i: space.axes(emb)[1][i[1]] > 0,
+            run.outcome,
+            float(epsilon), radius)
+        if found is not None:
+            winner = space.canonical(found, emb)
+        else:
+            mode = "fallback-exhaustive"
+    if winner is None:
+        winner = _exhaustive(run, metrics)
+    if winner is None:
+        return SearchResult(None, {n: None for n in tensors}, _record(run, None, mode),
+                            run.evaluations)
+    return SearchResult(run.memo[winner].config, run.qmap_of(winner), _record(run, winner, mode),
+                        run.evaluations)
+
+
+def _record(run: _Runner, winner: Point | None, mode: str) -> dict[str, Any]:
+    tr = run.memo.get(winner) if winner is not None else None
+    return {
+        "metric": run.metric, "baseline": run.baseline,
+        "value": _finite(tr.value) if tr else None,
+        "degradation": _finite(tr.degradation) if tr else None,
+        "epsilon": run.epsilon, "evaluations": run.evaluations, "mode": mode,
+        "bits_per_param": round(tr.bits, 4) if tr else None,
+        "trials": run.log,
+    }

@@ -1,0 +1,142 @@
+"""Guided exhaustive search over a monotone cube (Inshrinkerator Algorithm 4).
+
+The cube is a box of index vectors, index 0 the most compressive value of each
+axis.  Feasibility (quality within epsilon) is assumed monotone: if p is feasible,
+every q >= p (componentwise) is too, and if p is infeasible every q <= p is.
+The goal is the feasible point of least `cost` (expected bits per parameter).
+
+Algorithm 4, for one box [lo, hi]:
+
+1. *Diagonal*: the points lo + round(t (hi - lo) / (T - 1)), t = 0..T-1, with T the
+   longest side, so every step moves each axis by at most one.  Feasibility is
+   monotone along it, so a binary search finds the first feasible diagonal point d
+   (if the top corner hi is infeasible, nothing in the box is).
+2. *Feasible sub-cubes*: d splits the box into orthants.  The one >= d is feasible
+   and its cheapest point is d itself; the one strictly below d lies under the
+   infeasible diagonal point before d (steps are <= 1 per axis), so it is
+   infeasible.  The remaining "mixed" orthants (some axes below d, the others at or
+   above) may hold cheaper feasible points: each is searched recursively, cheapest
+   lower corner first, skipping any whose lower corner cannot beat the best cost
+   found so far or whose top corner is already known to be infeasible.
+
+Every answer is memoized, and feasibility implied by monotonicity from earlier
+answers is used without probing, so each point is evaluated at most once and most
+are never evaluated.  The caller runs this once per pruning metric and keeps the
+better result (§5).
+"""
+from __future__ import annotations
+
+from itertools import product
+from typing import Callable, Sequence
+
+Idx = tuple[int, ...]
+
+
+class MonotoneOracle:
+    """Feasibility answers for one cube: probed ones plus those implied by monotonicity.
+
+    A probed answer always wins over an inferred one (quality is only roughly
+    monotone, so the two can disagree).
+    """
+
+    def __init__(self, probe: Callable[[Idx], bool]) -> None:
+        self._probe = probe
+        self.answers: dict[Idx, bool] = {}
+        self.probes = 0
+
+    def known(self, p: Idx) -> bool | None:
+        """True / False when probed or implied by probed answers, None when unknown."""
+        if p in self.answers:
+            return self.answers[p]
+        items = self.answers.items()
+        if any(ok and all(a >= b for a, b in zip(p, q)) for q, ok in items):
+            return True
+        if any(not ok and all(a <= b for a, b in zip(p, q)) for q, ok in items):
+            return False
+        return None
+
+    def seed(self, p: Idx, ok: bool) -> None:
+        """Record an answer obtained elsewhere."""
+        self.answers[p] = bool(ok)
+
+    def probe(self, p: Idx) -> bool:
+        """Probe `p` even if its answer could be inferred (once: answers are memoized)."""
+        if p not in self.answers:
+            self.probes += 1
+            self.answers[p] = bool(self._probe(p))
+        return self.answers[p]
+
+    def __call__(self, p: Idx) -> bool:
+        k = self.known(p)
+        return self.probe(p) if k is None else k
+
+
+def diagonal(lo: Idx, hi: Idx) -> list[Idx]:
+    """The box's diagonal from lo to hi; each step moves every axis by 0 or 1."""
+    n = max(h - l for l, h in zip(lo, hi)) + 1
+    if n == 1:
+        return [tuple(lo)]
+    return [tuple(l + int((t * (h - l)) / (n - 1) + 0.5) for l, h in zip(lo, hi))
+            for t in range(n)]
+
+
+def _first_feasible(points: Sequence[Idx], feasible: Callable[[Idx], bool]) -> int | None:
+    if not feasible(points[-1]):
+        return None
+    lo, hi = 0, len(points) - 1   # invariant: points[hi] feasible, everything before lo infeasible
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if feasible(points[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
+def guided_search(shape: Sequence[int], cost: Callable[[Idx], float],
+                  feasible: Callable[[Idx], bool]) -> Idx | None:
+    """The cheapest feasible point of the cube `shape` (None if none is), per Algorithm 4.
+
+    `feasible` should be a `MonotoneOracle` (any callable works, but then points
+    may be probed more than once).  Ties in cost are broken by the index vector.
+    """
+    best: list[tuple[float, Idx] | None] = [None]
+
+    def key(p: Idx) -> tuple[float, Idx]:
+        return (cost(p), p)
+
+    def known(p: Idx) -> bool | None:
+        return feasible.known(p) if isinstance(feasible, MonotoneOracle) else None
+
+    def search(lo: Idx, hi: Idx) -> None:
+        if best[0] is not None and key(lo) >= best[0]:
+            return  # nothing in this box can beat the best found so far
+        if known(hi) is False:
+            return
+        if known(lo) is True:
+            best[0] = min(best[0], key(lo)) if best[0] is not None else key(lo)
+            return
+        diag = diagonal(lo, hi)
+        t = _first_feasible(diag, feasible)
+        if t is None:
+            return
+        d = diag[t]
+        if best[0] is None or key(d) < best[0]:
+            best[0] = key(d)
+        boxes = []
+        axes = range(len(lo))
+        for below in product((False, True), repeat=len(lo)):
+            if not any(below) or all(below):
+                continue
+            if any(b and d[a] == lo[a] for a, b in zip(axes, below)):
+                continue  # an empty side
+            blo = tuple(lo[a] if below[a] else d[a] for a in axes)
+            bhi = tuple(d[a] - 1 if below[a] else hi[a] for a in axes)
+            boxes.append((key(blo), blo, bhi))
+        for _, blo, bhi in sorted(boxes):
+            search(blo, bhi)
+
+    if not shape or any(n < 1 for n in shape):
+        return None
+    search(tuple(0 for _ in shape), tuple(n - 1 for n in shape))
+    return best[0][1] if best[0] is not None else None

@@ -1,0 +1,149 @@
+"""Optimizer-state compression: log-domain second moment, joint weight-momentum pruning."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mvc.io import flatten
+from mvc.quant import QuantConfig, quantize, quantize_state
+from mvc.quant.optimizer import (OptimizerStateError, OptQuantized, check_policy, infer_param_map,
+                                 moment_domain, parse_state_name, quantize_moment,
+                                 quantize_optimizer_state, quantize_second_moment, restore)
+from mvc.search import default_policy
+
+
+def second_moment(n: int = 50_000, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    v = torch.exp(torch.randn(n, generator=g) * 2.5 - 16.0)  # ~1e-9 .. 1e-4: many decades
+    v[::9] = 0.0
+    return v
+
+
+def test_log_domain_round_trip_properties():
+    v = second_moment()
+    q = quantize_second_moment(v, 16)
+    r = restore(q, "log")
+    assert r.dtype == v.dtype and r.shape == v.shape
+    zero = v == 0
+    assert torch.equal(r[zero], v[zero])                      # zeros stay exactly zero
+    assert bool((q.levels.reshape(-1)[zero] == q.pruned_level).all())
+    assert bool((r[~zero] > 0).all())                        # never restores a zero v
+    rel = ((r[~zero] - v[~zero]).abs() / v[~zero])
+    assert float(rel.max()) < 2.5 and float(rel.median()) < 0.35
+    # each entry restores to the centroid nearest to it in the log domain
+    lv, lr = v[~zero].double().log(), r[~zero].double().log()
+    nearest = (lv[:, None] - q.centroids.double()[None, :]).abs().min(dim=1).values
+    assert bool(((lr - lv).abs() <= nearest + 1e-5).all())
+    # the linear domain cannot do this: small entries collapse onto one centroid
+    lin = quantize(v, 16).dequantize()
+    lin_rel = ((lin[~zero] - v[~zero]).abs() / v[~zero])
+    assert float(lin_rel.median()) > 10 * float(rel.median())
+    finer = restore(quantize_second_moment(v, 32), "log")
+    assert float(((finer[~zero] - v[~zero]).abs() / v[~zero]).median()) < float(rel.median())
+
+
+def test_restore_is_bit_exact_and_protected_values_are_exact():
+    v = second_moment(seed=1).reshape(100, 500).to(torch.float64)
+    q = quantize_second_moment(v, 16, protect=0.01)
+    a, b = restore(q, "log"), restore(q, "log")
+    assert torch.equal(a.view(torch.int64), b.view(torch.int64))
+    prot = q.levels == q.protected_level
+    assert int(prot.sum()) == q.protected.numel() > 0
+    assert torch.equal(a[prot], v[prot])
+    assert torch.equal(q.centroids, quantize_second_moment(v, 16, protect=0.01).centroids)
+
+
+def test_second_moment_edge_cases():
+    assert quantize_second_moment(torch.tensor([1e-8, -1e-9, 0.0]), 4) is None  # negative: exact
+    z = torch.zeros(3, 5)
+    assert torch.equal(restore(quantize_second_moment(z, 4), "log"), z)
+    with pytest.raises(OptimizerStateError):
+        restore(quantize(torch.ones(10), 2), "cubic")
+
+
+def test_first_moment_joint_pruning_and_zeros():
+    g = torch.Generator().manual_seed(2)
+    m = torch.randn(64, 128, generator=g) * 1e-3
+    m[0, :10] = 0.0
+    pruned = torch.rand(64, 128, generator=g) < 0.3
+    q = quantize_moment(m, 16, pruned=pruned)
+    r = restore(q, "linear")
+    assert bool((r[pruned] == 0).all()) and bool((r[0, :10] == 0).all())
+    keep = ~pruned
+    keep[0, :10] = False
+    assert float((r[keep] - m[keep]).norm() / m[keep].norm()) < 0.2
+
+
+def _adam_state(steps: int = 3):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.BatchNorm1d(128),
+                                torch.nn.Linear(128, 64))
+    opt = torch.optim.AdamW(model.parameters(), 1e-3)
+    for _ in range(steps):
+        model(torch.randn(16, 64)).square().mean().backward()
+        opt.step()
+    return model, opt, flatten({"model": model.state_dict(), "optimizer": opt.state_dict()}).tensors
+
+
+def test_quantize_optimizer_state_on_adam():
+    model, opt, flat = _adam_state()
+    wq = quantize_state(flat, QuantConfig(bins=8, prune=0.3), default_policy())
+    out = quantize_optimizer_state(flat, wq)
+    # params in order: 0.weight, 0.bias, 1.weight, 1.bias, 2.weight, 2.bias; big ones only
+    assert set(out) == {"optimizer/state/0/exp_avg", "optimizer/state/0/exp_avg_sq",
+                        "optimizer/state/4/exp_avg", "optimizer/state/4/exp_avg_sq"}
+    assert all(isinstance(o, OptQuantized) for o in out.values())
+    assert out["optimizer/state/0/exp_avg"].domain == "linear"
+    assert out["optimizer/state/0/exp_avg_sq"].domain == "log"
+    q, domain = out["optimizer/state/4/exp_avg"]
+    w_pruned = wq["model/2.weight"].levels == wq["model/2.weight"].pruned_level
+    assert bool((restore(q, domain)[w_pruned] == 0).all())   # joint pruning with the weight
+    assert not any("step" in k for k in out)                   # counters stay exact
+    v = flat["optimizer/state/0/exp_avg_sq"]
+    rv = restore(*out["optimizer/state/0/exp_avg_sq"])
+    assert torch.equal(rv[v == 0], v[v == 0])
+
+
+def test_param_map_inference_and_explicit_map():
+    _, _, flat = _adam_state()
+    inferred = infer_param_map(flat)
+    assert inferred[("optimizer/", 0)] == "model/0.weight"
+    assert inferred[("optimizer/", 2)] == "model/1.weight"     # BatchNorm buffers skipped
+    assert inferred[("optimizer/", 4)] == "model/2.weight"
+    gap = {k: v for k, v in flat.items() if not k.startswith("optimizer/state/1/")}
+    assert infer_param_map(gap) == {}                          # ambiguous: nothing inferred
+    wq = {"model/x": quantize(torch.randn(64, 128), 4, prune=0.5)}
+    out = quantize_optimizer_state(flat, wq, param_map={4: "model/x"})
+    r = restore(*out["optimizer/state/4/exp_avg"])
+    assert bool((r[wq["model/x"].levels == 4] == 0).all())
+    with pytest.raises(OptimizerStateError):
+        quantize_optimizer_state(flat, wq, param_map={"4": "model/x"})
+
+
+def test_names_and_policy():
+    assert parse_state_name("optimizer/state/12/exp_avg") == ("optimizer/", 12, "exp_avg")
+    assert parse_state_name("model/state/x") is None
+    assert moment_domain("opt/state/0/momentum_buffer") == "linear"
+    assert moment_domain("state/3/max_exp_avg_sq") == "log"
+    assert moment_domain("optimizer/state/0/step") is None
+    assert check_policy("compressed") == "compressed"
+    with pytest.raises(OptimizerStateError) as ei:
+        check_policy("lossy")
+    assert ei.value.exit_code == 83
+
+
+def test_resumed_adam_still_trains_from_compressed_state():
+    model, opt, flat = _adam_state(steps=20)
+    out = quantize_optimizer_state(flat, None)
+    sd = opt.state_dict()
+    for name, oq in out.items():
+        _, idx, key = parse_state_name(name)
+        sd["state"][idx][key] = restore(*oq)
+    opt.load_state_dict(sd)
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(5))
+    before = float(model(x).square().mean().detach())
+    for _ in range(10):
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    assert float(model(x).square().mean().detach()) < before
