@@ -13,7 +13,7 @@ from mvc.errors import DataError, InternalError, MvcError, UsageError
 
 __version__ = "0.1.0"
 
-__all__ = ["Repo", "Commit", "MvcError", "DataError", "InternalError", "UsageError", "__version__"]
+__all__ = ["Repo", "Commit", "Tracker", "MvcError", "DataError", "InternalError", "UsageError", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,6 +22,10 @@ def __getattr__(name: str) -> Any:
         from mvc.repo.repository import Repo
 
         return Repo
+    if name == "Tracker":
+        from mvc.integrations.tracker import Tracker
+
+        return Tracker
     if name == "Commit":
         from mvc.repo.objects import Commit
 

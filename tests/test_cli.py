@@ -192,3 +192,25 @@ def test_exit_codes_are_distinct_per_class():
         if "exit_code" in cls.__dict__:
             assert cls.exit_code not in seen, f"{cls.__name__} and {seen[cls.exit_code].__name__} share {cls.exit_code}"
             seen[cls.exit_code] = cls
+
+
+def test_every_exit_code_is_documented():
+    import importlib
+    import pkgutil
+
+    import mvc
+    from mvc.errors import MvcError
+
+    for m in pkgutil.walk_packages(mvc.__path__, "mvc."):
+        if not (m.name.startswith("mvc._mvc_native") or m.name == "mvc.__main__"):
+            importlib.import_module(m.name)
+    doc = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
+
+    def subclasses(c):
+        for s in c.__subclasses__():
+            yield s
+            yield from subclasses(s)
+
+    for cls in set(subclasses(MvcError)):
+        if "exit_code" in cls.__dict__:
+            assert f"| {cls.exit_code} | `{cls.__name__}` |" in doc, f"{cls.__name__} missing from docs/cli.md"

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from mvc.quant import QuantConfig, QuantPolicy, quantize_state
-from mvc.repo import lossy
+from mvc.quant.optimizer import OPTIMIZER_STATE_PATTERNS
 from mvc.repo.repository import Repo
 
-POLICY = QuantPolicy(exclude=lossy.OPTIMIZER_STATE_PATTERNS)
+POLICY = QuantPolicy(exclude=OPTIMIZER_STATE_PATTERNS)
 
 
 def trajectory(n: int, seed: int = 0):
@@ -95,9 +95,10 @@ def test_configured_default_quant_and_lossless_override(repo):
     assert torch.equal(repo.read_state(exact_id)["enc.weight"], state["enc.weight"])
 
 
-def test_optimizer_state_stays_exact_by_default(repo):
+def test_optimizer_state_exact_policy(repo):
     from checkpoints import realistic_state
 
+    repo.config.set("commit.optimizer", "exact")
     s = realistic_state()
     cid = repo.commit(s, "q", quant=QuantConfig(bins=4))
     got = repo.read_state(cid)
@@ -189,3 +190,36 @@ def test_cli_lossy_commits_use_disk_level_cache(tmp_path):
             got = repo.read_state(cid)
             for k, v in e.items():
                 assert_bits(got[k], v, k)
+
+
+def test_compressed_optimizer_state_round_trips_through_chains(repo):
+    from mvc.io import flatten
+    from mvc.quant.optimizer import quantize_optimizer_state, restore
+
+    repo.config.set("commit.optimizer", "compressed")
+    big = torch.nn.Linear(128, 96)
+    opt2 = torch.optim.Adam(big.parameters(), lr=1e-3)
+    ids, exp = [], []
+    cfg = QuantConfig(bins=16, protect=0.005)
+    for step in range(4):
+        loss = big(torch.randn(32, 128)).square().mean()
+        opt2.zero_grad()
+        loss.backward()
+        opt2.step()
+        state = {"model": big.state_dict(), "optimizer": opt2.state_dict()}
+        ids.append(repo.commit(state, f"s{step}", quant=cfg))
+        flat = flatten(state).tensors
+        wq = quantize_state(flat, cfg, POLICY, nonfinite="lossless")
+        oq = quantize_optimizer_state(flat, wq)
+        exp.append({n: restore(o.q, o.domain) for n, o in oq.items()})
+    snap = repo.read_snapshot(repo.read_commit(ids[-1]).snapshot)
+    domains = {r.name: r.meta.get("domain") for r in snap.tensors}
+    assert domains["optimizer/state/0/exp_avg_sq"] == "log"
+    assert any(r.codec == "qdelta/1" for r in snap.tensors if r.name.startswith("optimizer/"))
+    for cid, e in zip(ids, exp):
+        got = repo.read_state(cid)
+        for name, v in e.items():
+            idx = int(name.split("/")[2])
+            assert_bits(got["optimizer"]["state"][idx][name.split("/")[3]], v, name)
+        # steps and hyperparameters stay exact
+        assert got["optimizer"]["param_groups"][0]["lr"] == 1e-3

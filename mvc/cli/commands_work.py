@@ -52,9 +52,15 @@ def init(path: str) -> None:
 @click.option("--metric", "metrics", multiple=True, metavar="KEY=VALUE",
               help="A metric to record (repeatable).")
 @click.option("--lossless", is_flag=True, default=False, help="Store every tensor exactly.")
+@click.option("--epsilon", type=float, default=None,
+              help="Bound on relative quality degradation for the config search.")
 def commit(message: str, checkpoint: str | None, step: int | None, metrics: tuple[str, ...],
-           lossless: bool) -> None:
-    """Commit CHECKPOINT (.pt/.pth/.ckpt/.safetensors; default: checkpoint.path)."""
+           lossless: bool, epsilon: float | None) -> None:
+    """Commit CHECKPOINT (.pt/.pth/.ckpt/.safetensors; default: checkpoint.path).
+
+    By default (commit.mode = search) the most compressive quantization whose
+    quality loss stays within epsilon is chosen, measured by the quality.hook
+    function when configured, else by a proxy metric."""
     from mvc.io.files import load_checkpoint
 
     repo = Repo.discover()
@@ -63,13 +69,41 @@ def commit(message: str, checkpoint: str | None, step: int | None, metrics: tupl
     metric_values = _parse_metrics(metrics)
     state = load_checkpoint(path)
     st = path.stat()
+    hook = repo.config.get("quality.hook")
+    quality = load_hook(hook, repo.path) if hook and not lossless else None
     cid = repo.commit(state, message, step=step, metrics=metric_values,
-                      lossless=True if lossless else None)
+                      lossless=True if lossless else None, quality=quality, epsilon=epsilon)
     _remember_source(repo, cid, path, st)
     branch = repo.current_branch()
     c = repo.read_commit(cid)
     raw = repo.read_snapshot(c.snapshot).raw_bytes
     click.echo(f"[{branch or 'detached HEAD'} {cid[:12]}] {c.summary}  ({human_bytes(raw)} of tensors)")
+
+
+class QualityHookError(UsageError):
+    """The configured quality.hook cannot be imported or is not callable."""
+
+    exit_code = 28
+
+
+def load_hook(spec: str, root: Path):
+    """Import `module:function` (searched in the current directory and the repository root)."""
+    import importlib
+    import sys
+
+    module, sep, func = spec.partition(":")
+    if not sep or not module or not func:
+        raise QualityHookError(f"quality.hook must look like module:function, got {spec!r}")
+    for p in (str(root), os.getcwd()):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    try:
+        fn = getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError) as exc:
+        raise QualityHookError(f"cannot load quality.hook {spec!r}: {exc}") from None
+    if not callable(fn):
+        raise QualityHookError(f"quality.hook {spec!r} is not callable")
+    return fn
 
 
 def _remember_source(repo: Repo, cid: str, path: Path, st: os.stat_result) -> None:

@@ -24,16 +24,19 @@ DEFAULTS: dict[str, Any] = {
     "core.lock_timeout": 600.0,
     # How commits store tensors: "search" (the quantization-config search, the commit hook),
     # "fixed" (always commit.quant) or "lossless".
-    "commit.mode": "lossless",
+    "commit.mode": "search",
     # The QuantConfig (as a JSON object) used by commit.mode = fixed.
     "commit.quant": None,
+    # Optimizer state (Adam moments, SGD momentum): "exact", or "compressed" (ExCP-style: first
+    # moment k-means with joint weight-momentum pruning, second moment in the log domain).
+    "commit.optimizer": "compressed",
     # The quality hook for `mvc commit`: "module:function" taking the candidate state, returning
     # a loss (lower is better). Without one the search uses its proxy metric.
     "quality.hook": None,
     # Bound on the relative degradation of quality.hook's value (the proxy has its own bound).
     "quality.epsilon": 0.01,
     # A quantized tensor is stored as a base at least every this many commits (0 = never forced).
-    "commit.base_every": 32,
+    "commit.base_every": 16,
     # gc re-encodes tensors whose delta chain is deeper than this as bases.
     "gc.max_chain": 16,
 }

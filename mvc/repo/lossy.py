@@ -33,9 +33,6 @@ QBASE = "qbase/1"
 QDELTA = "qdelta/1"
 QUANT_CODECS = (QBASE, QDELTA)
 
-#: Optimizer state (``.../state/<param index>/...``) stays exact unless asked otherwise:
-#: Adam's second moment spans decades that linear-domain k-means would flatten.
-OPTIMIZER_STATE_PATTERNS = ("*state/[0-9]*",)
 
 
 class BrokenChainError(DataError):
@@ -218,5 +215,11 @@ def read_any(repo: "Repo", snapshot_id: str, rec: TensorRecord) -> torch.Tensor:
     from mvc.repo.tensors import read_tensor
 
     if rec.codec in QUANT_CODECS:
-        return read_quantized(repo, snapshot_id, rec).dequantize()
+        q = read_quantized(repo, snapshot_id, rec)
+        domain = rec.meta.get("domain", "linear")
+        if domain == "linear":
+            return q.dequantize()
+        from mvc.quant.optimizer import restore
+
+        return restore(q, domain)
     return read_tensor(repo.store, rec)

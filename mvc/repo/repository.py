@@ -269,6 +269,7 @@ class Repo:
         flat = flatten(state)
         config, qmap, quality_record = self._plan(flat, lossless, quant, policy, grads,
                                                   quality, epsilon)
+        domains = self._compress_optimizer(flat.tensors, qmap) if config is not None else {}
         codec = self._lossless_codec()
         raw_codec = get_codec("raw/1")
         chunk_size = int(self.config.get("commit.chunk_mib")) << 20
@@ -292,7 +293,9 @@ class Repo:
                     continue
                 prec = precs.get(name)
                 pinfo = None
-                if prec is not None and prec.codec in lossy.QUANT_CODECS:
+                domain = domains.get(name, "linear")
+                if (prec is not None and prec.codec in lossy.QUANT_CODECS
+                        and prec.meta.get("domain", "linear") == domain):
                     pq = lossy.read_quantized(self, psid, prec)
                     if lossy.same_quantization(q, pq):
                         # Unchanged since the parent: reuse its record (and chunks) as is,
@@ -301,6 +304,8 @@ class Repo:
                         continue
                     pinfo = (psid, prec, pq)
                 cname, enc, extra, depth, base = lossy.choose_encoding(q, pinfo, base_every)
+                if domain != "linear":
+                    extra = dict(extra, domain=domain)
                 bases[name] = (base, q.dtype, tuple(q.shape))
                 records.append(writer.write_encoded(enc, cname, name, q.dtype, tuple(q.shape),
                                                     extra, depth,
@@ -346,6 +351,21 @@ class Repo:
             qmap, record = self._quantize(flat.tensors, quant, policy, grads)
             return quant, qmap, record
         return self._search(flat, policy, grads, quality, epsilon)
+
+    def _compress_optimizer(self, tensors, qmap) -> dict[str, str]:
+        """Add optimizer moments to `qmap` when `commit.optimizer` is "compressed"; name -> domain."""
+        policy = self.config.get("commit.optimizer")
+        if policy == "exact":
+            return {}
+        if policy != "compressed":
+            raise UsageError(f"commit.optimizer must be 'exact' or 'compressed', got {policy!r}")
+        from mvc.quant.optimizer import quantize_optimizer_state
+
+        domains = {}
+        for name, oq in quantize_optimizer_state(tensors, qmap).items():
+            qmap[name] = oq.q
+            domains[name] = oq.domain
+        return domains
 
     def _search(self, flat, policy, grads, quality, epsilon):
         from mvc.quant import QuantConfig
@@ -478,9 +498,10 @@ def _neg_time(c: Commit) -> float:
 
 
 def _default_policy():
-    from mvc.quant import QuantPolicy
+    # Weights only: optimizer state has its own path (`commit.optimizer`).
+    from mvc.search import default_policy
 
-    return QuantPolicy(exclude=lossy.OPTIMIZER_STATE_PATTERNS)
+    return default_policy()
 
 
 def _check_metrics(metrics: Mapping[str, float] | None) -> dict[str, float]:

@@ -1,0 +1,67 @@
+"""The commit hook: search by default, quality hooks, recorded measurements."""
+from __future__ import annotations
+
+import torch
+
+from mvc.repo.repository import Repo
+
+
+def _state(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"model": {"fc1.weight": torch.randn(256, 128, generator=g) * 0.05,
+                      "fc1.bias": torch.zeros(256),
+                      "fc2.weight": torch.randn(10, 256, generator=g) * 0.05}}
+
+
+def test_default_commit_searches_with_the_proxy(tmp_path):
+    with Repo.init(tmp_path / "r") as repo:
+        cid = repo.commit(_state(), "default")
+        c = repo.read_commit(cid)
+        assert c.quant is not None and c.quality["metric"].startswith("proxy")
+        assert c.quality["value"] <= c.quality["epsilon"]
+        assert c.quality["mode"] == "exhaustive"
+        # the next commit starts from the previous config (neighbourhood search)
+        c2 = repo.read_commit(repo.commit(_state(1), "second"))
+        assert c2.quality["mode"] in ("neighbourhood", "fallback-exhaustive")
+        # the biases stay exact, the quantized weights restore within the proxy bound
+        got = repo.read_state(cid)
+        assert torch.equal(got["model"]["fc1.bias"], torch.zeros(256))
+
+
+def test_quality_function_bounds_every_commit(tmp_path):
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(3))
+
+    def loss_of(state) -> float:
+        m = state["model"]
+        h = torch.relu(x @ m["fc1.weight"].T + m["fc1.bias"])
+        return float((h @ m["fc2.weight"].T).square().mean()) + 1.0
+
+    with Repo.init(tmp_path / "r") as repo:
+        for seed in range(3):
+            s = _state(seed)
+            cid = repo.commit(s, f"c{seed}", quality=loss_of, epsilon=0.01)
+            rec = repo.read_commit(cid).quality
+            baseline = loss_of(s)
+            restored = loss_of(repo.read_state(cid))
+            assert abs(rec["baseline"] - baseline) < 1e-9
+            assert (restored - baseline) / abs(baseline) <= 0.01 + 1e-9
+
+
+def test_cli_quality_hook_from_config(tmp_path, monkeypatch):
+    from test_cli import run
+
+    (tmp_path / "evalhook.py").write_text(
+        "def evaluate(state):\n"
+        "    w = state['model']['fc1.weight']\n"
+        "    return float(w.double().square().sum()) + 10.0\n")
+    assert run(tmp_path, "init")[0] == 0
+    assert run(tmp_path, "config", "quality.hook", "evalhook:evaluate")[0] == 0
+    torch.save(_state(), tmp_path / "c.pt")
+    code, _, err = run(tmp_path, "commit", "-m", "hooked", "c.pt")
+    assert code == 0, err
+    with Repo(tmp_path) as repo:
+        q = repo.read_commit(repo.head()).quality
+        assert "evaluate" in q["metric"] and q["degradation"] <= 0.01
+    assert run(tmp_path, "config", "quality.hook", "nosuchmodule:f")[0] == 0
+    code, _, err = run(tmp_path, "commit", "-m", "bad hook", "c.pt")
+    assert code == 28 and "nosuchmodule" in err
