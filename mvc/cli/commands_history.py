@@ -23,6 +23,32 @@ def _decorations(repo: Repo) -> dict[str, list[str]]:
     return deco
 
 
+def describe_quant(q: dict) -> str:
+    """'bins 8, prune 0.2 (magnitude), protect 0.005' (+ embedding settings when they differ)."""
+    out = f"bins {q.get('bins')}, prune {q.get('prune', 0):g} ({q.get('prune_metric')}), " \
+          f"protect {q.get('protect', 0):g}"
+    if q.get("embedding_bins"):
+        out += f"; embeddings: bins {q['embedding_bins']}"
+    return out
+
+
+def describe_quality(q: dict) -> str:
+    """One line: which metric vouched for the commit, baseline, measured value, bound."""
+    metric = q.get("metric", "?")
+    parts = [metric]
+    if q.get("baseline") is not None and q.get("value") is not None:
+        parts.append(f"baseline {q['baseline']:.6g} -> {q['value']:.6g}")
+    if q.get("degradation") is not None:
+        parts.append(f"degradation {q['degradation']:+.3%} (bound {q.get('epsilon', 0):.2%})")
+    elif q.get("value") is not None:
+        parts.append(f"value {q['value']:.4g}")
+    if q.get("evaluations") is not None:
+        parts.append(f"{q['evaluations']} evaluations ({q.get('mode', '?')})")
+    if q.get("stored"):
+        parts.append(q["stored"])
+    return "; ".join(parts)
+
+
 def commit_dict(c: Commit) -> dict:
     d = asdict(c)
     d["id"] = c.id
@@ -58,7 +84,9 @@ def log(rev: str, oneline: bool, graph: bool, max_count: int | None, as_json: bo
             extra.append(f"step {c.step}")
         extra += [f"{k}={v:g}" for k, v in c.metrics.items()]
         if c.quant:
-            extra.append("lossy")
+            extra.append(describe_quant(c.quant))
+        if c.quality and c.quality.get("degradation") is not None:
+            extra.append(f"quality {c.quality['degradation']:+.2%} (bound {c.quality.get('epsilon', 0):.2%})")
         if extra:
             click.echo(f"{pad}Info:   {', '.join(extra)}")
         click.echo(pad)
@@ -99,10 +127,9 @@ def show(rev: str, as_json: bool) -> None:
         click.echo(f"Code:    {p.get('commit') or 'no commits'} on {p.get('branch') or 'detached'}"
                    f"{dirty} in {p.get('repo')}")
     if c.quant:
-        click.echo(f"Quant:   {c.quant}")
+        click.echo(f"Quant:   {describe_quant(c.quant)}")
     if c.quality:
-        q = c.quality
-        click.echo(f"Quality: {q}")
+        click.echo(f"Quality: {describe_quality(c.quality)}")
     click.echo("")
     for line in c.message.splitlines():
         click.echo(f"    {line}")
