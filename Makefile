@@ -20,9 +20,10 @@ install: $(VENV)/.installed
 demo: install
 	$(PY) examples/train_digits.py --workdir demo-run
 
+# The sanitizer run first (short), then the whole suite, whose summary closes the output.
 test: install
-	$(PY) -m pytest tests
 	$(MAKE) test-asan
+	$(PY) -m pytest tests
 
 test-fast: install
 	$(PY) -m pytest tests -m "not slow" -x

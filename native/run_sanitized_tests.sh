@@ -38,7 +38,8 @@ cp "$TMP"/lib/mvc/_mvc_native*.so "$TMP/pkg/mvc/"
 
 if [ $# -eq 0 ]; then
     set -- tests/test_native_huffman.py tests/test_native_rle.py tests/test_native_byteplane.py tests/test_native_rans.py \
-        tests/test_codec_lossless.py
+        tests/test_codec_lossless.py tests/test_quant_assign.py tests/test_delta_groups.py \
+        tests/test_codec_quantized.py
 fi
 
 # -P keeps the source tree (cwd) off sys.path so the sanitized copy is imported.
@@ -49,4 +50,4 @@ export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1"
 export PYTHONPATH="$TMP/pkg${PYTHONPATH:+:$PYTHONPATH}"
 
 LD_PRELOAD="$LIBASAN" "$PY" -P -c 'import sys, mvc._mvc_native as m; assert m.__file__.startswith(sys.argv[1]), m.__file__; print("sanitized build:", m.__file__)' "$TMP/pkg"
-LD_PRELOAD="$LIBASAN" "$PY" -P -m pytest -q -p no:cacheprovider --capture=sys "$@"
+LD_PRELOAD="$LIBASAN" "$PY" -P -m pytest -p no:cacheprovider --capture=sys "$@"
