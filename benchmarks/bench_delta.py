@@ -114,7 +114,8 @@ def _torch_load_seconds(state: dict[str, torch.Tensor], repeats: int = 3) -> flo
 
 
 def run_sequence(name: str, cks: Sequence[Checkpoint], bins_for: Sequence[int],
-                 prune: float, protect: float, verify: bool = True) -> RunResult:
+                 prune: float, protect: float, verify: bool = True,
+                 warm: bool = True) -> RunResult:
     """Quantize each checkpoint and encode the sequence as BASE, HE, RLE and PE."""
     res = RunResult(name)
     secs = {m: {"encode": 0.0, "decode": 0.0} for m in ("base", *MODES)}
@@ -123,7 +124,10 @@ def run_sequence(name: str, cks: Sequence[Checkpoint], bins_for: Sequence[int],
     for ck, bins in zip(cks, bins_for):
         state = ck.model
         secs["torch_load"]["model_state"] += _torch_load_seconds(state)
-        quant = quantize_state(state, QuantConfig(bins=bins, prune=prune, protect=protect))
+        # Warm-started from the previous checkpoint's centroids, as Repo.commit does.
+        init = {n: q.centroids for n, q in prev.items()} if warm else None
+        quant = quantize_state(state, QuantConfig(bins=bins, prune=prune, protect=protect),
+                               init=init)
         sizes = dict.fromkeys(("base", *MODES), 0)
         level_sizes = dict.fromkeys(("base", *MODES), 0)
         fp32 = lossless = changed = total = 0
@@ -269,7 +273,8 @@ def _print_checkout(checkout: Optional[dict[str, Any]]) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description="HE vs RLE vs PE delta encoding on a real trajectory")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
-    ap.add_argument("--runs", default="fixed,varying", help="comma list of: fixed, varying")
+    ap.add_argument("--runs", default="fixed,fixed-cold,varying",
+                    help="comma list of: fixed, fixed-cold (no k-means warm start), varying")
     ap.add_argument("--bins", type=int, default=16)
     ap.add_argument("--prune", type=float, default=0.1)
     ap.add_argument("--protect", type=float, default=0.005)
@@ -282,14 +287,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cks = checkpoints(TrajectoryConfig(epochs=args.epochs, hidden=args.hidden))
     runs: list[RunResult] = []
     for name in [r.strip() for r in args.runs.split(",") if r.strip()]:
-        if name == "fixed":
+        warm = name != "fixed-cold"
+        if name in ("fixed", "fixed-cold"):
             bins_for = [args.bins] * len(cks)
         elif name == "varying":
             bins_for = [VARYING_BINS[i % len(VARYING_BINS)] for i in range(len(cks))]
         else:
             ap.error(f"unknown run {name!r}")
         runs.append(run_sequence(name, cks, bins_for, args.prune, args.protect,
-                                 verify=not args.no_verify))
+                                 verify=not args.no_verify, warm=warm))
     checkout = None if args.no_checkout else checkout_times(
         cks, QuantConfig(bins=args.bins, prune=args.prune, protect=args.protect))
 

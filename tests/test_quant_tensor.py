@@ -236,3 +236,23 @@ def test_works_in_a_forked_child():
         os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_warm_start_keeps_levels_stable_between_checkpoints():
+    from mvc.quant import quantize
+
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(512, 512, generator=g) * 0.05
+    w2 = w + 0.0005 * torch.randn(512, 512, generator=g)
+    q1 = quantize(w, 16, seed=0)
+    cold = quantize(w2, 16, seed=1)
+    warm = quantize(w2, 16, seed=1, init=q1.centroids)
+    moved_cold = (cold.levels != q1.levels).float().mean().item()
+    moved_warm = (warm.levels != q1.levels).float().mean().item()
+    assert moved_warm < moved_cold and moved_warm < 0.1
+    # still a good quantizer: error close to the cold start's
+    err = lambda q: (q.dequantize() - w2).norm().item()
+    assert err(warm) <= err(cold) * 1.1
+    # deterministic
+    again = quantize(w2, 16, seed=1, init=q1.centroids)
+    assert torch.equal(again.levels, warm.levels) and torch.equal(again.centroids, warm.centroids)

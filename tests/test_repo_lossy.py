@@ -33,10 +33,12 @@ def configs(t: int) -> QuantConfig:
                        embedding_bins=[16, 32][t % 2])
 
 
-def expected(state, cfg):
-    floats = {k: v for k, v in state.items()}
-    q = quantize_state(floats, cfg, POLICY, nonfinite="lossless")
-    return {k: (q[k].dequantize() if q[k] is not None else v) for k, v in floats.items()}
+def expected(state, cfg, prev=None):
+    """What a commit must restore: dequantize(quantize(W_t)), warm-started like the repo does
+    from the previous commit's centroids. Returns (tensors, qmap) so the next call can chain."""
+    init = {k: q.centroids for k, q in (prev or {}).items() if q is not None}
+    q = quantize_state(dict(state), cfg, POLICY, nonfinite="lossless", init=init)
+    return {k: (q[k].dequantize() if q[k] is not None else v) for k, v in state.items()}, q
 
 
 def assert_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
@@ -48,11 +50,12 @@ def assert_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
 def test_chain_of_32_commits_restores_exactly(tmp_path):
     repo = Repo.init(tmp_path / "r")
     repo.config.set("commit.base_every", 100)
-    ids, exp = [], []
+    ids, exp, prev = [], [], None
     for t, state in trajectory(32):
         cfg = configs(t)
         ids.append(repo.commit(state, f"step {t}", quant=cfg))
-        exp.append(expected(state, cfg))
+        e, prev = expected(state, cfg, prev)
+        exp.append(e)
     depths = [repo.read_commit(c).chain_depth for c in ids]
     assert max(depths) >= 20  # deltas were actually chained
     snap = repo.read_snapshot(repo.read_commit(ids[-1]).snapshot)
@@ -176,12 +179,13 @@ def test_cli_lossy_commits_use_disk_level_cache(tmp_path):
     assert run(work, "config", "commit.mode", "fixed")[0] == 0
     assert run(work, "config", "commit.quant", '{"bins": 12, "protect": 0.005}')[0] == 0
     cfg = QuantConfig(bins=12, protect=0.005)
-    exp = []
+    exp, prev = [], None
     for t, state in trajectory(4):
         torch.save(state, work / "ckpt.pt")
         code, _, err = run(work, "commit", "-m", f"step {t}", "ckpt.pt")
         assert code == 0, err
-        exp.append(expected(state, cfg))
+        e, prev = expected(state, cfg, prev)
+        exp.append(e)
     assert list((work / ".mvc" / "cache" / "levels").glob("*.levels"))
     with Repo(work) as repo:
         ids = [c.id for c in repo.log()][::-1]

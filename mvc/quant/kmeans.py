@@ -102,11 +102,13 @@ def _reseed_empty(values: np.ndarray, weights: np.ndarray, centres: np.ndarray,
 
 
 def weighted_kmeans_1d(values: np.ndarray, weights: np.ndarray, k: int,
-                       generator: torch.Generator) -> np.ndarray:
+                       generator: torch.Generator, init: np.ndarray | None = None) -> np.ndarray:
     """Cluster sorted 1-D points with sample weights into k centres (ascending, length k).
 
     With fewer than k positively weighted points, the points themselves are the
-    centres and the largest is repeated to fill k slots.
+    centres and the largest is repeated to fill k slots. `init` (k finite values)
+    replaces the k-means++ seeding: Lloyd then settles in the optimum nearest to
+    it, which keeps centroids stable from one commit to the next.
     """
     if k < 1:
         raise QuantConfigError(f"k must be >= 1, got {k}")
@@ -116,7 +118,10 @@ def weighted_kmeans_1d(values: np.ndarray, weights: np.ndarray, k: int,
         return np.zeros(k, dtype=np.float64)
     if values.size <= k:
         return np.concatenate([values, np.full(k - values.size, values[-1])])
-    centres = np.sort(kmeanspp_init(values, weights, k, generator))
+    if init is not None and len(init) == k and np.all(np.isfinite(init)):
+        centres = np.sort(np.asarray(init, dtype=np.float64))
+    else:
+        centres = np.sort(kmeanspp_init(values, weights, k, generator))
     if centres.size < k:  # every point already a centre; cannot happen with > k points
         centres = np.concatenate([centres, np.full(k - centres.size, centres[-1])])
     cw = np.concatenate([[0.0], np.cumsum(weights)])
@@ -144,11 +149,15 @@ def weighted_kmeans_1d(values: np.ndarray, weights: np.ndarray, k: int,
 
 
 def approx_kmeans(sketch: LogSketch, k: int, *, sigma: float = 0.2,
-                  generator: torch.Generator | None = None, seed: int = 0) -> np.ndarray:
-    """Alg. 2: k centroids (float64, ascending) of the values summarized by `sketch`."""
+                  generator: torch.Generator | None = None, seed: int = 0,
+                  init: np.ndarray | None = None) -> np.ndarray:
+    """Alg. 2: k centroids (float64, ascending) of the values summarized by `sketch`.
+
+    `init`: warm-start centroids (e.g. the previous commit's) instead of k-means++."""
     if generator is None:
         generator = torch.Generator().manual_seed(int(seed))
     values, counts = sketch.buckets()
     if values.size == 0:
         return np.zeros(k, dtype=np.float64)
-    return weighted_kmeans_1d(values, bucket_weights(values, counts, sigma), k, generator)
+    return weighted_kmeans_1d(values, bucket_weights(values, counts, sigma), k, generator,
+                              init=init)

@@ -50,12 +50,15 @@ def quantize_state(tensors: Mapping[str, torch.Tensor], config: QuantConfig,
                    policy: QuantPolicy | None = None,
                    grads: Mapping[str, torch.Tensor] | None = None, seed: int = 0, *,
                    nonfinite: NonFinitePolicy = "raise",
+                   init: Mapping[str, torch.Tensor] | None = None,
                    ) -> dict[str, QuantizedTensor | None]:
     """Quantize every tensor the policy selects; others (and, with nonfinite="lossless",
     tensors holding NaN/Inf) map to None.
 
     grads: optional gradients by name, enabling sensitivity protection / pruning.
     seed:  k-means++ seed used for every tensor (results are deterministic).
+    init:  warm-start centroids by name (e.g. the parent commit's), used where the
+           bin count matches; they keep levels stable between commits.
     Raises `NonFiniteTensorError` naming the first NaN/Inf tensor when nonfinite="raise".
     """
     if not isinstance(config, QuantConfig):
@@ -97,6 +100,7 @@ def quantize_state(tensors: Mapping[str, torch.Tensor], config: QuantConfig,
             if sens is None and thr.protect_sensitivity is not None:
                 tthr = Thresholds(thr.prune, thr.prune_metric, thr.protect_magnitude, None)
             out[name] = quantize_prepared(t, x, sketches.pop(name), sens, tthr, bins,
+                                          init=(init or {}).get(name),
                                           seed=seed, sigma=config.sigma)
     return out
 

@@ -167,7 +167,8 @@ def _magnitude_only_keep(sketch: LogSketch, thr: Thresholds) -> LogSketch | None
 
 def _levels_native(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
                    sens: torch.Tensor | None, thr: Thresholds, k: int,
-                   generator: torch.Generator, sigma: float
+                   generator: torch.Generator, sigma: float,
+                   init: np.ndarray | None = None
                    ) -> tuple[torch.Tensor, np.ndarray, LogSketch, torch.Tensor]:
     # CPU: the partition is applied inside the histogram and assignment kernels.
     part = _partition(thr, sens)
@@ -176,7 +177,7 @@ def _levels_native(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
         keep = _magnitude_only_keep(sketch, thr)
         if keep is None:
             keep = LogSketch.from_tensor(x, sketch.alpha, part=part)
-    centres = approx_kmeans(keep, k, sigma=sigma, generator=generator)
+    centres = approx_kmeans(keep, k, sigma=sigma, generator=generator, init=init)
     levels = torch.empty(x.numel(), dtype=level_dtype(k))
     mids = midpoints(torch.from_numpy(centres).to(torch.float32))
     n_prot = assign_into(x, mids, levels, part, k)
@@ -187,7 +188,8 @@ def _levels_native(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
 
 def _levels_torch(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
                   sens: torch.Tensor | None, thr: Thresholds, k: int,
-                  generator: torch.Generator, sigma: float
+                  generator: torch.Generator, sigma: float,
+                  init: np.ndarray | None = None
                   ) -> tuple[torch.Tensor, np.ndarray, LogSketch, torch.Tensor]:
     prune_mask, protect_mask = masks(x, sens, thr)
     keep = _magnitude_only_keep(sketch, thr)
@@ -195,7 +197,7 @@ def _levels_torch(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
         dropped = prune_mask if protect_mask is None else (
             protect_mask if prune_mask is None else prune_mask | protect_mask)
         keep = sketch.subtract(LogSketch.from_tensor(x[dropped], sketch.alpha))
-    centres = approx_kmeans(keep, k, sigma=sigma, generator=generator)
+    centres = approx_kmeans(keep, k, sigma=sigma, generator=generator, init=init)
     levels = assign(x, torch.from_numpy(centres).to(torch.float32), backend="torch")
     if prune_mask is not None:
         levels.masked_fill_(prune_mask, k)
@@ -208,11 +210,13 @@ def _levels_torch(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
 
 def quantize_prepared(tensor: torch.Tensor, x: torch.Tensor, sketch: LogSketch,
                       sens: torch.Tensor | None, thr: Thresholds, bins: int, *,
-                      seed: int = 0, sigma: float = 0.2) -> QuantizedTensor:
+                      seed: int = 0, sigma: float = 0.2,
+                      init: torch.Tensor | None = None) -> QuantizedTensor:
     """Quantize with thresholds already chosen (e.g. per layer type over many tensors).
 
     `x` is `tensor` flattened to contiguous float32, `sketch` its LogSketch, `sens` its
     sensitivity scores (required when the thresholds use sensitivity, else may be None).
+    `init`: warm-start centroids (used when there are exactly `bins` of them).
     """
     k = check_bins(bins)
     if thr.needs_sensitivity and sens is None:
@@ -225,7 +229,10 @@ def quantize_prepared(tensor: torch.Tensor, x: torch.Tensor, sketch: LogSketch,
     gen = _generator(seed)
     flat = tensor.detach().reshape(-1)
     run = _levels_native if native_ok(x, level_dtype(k)) else _levels_torch
-    levels, centres, keep, protected = run(x, flat, sketch, sens, thr, k, gen, sigma)
+    init_np = None
+    if init is not None and init.numel() == k:
+        init_np = init.detach().to("cpu", torch.float64).numpy()
+    levels, centres, keep, protected = run(x, flat, sketch, sens, thr, k, gen, sigma, init_np)
     vals, _ = keep.buckets()
     if 0 < vals.size <= k:
         # Degenerate input (no more distinct buckets than centroids): bucket centres are
@@ -239,7 +246,8 @@ def quantize_prepared(tensor: torch.Tensor, x: torch.Tensor, sketch: LogSketch,
 def quantize(tensor: torch.Tensor, bins: int, *, prune: float = 0.0,
              prune_metric: str = "magnitude", protect: float = 0.0,
              grad: torch.Tensor | None = None, seed: int = 0, alpha: float = 0.01,
-             sigma: float = 0.2, name: str | None = None) -> QuantizedTensor:
+             sigma: float = 0.2, name: str | None = None,
+             init: torch.Tensor | None = None) -> QuantizedTensor:
     """Quantize `tensor` to `bins` non-uniform levels, pruning and protecting fractions.
 
     prune:        fraction of least important parameters set to exactly 0.
@@ -250,6 +258,8 @@ def quantize(tensor: torch.Tensor, bins: int, *, prune: float = 0.0,
     seed:         seeds the k-means++ initialization; same input + seed -> same result.
     alpha, sigma: sketch relative error and the frequency share of the k-means weights.
     name:         used in error messages.
+    init:         warm-start centroids (e.g. the previous checkpoint's, same `bins`) instead
+                  of k-means++: keeps levels stable between checkpoints, so deltas stay small.
 
     Raises `NonFiniteTensorError` for NaN/Inf in `tensor` or `grad` and
     `QuantConfigError` for invalid arguments.
@@ -271,4 +281,5 @@ def quantize(tensor: torch.Tensor, bins: int, *, prune: float = 0.0,
         sens_sketch = LogSketch.from_tensor(sens, alpha, name=name)
     thr = thresholds(sketch.abs(), sens_sketch, prune=prune, prune_metric=prune_metric,
                      protect=protect)
-    return quantize_prepared(tensor, x, sketch, sens, thr, bins, seed=seed, sigma=sigma)
+    return quantize_prepared(tensor, x, sketch, sens, thr, bins, seed=seed, sigma=sigma,
+                             init=init)

@@ -347,10 +347,27 @@ class Repo:
             if not configured:
                 raise UsageError("commit.mode is 'fixed' but commit.quant is not set")
             quant = QuantConfig.from_dict(configured)
+        init = self._parent_centroids()
         if quant is not None:
-            qmap, record = self._quantize(flat.tensors, quant, policy, grads)
+            qmap, record = self._quantize(flat.tensors, quant, policy, grads, init)
             return quant, qmap, record
-        return self._search(flat, policy, grads, quality, epsilon)
+        return self._search(flat, policy, grads, quality, epsilon, init)
+
+    def _parent_centroids(self) -> dict[str, torch.Tensor]:
+        """HEAD's centroids by tensor name: warm starts keep levels (and deltas) stable.
+
+        Only a hint: HEAD may move before the lock is taken, which costs nothing
+        but compression.
+        """
+        head = self.head()
+        if head is None:
+            return {}
+        sid = self.read_commit(head).snapshot
+        out = {}
+        for rec in self.read_snapshot(sid).tensors:
+            if rec.codec in lossy.QUANT_CODECS and rec.meta.get("domain", "linear") == "linear":
+                out[rec.name] = lossy.read_quantized(self, sid, rec).centroids
+        return out
 
     def _compress_optimizer(self, tensors, qmap) -> dict[str, str]:
         """Add optimizer moments to `qmap` when `commit.optimizer` is "compressed"; name -> domain."""
@@ -367,7 +384,7 @@ class Repo:
             domains[name] = oq.domain
         return domains
 
-    def _search(self, flat, policy, grads, quality, epsilon):
+    def _search(self, flat, policy, grads, quality, epsilon, init):
         from mvc.quant import QuantConfig
         from mvc.search import find_config
 
@@ -390,17 +407,18 @@ class Repo:
             epsilon = self.config.get("quality.epsilon") if quality is not None else None
         result = find_config(flat.tensors, evaluate=evaluate, epsilon=epsilon, previous=previous,
                              grads=grads, policy=policy or _default_policy(),
-                             metric_name=getattr(quality, "__name__", None) if quality else None)
+                             metric_name=getattr(quality, "__name__", None) if quality else None,
+                             init=init)
         if result.config is None:
             return None, {}, dict(result.quality, stored="lossless: no feasible configuration")
         return result.config, result.qmap, result.quality
 
-    def _quantize(self, tensors, config, policy, grads):
+    def _quantize(self, tensors, config, policy, grads, init=None):
         """(name -> QuantizedTensor or None, quality record) for a fixed config."""
         from mvc.quant import quantize_state
 
         qmap = quantize_state(tensors, config, policy or _default_policy(), grads,
-                              nonfinite="lossless")
+                              nonfinite="lossless", init=init)
         err = ref = 0.0
         for name, q in qmap.items():
             if q is not None:

@@ -130,9 +130,11 @@ class _Runner:
     """Runs trials: quantize (with reuse), score, log; keeps the best trials' levels."""
 
     def __init__(self, prep: _Prepared, space: SearchSpace, evaluate: Evaluate | None,
-                 epsilon: float, seed: int) -> None:
+                 epsilon: float, seed: int,
+                 init: Mapping[str, torch.Tensor] | None = None) -> None:
         self.prep, self.space, self.evaluate = prep, space, evaluate
         self.epsilon, self.seed = epsilon, seed
+        self.init = dict(init or {})
         self.evaluations = 0
         self.baseline = 0.0
         self.metric = proxy_name(prep.has_sensitivity)
@@ -176,7 +178,8 @@ class _Runner:
                         tthr.needs_sensitivity and has_sens) else None
                     x = t.detach().reshape(-1).to(torch.float32).contiguous()
                     q = quantize_prepared(t, x, p.sketches[name], sens, tthr, bins,
-                                          seed=self.seed, sigma=config.sigma)
+                                          seed=self.seed, sigma=config.sigma,
+                                          init=self.init.get(name))
                 qmap[name] = keys[key] = q
         self._last = keys
         return qmap, keys
@@ -285,7 +288,8 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
                 epsilon: float | None = None, previous: QuantConfig | None = None,
                 grads: Mapping[str, torch.Tensor] | None = None,
                 policy: QuantPolicy | None = None, space: SearchSpace | None = None,
-                seed: int = 0, radius: int = 1, metric_name: str | None = None) -> SearchResult:
+                seed: int = 0, radius: int = 1, metric_name: str | None = None,
+                init: Mapping[str, torch.Tensor] | None = None) -> SearchResult:
     """Search the config cube for the most compressive config whose degradation <= epsilon.
 
     tensors:  flat name -> tensor (`mvc.io.flatten(state).tensors`).
@@ -299,6 +303,8 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
     policy:   which tensors are quantized (default: `default_policy()`).
     radius:   neighbourhood size in steps per axis.
     metric_name: overrides the metric label recorded for `evaluate`.
+    init:     warm-start centroids by name (the parent commit's): trials with the same bin
+              count start Lloyd there, which keeps levels, and so deltas, stable.
     """
     space = space or SearchSpace()
     policy = policy or default_policy()
@@ -310,7 +316,7 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
     if previous is not None and not isinstance(previous, QuantConfig):
         raise SearchError(f"previous must be a QuantConfig, got {type(previous).__name__}")
     prep = _Prepared(tensors, dict(grads or {}), policy, space.alpha)
-    run = _Runner(prep, space, evaluate, float(epsilon), seed)
+    run = _Runner(prep, space, evaluate, float(epsilon), seed, init)
     if not prep.names:
         return SearchResult(None, {n: None for n in tensors},
                             _record(run, None, "nothing-to-quantize"), 0)
