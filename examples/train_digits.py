@@ -136,7 +136,7 @@ def main() -> None:
                              metrics={"val_loss": loss, "val_acc": acc})
         q = repo.read_commit(cid)
         how = (f"bins {q.quant['bins']}, prune {q.quant['prune']:.1f}, "
-               f"loss +{q.quality['degradation']:.2%}" if q.quant else "lossless")
+               f"loss {q.quality['degradation']:+.2%}" if q.quant else "lossless")
         print(f"epoch {epoch_ref[0]}: val_loss {loss:.4f} acc {acc:.3f} -> commit {cid[:12]} ({how})")
         if epoch_ref[0] == crash_at and not crashed:
             crashed = True
