@@ -8,7 +8,6 @@ import click
 
 from mvc.cli.format import human_bytes
 from mvc.errors import UsageError
-from mvc.repo import lossy
 from mvc.repo.repository import Repo
 
 
@@ -64,7 +63,6 @@ def commit(message: str, checkpoint: str | None, step: int | None, metrics: tupl
     from mvc.io.files import load_checkpoint
 
     repo = Repo.discover()
-    repo.disk_levels = lossy.DiskLevelCache(repo.mvc_dir / "cache" / "levels")
     path = _checkpoint_path(repo, checkpoint, "checkpoint")
     metric_values = _parse_metrics(metrics)
     state = load_checkpoint(path)

@@ -37,6 +37,10 @@ DEFAULTS: dict[str, Any] = {
     "quality.epsilon": 0.01,
     # A quantized tensor is stored as a base at least every this many commits (0 = never forced).
     "commit.base_every": 16,
+    # Base encodings of the newest N commits' quantized levels kept under .mvc/cache/levels, so a
+    # new process (resume after a failure, a CLI commit) restores or deltas against them without
+    # walking delta chains. 0 disables the cache.
+    "cache.levels_keep": 2,
     # gc re-encodes tensors whose delta chain is deeper than this as bases.
     "gc.max_chain": 16,
 }

@@ -166,6 +166,8 @@ class DiskLevelCache:
 
     def load(self, sid: str, name: str) -> QuantizedTensor | None:
         path = self.dir / f"{sid}.levels"
+        if not path.exists():
+            return None
         try:
             with open(path, "rb") as fh:
                 n = int.from_bytes(fh.read(8), "little")
@@ -185,9 +187,15 @@ def read_quantized(repo: "Repo", snapshot_id: str, rec: TensorRecord) -> Quantiz
     cache = repo._levels
     chain: list[tuple[str, TensorRecord]] = []
     sid, cur = snapshot_id, rec
-    q = cache.get((sid, cur.name))
-    if q is None and cur.codec == QDELTA and repo.disk_levels is not None:
-        q = repo.disk_levels.load(sid, cur.name)
+    disk = repo.disk_levels
+
+    def cached(sid: str, rec: TensorRecord) -> QuantizedTensor | None:
+        hit = cache.get((sid, rec.name))
+        if hit is None and rec.codec == QDELTA and disk is not None:
+            hit = disk.load(sid, rec.name)
+        return hit
+
+    q = cached(sid, cur)
     while q is None and cur.codec == QDELTA:
         chain.append((sid, cur))
         psid, pname = parent_ref(cur)
@@ -196,7 +204,7 @@ def read_quantized(repo: "Repo", snapshot_id: str, rec: TensorRecord) -> Quantiz
         if prec is None or prec.codec not in QUANT_CODECS:
             raise BrokenChainError(f"tensor {cur.name!r}: parent {pname!r} missing in snapshot {psid}")
         sid, cur = psid, prec
-        q = cache.get((sid, cur.name))
+        q = cached(sid, cur)
     if q is None:
         if cur.codec != QBASE:
             raise BrokenChainError(f"tensor {cur.name!r}: chain ends in codec {cur.codec}")

@@ -53,9 +53,11 @@ class Repo:
         self.store = store
         self.config = Config(self.mvc_dir / "config.json")
         self._levels = lossy.LevelCache()
-        #: Set (e.g. by the CLI) when this process will not live to make the next commit:
-        #: each lossy commit then leaves its levels in `.mvc/cache/` for the next process.
-        self.disk_levels: lossy.DiskLevelCache | None = None
+        #: Each lossy commit leaves its levels in `.mvc/cache/levels` for the next process
+        #: (a resume after a failure, the next CLI commit): `cache.levels_keep` newest commits.
+        keep = int(self.config.get("cache.levels_keep"))
+        self.disk_levels: lossy.DiskLevelCache | None = (
+            lossy.DiskLevelCache(self.mvc_dir / "cache" / "levels", keep) if keep > 0 else None)
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
