@@ -218,6 +218,28 @@ def read_quantized(repo: "Repo", snapshot_id: str, rec: TensorRecord) -> Quantiz
     return q
 
 
+def bound_first_moments(records: list[TensorRecord], tensors: dict[str, torch.Tensor]) -> None:
+    """Clamp restored Adam first moments to |m| <= bound * sqrt(v), in place.
+
+    m and v are quantized independently (m with absolute, v with relative
+    error), so where v is tiny the restored m / sqrt(v) -- Adam's step -- can be
+    hundreds of times larger than anything the exact state had, and the first
+    steps after a resume blow up. The bound is the exact state's largest
+    |m| / sqrt(v), recorded at commit time; where v restores to 0, m does too.
+    Deterministic, so restores stay bit-identical across runs.
+    """
+    for rec in records:
+        info = rec.meta.get("moment")
+        if not info:
+            continue
+        m, v = tensors.get(rec.name), tensors.get(info.get("partner"))
+        if m is None or v is None or m.shape != v.shape:
+            continue
+        limit = (v.float().clamp_min(0).sqrt() * float(info["ratio_bound"])).to(m.dtype)
+        torch.minimum(m, limit, out=m)
+        torch.maximum(m, -limit, out=m)
+
+
 def read_any(repo: "Repo", snapshot_id: str, rec: TensorRecord) -> torch.Tensor:
     """The tensor a record restores, whatever its codec."""
     from mvc.repo.tensors import read_tensor

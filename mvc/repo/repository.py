@@ -272,6 +272,7 @@ class Repo:
         config, qmap, quality_record = self._plan(flat, lossless, quant, policy, grads,
                                                   quality, epsilon)
         domains = self._compress_optimizer(flat.tensors, qmap) if config is not None else {}
+        bounds = self._moment_bounds(flat.tensors, domains)
         codec = self._lossless_codec()
         raw_codec = get_codec("raw/1")
         chunk_size = int(self.config.get("commit.chunk_mib")) << 20
@@ -308,6 +309,8 @@ class Repo:
                 cname, enc, extra, depth, base = lossy.choose_encoding(q, pinfo, base_every)
                 if domain != "linear":
                     extra = dict(extra, domain=domain)
+                if name in bounds:
+                    extra = dict(extra, moment=bounds[name])
                 bases[name] = (base, q.dtype, tuple(q.shape))
                 records.append(writer.write_encoded(enc, cname, name, q.dtype, tuple(q.shape),
                                                     extra, depth,
@@ -386,6 +389,23 @@ class Repo:
             domains[name] = oq.domain
         return domains
 
+    @staticmethod
+    def _moment_bounds(tensors, domains: dict[str, str]) -> dict[str, dict]:
+        """Extra record meta for compressed first moments: their second-moment partner and
+        the largest |m| / sqrt(v) of the exact state, so restore can keep Adam's step bounded."""
+        out = {}
+        for name, domain in domains.items():
+            partner = name + "_sq"
+            if domain != "linear" or not name.endswith("exp_avg") or partner not in tensors:
+                continue
+            m, v = tensors[name].detach().float(), tensors[partner].detach().float()
+            if m.shape != v.shape:
+                continue
+            pos = v > 0
+            ratio = (m[pos].abs() / v[pos].sqrt()).max().item() if bool(pos.any()) else 0.0
+            out[name] = {"partner": partner, "ratio_bound": float(ratio)}
+        return out
+
     def _search(self, flat, policy, grads, quality, epsilon, init):
         from mvc.quant import QuantConfig
         from mvc.search import find_config
@@ -439,6 +459,7 @@ class Repo:
         sid = self.read_commit(cid).snapshot
         snap = self.read_snapshot(sid)
         tensors = {rec.name: lossy.read_any(self, sid, rec) for rec in snap.tensors}
+        lossy.bound_first_moments(snap.tensors, tensors)
         return unflatten(snap.skeleton, tensors, map_location=map_location or "cpu")
 
     def checkout(self, rev: str = "HEAD", *, move_head: bool = True,
