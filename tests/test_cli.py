@@ -214,3 +214,16 @@ def test_every_exit_code_is_documented():
     for cls in set(subclasses(MvcError)):
         if "exit_code" in cls.__dict__:
             assert f"| {cls.exit_code} | `{cls.__name__}` |" in doc, f"{cls.__name__} missing from docs/cli.md"
+
+
+def test_every_config_key_is_documented_with_its_default():
+    from mvc.repo.config import DEFAULTS
+
+    doc = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
+    for key, default in DEFAULTS.items():
+        row = next((line for line in doc.splitlines() if line.startswith(f"| `{key}`")), None)
+        assert row is not None, f"{key} missing from docs/cli.md"
+        if isinstance(default, str):
+            assert f"`{default}`" in row, f"{key}: documented default differs from {default!r}"
+        elif isinstance(default, (int, float)) and not isinstance(default, bool):
+            assert f"| {default:g} |" in row, f"{key}: documented default differs from {default!r}"
