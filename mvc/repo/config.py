@@ -67,8 +67,6 @@ def _coerce(key: str, value: Any) -> Any:
             raise ConfigError(f"config {key} expects a JSON object or null, got {value!r}")
         return value
     if value is None or default is None or isinstance(value, type(default)):
-        if isinstance(default, float) and isinstance(value, int):
-            return float(value)
         return value
     if isinstance(value, str):
         try:

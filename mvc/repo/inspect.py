@@ -103,7 +103,7 @@ def diff(repo: "Repo", rev_a: str, rev_b: str) -> list[TensorDiff]:
         elif (ra.codec, ra.chunks, ra.meta) == (rb.codec, rb.chunks, rb.meta):
             d.rel_l2, d.max_abs = 0.0, 0.0
         else:
-            ta, tb = read_any(repo, sid_a, ra), read_any(repo, sid_b, rb)
+            ta, tb = read_any(repo, sid_a, ra, snap_a.tensors), read_any(repo, sid_b, rb, snap_b.tensors)
             if torch.equal(ta.view(-1).view(torch.uint8), tb.view(-1).view(torch.uint8)):
                 d.rel_l2, d.max_abs = 0.0, 0.0
             else:

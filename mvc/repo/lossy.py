@@ -218,38 +218,48 @@ def read_quantized(repo: "Repo", snapshot_id: str, rec: TensorRecord) -> Quantiz
     return q
 
 
-def bound_first_moments(records: list[TensorRecord], tensors: dict[str, torch.Tensor]) -> None:
-    """Clamp restored Adam first moments to |m| <= bound * sqrt(v), in place.
+def read_any(repo: "Repo", snapshot_id: str, rec: TensorRecord,
+             records: list[TensorRecord] | None = None) -> torch.Tensor:
+    """The tensor a record restores, whatever its codec (`records`: the snapshot's records,
+    if the caller has them, saves re-reading the snapshot)."""
+    from mvc.repo.tensors import read_tensor
+
+    if rec.codec not in QUANT_CODECS:
+        return read_tensor(repo.store, rec)
+    q = read_quantized(repo, snapshot_id, rec)
+    domain = rec.meta.get("domain", "linear")
+    if domain == "linear":
+        out = q.dequantize()
+    else:
+        from mvc.quant.optimizer import restore
+
+        out = restore(q, domain)
+    if rec.meta.get("moment"):
+        _bound_first_moment(repo, snapshot_id, rec, out, records)
+    return out
+
+
+def _bound_first_moment(repo: "Repo", snapshot_id: str, rec: TensorRecord, m: torch.Tensor,
+                        records: list[TensorRecord] | None) -> None:
+    """Clamp a restored Adam first moment to |m| <= bound * sqrt(v), in place.
 
     m and v are quantized independently (m with absolute, v with relative
     error), so where v is tiny the restored m / sqrt(v) -- Adam's step -- can be
     hundreds of times larger than anything the exact state had, and the first
     steps after a resume blow up. The bound is the exact state's largest
     |m| / sqrt(v), recorded at commit time; where v restores to 0, m does too.
-    Deterministic, so restores stay bit-identical across runs.
+    Deterministic, so restores stay bit-identical across runs. (v's levels come
+    from the level cache when the snapshot was just read.)
     """
-    for rec in records:
-        info = rec.meta.get("moment")
-        if not info:
-            continue
-        m, v = tensors.get(rec.name), tensors.get(info.get("partner"))
-        if m is None or v is None or m.shape != v.shape:
-            continue
-        limit = (v.float().clamp_min(0).sqrt() * float(info["ratio_bound"])).to(m.dtype)
-        torch.minimum(m, limit, out=m)
-        torch.maximum(m, -limit, out=m)
-
-
-def read_any(repo: "Repo", snapshot_id: str, rec: TensorRecord) -> torch.Tensor:
-    """The tensor a record restores, whatever its codec."""
-    from mvc.repo.tensors import read_tensor
-
-    if rec.codec in QUANT_CODECS:
-        q = read_quantized(repo, snapshot_id, rec)
-        domain = rec.meta.get("domain", "linear")
-        if domain == "linear":
-            return q.dequantize()
-        from mvc.quant.optimizer import restore
-
-        return restore(q, domain)
-    return read_tensor(repo.store, rec)
+    info = rec.meta["moment"]
+    if records is None:
+        records = repo.read_snapshot(snapshot_id).tensors
+    partner = next((r for r in records if r.name == info.get("partner")), None)
+    if partner is None:
+        raise BrokenChainError(f"tensor {rec.name!r}: second moment {info.get('partner')!r} missing")
+    v = read_any(repo, snapshot_id, partner, records)
+    if v.shape != m.shape:
+        return
+    limit = (v.float().clamp_min(0).sqrt() * float(info["ratio_bound"])).to(m.dtype)
+    torch.minimum(m, limit, out=m)
+    torch.maximum(m, -limit, out=m)

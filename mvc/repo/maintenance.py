@@ -166,11 +166,11 @@ def fsck(repo: "Repo") -> FsckReport:
 
     known = set(registered()) | set(QUANT_CODECS)
     commits = 0
-    for cid in sorted(root_ids(repo)):
-        if cid not in present:
-            problems.append(f"reflog: names missing commit {cid}")
+    roots = root_ids(repo)
+    problems.extend(f"reflog: names missing commit {cid}" for cid in sorted(roots)
+                    if cid not in present)
     seen: set[str] = set()
-    stack = [c for c in root_ids(repo) if c in present]
+    stack = [c for c in roots if c in present]
     while stack:
         cid = stack.pop()
         if cid in seen:

@@ -4,11 +4,11 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 import torch
-import xxhash
 
 from mvc.codecs.base import BytesLike, TensorCodec, get_codec
 from mvc.errors import DataError
 from mvc.repo.objects import TensorRecord
+from mvc.store import object_id
 
 #: Small payloads are written in batches so a model with thousands of small
 #: tensors costs a few write transactions (each one an fsync), not thousands.
@@ -67,7 +67,7 @@ class ChunkWriter:
 
     def write_encoded(self, enc, codec_name: str, name: str, dtype: torch.dtype,
                       shape: tuple[int, ...], meta_extra: dict | None = None,
-                      depth: int = 0, raw_bytes: int | None = None) -> TensorRecord:
+                      depth: int = 0, *, raw_bytes: int) -> TensorRecord:
         """Store an already encoded tensor; returns the snapshot record."""
         ids: list[str] = []
         stored = 0
@@ -76,20 +76,12 @@ class ChunkWriter:
             if len(piece) >= self.chunk_size // 2:
                 ids.append(self.store.put(piece))
             else:
-                data = bytes(piece)
-                ids.append(xxhash.xxh3_128_hexdigest(data))
-                self._pending.append(data)
-                self._pending_bytes += len(data)
+                ids.append(self.add(bytes(piece)))
                 if self._pending_bytes >= BATCH_BYTES:
                     self.flush()
         meta = dict(enc.meta)
         if meta_extra:
             meta.update(meta_extra)
-        if raw_bytes is None:
-            numel = 1
-            for d in shape:
-                numel *= d
-            raw_bytes = numel * torch.empty((), dtype=dtype).element_size()
         return TensorRecord(
             name=name, dtype=dtype_name(dtype), shape=list(shape), codec=codec_name,
             chunks=ids, stored_bytes=stored, raw_bytes=raw_bytes,
@@ -98,7 +90,7 @@ class ChunkWriter:
 
     def add(self, data: bytes) -> str:
         """Queue one small object for the next flush; returns its id."""
-        oid = xxhash.xxh3_128_hexdigest(data)
+        oid = object_id(data)
         self._pending.append(data)
         self._pending_bytes += len(data)
         return oid
