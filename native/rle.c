@@ -3,22 +3,10 @@
 #include <string.h>
 #include "status.h"
 #include "rle.h"
+#include "internal/rle_iter.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* Symbol alphabet of the fused coder.  Values are folded into [0, modulus)
- * around zero (v and modulus - v both small for small cyclic deltas) and
- * zigzagged to z, so the common deltas +1 and -1 mod B get small symbols.
- * A value token with z < ZJ and its run token share one joint symbol, because
- * after a change the next token is nearly always a run of zeros: coding the
- * pair costs one code instead of two. */
-#define ZJ 64u                    /* z below this: joint (value, run class) symbol */
-#define NCLS 44u                  /* run classes: 0: L=1, 1..15: L=2..16, 16..43: bitlen(L)=5..32 */
-#define SYM_VAL (ZJ * NCLS)       /* value-only symbols SYM_VAL + z - ZJ, run symbol may follow */
-#define SYM_ESC 65472u            /* value-only, z as 32 extra bits */
-#define SYM_RUN (SYM_ESC + 1u)    /* run class c >= 1 after a value-only symbol: SYM_RUN + c - 1 */
-#define SYM_LAST (SYM_RUN + NCLS - 2u)
-#define RUN_MAX_SYM 0xffffffffu
 
 INLINE uint64_t ld64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 INLINE void st64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
@@ -204,71 +192,24 @@ int mvc_rle_sym_encode(const void *src, size_t n, int kind, uint32_t modulus, ui
     return MVC_OK;
 }
 
-typedef struct { const uint8_t *p; size_t len; uint64_t pos; } bitr;
-
-/* Next `bits` (<= 32) bits; -1 past the end of the stream. */
-static int64_t get_bits(bitr *b, unsigned bits) {
-    if (b->pos + bits > (uint64_t)b->len * 8) return -1;
-    size_t byte = (size_t)(b->pos >> 3);
-    uint64_t v = 0;
-    if (byte + 8 <= b->len) v = ld64(b->p + byte);
-    else for (size_t i = 0; byte + i < b->len; i++) v |= (uint64_t)b->p[byte + i] << (8 * i);
-    v >>= b->pos & 7;
-    b->pos += bits;
-    return (int64_t)(v & ((1ull << bits) - 1));
-}
-
-/* Run length of class c, reading its extra bits; 0 if the extras run out. */
-static uint64_t class_run(unsigned c, bitr *br) {
-    if (c < 16) return (uint64_t)c + 1;
-    unsigned bl = c - 16 + 5;
-    int64_t low = get_bits(br, bl - 1);
-    return low < 0 ? 0 : ((1ull << (bl - 1)) | (uint64_t)low);
-}
-
 int mvc_rle_sym_decode(const uint16_t *sym0, size_t n0, const uint16_t *sym1, size_t n1,
                        const uint8_t *extra, size_t extralen, uint32_t modulus, int kind,
                        void *dst_, size_t n) {
     uint8_t *dst = dst_;
     if (!valid_kind(kind)) return MVC_ERR_ARG;
     if (modulus == 0 || modulus > kind_limit(kind)) return MVC_ERR_CORRUPT;
-    bitr br = {extra, extralen, 0};
+    rle_iter it;
+    rle_iter_init(&it, sym0, n0, sym1, n1, extra, extralen, modulus);
     size_t o = 0;
-    int expect_run = 0; /* after a value-only symbol a run symbol may follow */
-    uint32_t v = 0;
-    const uint16_t *sym[2] = {sym0, sym1};
-    const size_t lim[2] = {n0, n1};
-    size_t at[2] = {0, 0};
-    int ctx = 1;
-    while (at[0] < n0 || at[1] < n1) {
-        if (at[ctx] >= lim[ctx]) return MVC_ERR_CORRUPT;
-        uint32_t s = sym[ctx][at[ctx]++];
-        uint64_t L = 1;
-        if (s >= SYM_RUN) {
-            if (s > SYM_LAST || !expect_run) return MVC_ERR_CORRUPT;
-            expect_run = 0;
-            if (!(L = class_run(s - SYM_RUN + 1, &br))) return MVC_ERR_CORRUPT;
-            if (n - o < L - 1) return MVC_ERR_CORRUPT;
-            fill(dst, kind, o, (size_t)(L - 1), v);
-            o += (size_t)(L - 1);
-            continue;
-        }
-        int64_t z;
-        if (s < SYM_VAL) {
-            z = s / NCLS;
-            if (!(L = class_run(s % NCLS, &br))) return MVC_ERR_CORRUPT;
-            expect_run = 0;
-        } else {
-            z = s < SYM_ESC ? (int64_t)(s - SYM_VAL + ZJ) : get_bits(&br, 32);
-            if (z < 0) return MVC_ERR_CORRUPT;
-            expect_run = 1;
-        }
-        if ((uint64_t)z >= modulus || o >= n || n - o < L) return MVC_ERR_CORRUPT;
-        v = (z & 1) ? modulus - (uint32_t)((z + 1) >> 1) : (uint32_t)(z >> 1);
-        ctx = z != 0;
+    uint32_t v;
+    uint64_t L;
+    int r;
+    while ((r = rle_iter_next(&it, &v, &L)) > 0) {
+        if (n - o < L) return MVC_ERR_CORRUPT;
         fill(dst, kind, o, (size_t)L, v);
         o += (size_t)L;
     }
-    if (o != n || ((br.pos + 7) >> 3) != extralen) return MVC_ERR_TRUNCATED;
+    if (r < 0) return r;
+    if (o != n || rle_iter_done(&it) != MVC_OK) return MVC_ERR_TRUNCATED;
     return MVC_OK;
 }

@@ -27,7 +27,8 @@ from mvc.native import ffi, lib, status
 
 __all__ = [
     "GroupedDeltaError", "LevelRangeError",
-    "delta_dtype", "group_counts", "grouped_delta", "apply_grouped_delta", "group_slices",
+    "delta_dtype", "group_counts", "grouped_delta", "apply_grouped_delta", "decode_levels",
+    "ChainWalker", "group_slices",
     "cyclic_delta", "apply_cyclic_delta", "split_by_parent", "merge_by_parent",
 ]
 
@@ -145,6 +146,95 @@ def apply_grouped_delta(parent: np.ndarray, delta: np.ndarray, modulus: int, n_c
                            cnt, n_groups, _ptr(out), top)
     _raise_for(rc, f"delta (levels must stay below {n_cur})")
     return out, int(top[0])
+
+
+def decode_levels(parent: np.ndarray, n_prev: int, modulus: int, n_cur: int, *, grouped: bool,
+                  rle: bool, sections: memoryview, lengths: list[int]) -> tuple[np.ndarray, int]:
+    """A delta's level sections decoded and applied to `parent` in one native pass.
+
+    `sections` holds the level sections back to back (`lengths` bytes each):
+    one per parent level when `grouped` (Alg. 5 order), else one; each an
+    RLE+Huffman stream (`rle`) or a Huffman stream of deltas, empty meaning all
+    zero.  Returns (levels = (parent - D) mod `modulus`, count of levels equal
+    to n_cur - 1).  Raises LevelRangeError if a parent level is >= n_prev
+    (these are not the parent levels the delta was made against) and
+    GroupedDeltaError if the delta is corrupt or does not fit the parent.
+    """
+    dt = delta_dtype(modulus)
+    p = _flat(parent, dt, "parent levels")
+    if not (1 <= n_prev <= modulus and 1 <= n_cur <= modulus):
+        raise InternalError(f"level counts {n_prev}, {n_cur} outside [1, {modulus}]")
+    if len(lengths) != (n_prev if grouped else 1) or sum(lengths) != len(sections):
+        raise InternalError("section lengths do not match the sections or the group count")
+    out = np.empty(p.size, dtype=dt)
+    top = ffi.new("uint64_t *")
+    lens = ffi.new("uint64_t[]", lengths)
+    src = ffi.from_buffer("uint8_t[]", sections) if len(sections) else ffi.NULL
+    rc = lib.mvc_qdelta_levels(_ptr(p), p.size, dt.itemsize, n_prev, modulus, n_cur,
+                               int(grouped), int(rle), src, lens, len(lengths), _ptr(out), top)
+    if rc == status.ERR_RANGE:
+        raise LevelRangeError(f"a parent level is >= its level count {n_prev}")
+    if rc in (status.ERR_CORRUPT, status.ERR_TRUNCATED):
+        raise GroupedDeltaError(f"delta level sections are corrupt ({status.describe(rc)})")
+    _raise_for(rc, "delta")
+    return out, int(top[0])
+
+
+class ChainWalker:
+    """8-bit levels walked along a chain of grouped RLE+Huffman deltas, in place (native/chain.h).
+
+    Late in training a step changes few levels; the walker finds them through
+    per-block level counts instead of a pass over every parameter, so a deep
+    chain costs about one pass plus the changes.  Use as a context manager
+    (frees the native state); `step` raises like `decode_levels`.
+    """
+
+    def __init__(self, levels: np.ndarray):
+        flat = _flat(levels, np.dtype(np.uint8), "chain base levels")
+        self.n = flat.size
+        self._c = lib.mvc_chain_new(_ptr(flat), flat.size)
+        if self._c == ffi.NULL:
+            raise MemoryError(f"no memory for a chain walker over {flat.size} levels")
+
+    @staticmethod
+    def supports(numel: int, modulus: int) -> bool:
+        """True when the walker can handle this tensor (8-bit levels, < 2**32 parameters)."""
+        return modulus <= 1 << 8 and numel < 1 << 32
+
+    def step(self, n_prev: int, modulus: int, n_cur: int, sections: memoryview,
+             lengths: list[int]) -> int:
+        """Apply one delta; returns how many levels equal n_cur - 1 afterwards."""
+        if not (1 <= n_prev <= modulus <= 256 and 1 <= n_cur <= modulus):
+            raise InternalError(f"level counts {n_prev}, {n_cur}, modulus {modulus} out of range")
+        if len(lengths) != n_prev or sum(lengths) != len(sections):
+            raise InternalError("section lengths do not match the sections or the group count")
+        top = ffi.new("uint64_t *")
+        src = ffi.from_buffer("uint8_t[]", sections) if len(sections) else ffi.NULL
+        rc = lib.mvc_chain_step(self._c, n_prev, modulus, n_cur, src,
+                                ffi.new("uint64_t[]", lengths), len(lengths), top)
+        if rc == status.ERR_RANGE:
+            raise LevelRangeError(f"a level is >= the delta's parent level count {n_prev}")
+        if rc in (status.ERR_CORRUPT, status.ERR_TRUNCATED):
+            raise GroupedDeltaError(f"delta level sections are corrupt ({status.describe(rc)})")
+        _raise_for(rc, "chain step")
+        return int(top[0])
+
+    def levels(self) -> np.ndarray:
+        """The current levels (uint8, a copy)."""
+        out = np.empty(self.n, dtype=np.uint8)
+        _raise_for(lib.mvc_chain_levels(self._c, _ptr(out), self.n), "chain levels")
+        return out
+
+    def close(self) -> None:
+        if self._c is not None:
+            lib.mvc_chain_free(self._c)
+            self._c = None
+
+    def __enter__(self) -> "ChainWalker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def group_slices(counts: np.ndarray) -> list[slice]:

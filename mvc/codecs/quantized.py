@@ -46,7 +46,7 @@ __all__ = [
     "QuantPayloadError", "QuantChecksumError", "DeltaParentError", "DeltaShapeError",
     "QuantInputError",
     "encode_base", "decode_base", "encode_delta", "encode_delta_rle", "encode_delta_he",
-    "decode_delta", "encoded_size",
+    "decode_delta", "decode_chain", "encoded_size",
 ]
 
 QBASE = "qbase/1"
@@ -384,6 +384,43 @@ def encode_delta_he(q: Any, parent_levels: torch.Tensor, parent_n_levels: int, *
     return _encode_delta(q, parent_levels, parent_n_levels, "he", config)
 
 
+class _DeltaParts:
+    """A delta payload's validated pieces (everything but the parent's levels)."""
+
+    def __init__(self, meta: Mapping[str, Any], payload: BytesLike, dtype: torch.dtype,
+                 shape: Sequence[int]):
+        self.numel, self.k, self.n_prot = _common_parts(meta, dtype, shape)
+        self.mode = meta.get("mode")
+        if self.mode not in DELTA_MODES:
+            raise QuantPayloadError(f"unknown delta mode {self.mode!r}")
+        self.n_prev = _int_field(meta, "parent_n_levels", 2, MAX_LEVELS)
+        self.modulus = max(self.n_prev, self.k + 2)
+        n_sections = self.n_prev if self.mode == "pe" else 1
+        secs = _sections(meta, payload, 2 + n_sections)
+        self._secs = secs
+        self._meta, self.dtype, self.shape = meta, dtype, tuple(shape)
+        self.lengths = list(meta["sections"][2:])
+        start = sum(meta["sections"][:2])
+        self.levels_view = memoryview(payload).cast("B")[start:]
+
+    def assemble(self, levels: np.ndarray, n_top: int) -> QuantizedTensor:
+        if n_top != self.n_prot:
+            raise QuantPayloadError(f"{n_top} protected levels but {self.n_prot} protected values stored")
+        cent = _decode_centroids(self._secs[0], self.k)
+        prot = _decode_protected(self._secs[1], self.n_prot, self.dtype, self._meta)
+        return _assemble(levels, self.k, cent, prot, self.dtype, self.shape)
+
+
+def _parent_np(parts: _DeltaParts, parent_levels: torch.Tensor) -> np.ndarray:
+    if parent_levels.numel() != parts.numel:
+        raise DeltaParentError(f"parent has {parent_levels.numel()} parameters, delta {parts.numel}")
+    try:
+        return _levels_np(parent_levels, parts.n_prev, "parent levels",
+                          dg.delta_dtype(parts.modulus), check=False)
+    except QuantInputError as exc:
+        raise DeltaParentError(f"parent levels do not fit parent_n_levels={parts.n_prev}: {exc}") from exc
+
+
 def decode_delta(meta: Mapping[str, Any], payload: BytesLike, dtype: torch.dtype,
                  shape: Sequence[int], parent_levels: torch.Tensor):
     """Rebuild the QuantizedTensor from a delta and the parent's levels (Alg. 6).
@@ -393,41 +430,47 @@ def decode_delta(meta: Mapping[str, Any], payload: BytesLike, dtype: torch.dtype
     flattened cache works).  Raises DeltaParentError if they cannot be the
     parent this delta was encoded against.
     """
-    numel, k, n_prot = _common_parts(meta, dtype, shape)
-    mode = meta.get("mode")
-    if mode not in DELTA_MODES:
-        raise QuantPayloadError(f"unknown delta mode {mode!r}")
-    n_prev = _int_field(meta, "parent_n_levels", 2, MAX_LEVELS)
-    if parent_levels.numel() != numel:
-        raise DeltaParentError(f"parent has {parent_levels.numel()} parameters, delta {numel}")
-    modulus = max(n_prev, k + 2)
-    ddt = dg.delta_dtype(modulus)
+    parts = _DeltaParts(meta, payload, dtype, shape)
+    parent = _parent_np(parts, parent_levels)
     try:
-        parent = _levels_np(parent_levels, n_prev, "parent levels", ddt, check=False)
-        counts = dg.group_counts(parent, n_prev)  # also checks every parent level < n_prev
-    except (QuantInputError, dg.LevelRangeError) as exc:
-        raise DeltaParentError(f"parent levels do not fit parent_n_levels={n_prev}: {exc}") from exc
-    sizes = counts if mode == "pe" else np.array([numel], dtype=np.int64)
-    secs = _sections(meta, payload, 2 + len(sizes))
-    cent = _decode_centroids(secs[0], k)
-    prot = _decode_protected(secs[1], n_prot, dtype, meta)
-    decode = huffman.decode if mode == "he" else rle.decode_huffman
-    pieces = []
-    for g, (n, sec) in enumerate(zip(sizes.tolist(), secs[2:])):
-        if len(sec) == 0:
-            pieces.append(np.zeros(n, dtype=ddt))
-        elif n == 0:
-            raise QuantPayloadError(f"delta group {g} has data but no parameters")
-        else:
-            pieces.append(_decode_with(decode, sec, n, ddt, f"delta group {g}"))
-    d = np.concatenate(pieces) if len(pieces) > 1 else (pieces[0] if pieces else np.zeros(0, ddt))
-    if d.dtype != ddt:
-        raise QuantPayloadError(f"delta decoded as {d.dtype}, expected {ddt}")
-    try:
-        levels, n_top = dg.apply_grouped_delta(parent, d, modulus, k + 2,
-                                               counts if mode == "pe" else None)
-    except dg.LevelRangeError as exc:  # parent was range checked above: a bug if it happens
-        raise InternalError(str(exc)) from exc
-    if n_top != n_prot:
-        raise QuantPayloadError(f"{n_top} protected levels but {n_prot} protected values stored")
-    return _assemble(levels, k, cent, prot, dtype, shape)
+        levels, n_top = dg.decode_levels(
+            parent, parts.n_prev, parts.modulus, parts.k + 2, grouped=parts.mode == "pe",
+            rle=parts.mode != "he", sections=parts.levels_view, lengths=parts.lengths)
+    except dg.LevelRangeError as exc:
+        raise DeltaParentError(f"parent levels do not fit parent_n_levels={parts.n_prev}: {exc}") from exc
+    except dg.GroupedDeltaError as exc:
+        raise QuantPayloadError(f"delta level sections: {exc}") from exc
+    return parts.assemble(levels, n_top)
+
+
+def decode_chain(base: QuantizedTensor, deltas: Sequence[tuple[Mapping[str, Any], BytesLike]],
+                 dtype: torch.dtype, shape: Sequence[int]):
+    """The tensor at the end of a delta chain: `deltas` (meta, payload), oldest first, from `base`.
+
+    Same result as folding `decode_delta`, but a chain of real-codec deltas
+    over 8-bit levels is walked in place by `ChainWalker`, so each step costs
+    about its changes rather than a pass over every parameter.  Only the last
+    delta's centroids and protected values are decoded.
+    """
+    if not deltas:
+        return base
+    parts = [_DeltaParts(m, p, dtype, shape) for m, p in deltas]
+    if not all(pt.mode == "pe" and dg.ChainWalker.supports(pt.numel, pt.modulus) for pt in parts):
+        q = base
+        for m, p in deltas:
+            q = decode_delta(m, p, dtype, shape, q.levels)
+        return q
+    parent = _parent_np(parts[0], base.levels)
+    top = 0
+    with dg.ChainWalker(parent) as walker:
+        for pt in parts:
+            try:
+                top = walker.step(pt.n_prev, pt.modulus, pt.k + 2, pt.levels_view, pt.lengths)
+            except dg.LevelRangeError as exc:
+                raise DeltaParentError(f"parent levels do not fit parent_n_levels={pt.n_prev}: {exc}") from exc
+            except dg.GroupedDeltaError as exc:
+                raise QuantPayloadError(f"delta level sections: {exc}") from exc
+            if top != pt.n_prot:
+                raise QuantPayloadError(f"{top} protected levels but {pt.n_prot} protected values stored")
+        levels = walker.levels()
+    return parts[-1].assemble(levels, top)

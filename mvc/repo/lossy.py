@@ -12,7 +12,9 @@ gc's replacements, so a parent later re-encoded as a base still serves.
 from __future__ import annotations
 
 import json
+import math
 import os
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mvc.codecs.base import Encoded
-from mvc.codecs.quantized import decode_base, decode_delta, encode_base, encode_delta
+from mvc.codecs.quantized import decode_base, decode_chain, encode_base, encode_delta
 from mvc.errors import DataError
 from mvc.quant import QuantizedTensor
 from mvc.repo.objects import TensorRecord
@@ -52,18 +54,24 @@ class LevelCache:
         self.max_bytes = max_bytes
         self._items: OrderedDict[tuple[str, str], QuantizedTensor] = OrderedDict()
         self._bytes = 0
+        self._lock = threading.Lock()  # checkout fills it from several threads
 
     @staticmethod
     def _size(q: QuantizedTensor) -> int:
         return q.levels.numel() * q.levels.element_size() + q.protected.numel() * q.protected.element_size()
 
     def get(self, key: tuple[str, str]) -> QuantizedTensor | None:
-        q = self._items.get(key)
-        if q is not None:
-            self._items.move_to_end(key)
-        return q
+        with self._lock:
+            q = self._items.get(key)
+            if q is not None:
+                self._items.move_to_end(key)
+            return q
 
     def put(self, key: tuple[str, str], q: QuantizedTensor) -> None:
+        with self._lock:
+            self._put(key, q)
+
+    def _put(self, key: tuple[str, str], q: QuantizedTensor) -> None:
         if key in self._items:
             self._bytes -= self._size(self._items.pop(key))
         size = self._size(q)
@@ -76,8 +84,9 @@ class LevelCache:
             self._bytes -= self._size(old)
 
     def clear(self) -> None:
-        self._items.clear()
-        self._bytes = 0
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
 
 
 def _encoded_len(enc: Encoded) -> int:
@@ -182,8 +191,13 @@ class DiskLevelCache:
             return None
 
 
-def read_quantized(repo: "Repo", snapshot_id: str, rec: TensorRecord) -> QuantizedTensor:
-    """Materialize a quantized tensor, walking its delta chain back to the nearest base or cache hit."""
+def read_quantized(repo: "Repo", snapshot_id: str, rec: TensorRecord,
+                   snapshots: dict[str, Any] | None = None) -> QuantizedTensor:
+    """Materialize a quantized tensor, walking its delta chain back to the nearest base or cache hit.
+
+    `snapshots` memoizes the parent snapshots the walk reads (one checkout
+    walks every tensor's chain through the same commits).
+    """
     cache = repo._levels
     chain: list[tuple[str, TensorRecord]] = []
     sid, cur = snapshot_id, rec
@@ -199,7 +213,11 @@ def read_quantized(repo: "Repo", snapshot_id: str, rec: TensorRecord) -> Quantiz
     while q is None and cur.codec == QDELTA:
         chain.append((sid, cur))
         psid, pname = parent_ref(cur)
-        snap = repo.read_snapshot(psid)
+        snap = snapshots.get(psid) if snapshots is not None else None
+        if snap is None:
+            snap = repo.read_snapshot(psid)
+            if snapshots is not None:
+                snapshots[psid] = snap
         prec = next((r for r in snap.tensors if r.name == pname), None)
         if prec is None or prec.codec not in QUANT_CODECS:
             raise BrokenChainError(f"tensor {cur.name!r}: parent {pname!r} missing in snapshot {psid}")
@@ -211,11 +229,30 @@ def read_quantized(repo: "Repo", snapshot_id: str, rec: TensorRecord) -> Quantiz
         q = decode_base(cur.meta, read_payload(repo.store, cur), parse_dtype(cur.dtype),
                         tuple(cur.shape))
         cache.put((sid, cur.name), q)
-    for csid, crec in reversed(chain):
-        q = decode_delta(crec.meta, read_payload(repo.store, crec), parse_dtype(crec.dtype),
-                         tuple(crec.shape), q.levels)
-        cache.put((csid, crec.name), q)
+    if chain:
+        last_sid, last = chain[0]
+        steps = [(crec.meta, read_payload(repo.store, crec)) for _, crec in reversed(chain)]
+        q = decode_chain(q, steps, parse_dtype(last.dtype), tuple(last.shape))
+        cache.put((last_sid, last.name), q)
     return q
+
+
+def read_all(repo: "Repo", snapshot_id: str, records: list[TensorRecord]) -> dict[str, torch.Tensor]:
+    """Every tensor of a snapshot, by name.
+
+    Quantized tensors' chains are walked first, on the native thread pool
+    (the walks run in C without the GIL) and through one shared snapshot
+    memo; their levels then come from the level cache.  When their levels
+    would not all fit the cache, they are walked one by one instead.
+    """
+    from mvc.native.parallel import pmap
+
+    quant = [r for r in records if r.codec in QUANT_CODECS]
+    level_bytes = sum(math.prod(r.shape) for r in quant)
+    if len(quant) > 1 and level_bytes <= repo._levels.max_bytes:
+        memo: dict[str, Any] = {}
+        pmap(lambda r: read_quantized(repo, snapshot_id, r, memo), quant)
+    return {rec.name: read_any(repo, snapshot_id, rec, records) for rec in records}
 
 
 def read_any(repo: "Repo", snapshot_id: str, rec: TensorRecord,

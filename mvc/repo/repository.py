@@ -458,7 +458,7 @@ class Repo:
         cid = self.resolve(rev)
         sid = self.read_commit(cid).snapshot
         snap = self.read_snapshot(sid)
-        tensors = {rec.name: lossy.read_any(self, sid, rec, snap.tensors) for rec in snap.tensors}
+        tensors = lossy.read_all(self, sid, snap.tensors)
         return unflatten(snap.skeleton, tensors, map_location=map_location or "cpu")
 
     def checkout(self, rev: str = "HEAD", *, move_head: bool = True,
