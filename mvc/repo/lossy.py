@@ -297,6 +297,5 @@ def _bound_first_moment(repo: "Repo", snapshot_id: str, rec: TensorRecord, m: to
     v = read_any(repo, snapshot_id, partner, records)
     if v.shape != m.shape:
         return
-    limit = (v.float().clamp_min(0).sqrt() * float(info["ratio_bound"])).to(m.dtype)
-    torch.minimum(m, limit, out=m)
-    torch.maximum(m, -limit, out=m)
+    limit = v.float().clamp_min(0).sqrt_().mul_(float(info["ratio_bound"])).to(m.dtype)
+    torch.clamp(m, min=-limit, max=limit, out=m)
