@@ -230,11 +230,65 @@ def checkout_times(cks: Sequence[Checkpoint], config: QuantConfig,
                 t0 = time.perf_counter()
                 torch.load(cks[d].path, map_location="cpu", weights_only=True)
                 load = min(load, time.perf_counter() - t0)
+            walk, fold = _chain_decode_seconds(tmp, ids[d], repeats)
             out["depth"][str(d)] = {"chain_depth": recorded[d], "checkout_s": cold,
+                                    "chain_walk_s": walk, "per_step_fold_s": fold,
                                     "torch_load_s": load, "ratio": cold / load,
                                     "latest_checkout_s": latest[d],
                                     "latest_ratio": latest[d] / load}
     return out
+
+
+def _chain_decode_seconds(root: str, cid: str, repeats: int) -> tuple[float, float]:
+    """Levels of every quantized tensor of `cid` from its chain: (walker, per-step fold) seconds.
+
+    The walker (`decode_chain`, native/chain.c) against folding the one-step
+    decoder `decode_delta` over the same chain, best of `repeats`, both
+    single-threaded and from payloads already read.
+    """
+    from mvc.codecs.quantized import decode_base, decode_chain, decode_delta
+    from mvc.repo.lossy import QBASE, QDELTA, parent_ref
+    from mvc.repo.repository import Repo
+    from mvc.repo.tensors import parse_dtype, read_payload
+
+    repo = Repo(root)
+    try:
+        chains = []
+        snap = repo.read_snapshot(repo.read_commit(cid).snapshot)
+        for rec in snap.tensors:
+            if rec.codec != QDELTA:
+                continue
+            steps, cur = [], rec
+            while cur.codec == QDELTA:
+                steps.append((cur.meta, read_payload(repo.store, cur)))
+                psid, pname = parent_ref(cur)
+                cur = next(r for r in repo.read_snapshot(psid).tensors if r.name == pname)
+            assert cur.codec == QBASE
+            base = decode_base(cur.meta, read_payload(repo.store, cur), parse_dtype(cur.dtype),
+                               tuple(cur.shape))
+            chains.append((base, steps[::-1], parse_dtype(rec.dtype), tuple(rec.shape)))
+    finally:
+        repo.close()
+
+    def best(fn) -> float:
+        t = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            t = min(t, time.perf_counter() - t0)
+        return t
+
+    def walk() -> None:
+        for base, steps, dtype, shape in chains:
+            decode_chain(base, steps, dtype, shape)
+
+    def fold() -> None:
+        for base, steps, dtype, shape in chains:
+            q = base
+            for meta, data in steps:
+                q = decode_delta(meta, data, dtype, shape, q.levels)
+
+    return best(walk), best(fold)
 
 
 def _print_run(run: RunResult) -> None:
@@ -284,7 +338,9 @@ def _print_checkout(checkout: Optional[dict[str, Any]]) -> None:
           " 'newest commit': the resume case, levels from .mvc/cache/levels")
     for d, r in checkout["depth"].items():
         print(f"  depth {int(d):3d} (recorded {r['chain_depth']:3d}): any commit {r['ratio']:.2f}x, "
-              f"newest commit {r['latest_ratio']:.2f}x torch.load")
+              f"newest commit {r['latest_ratio']:.2f}x torch.load; chain levels alone: walker "
+              f"{1e3 * r['chain_walk_s']:.1f} ms vs per-step decode {1e3 * r['per_step_fold_s']:.1f} ms "
+              f"({r['per_step_fold_s'] / max(r['chain_walk_s'], 1e-9):.2f}x)")
     deep = checkout["depth"].get("32")
     if deep is not None:
         print(f"  target depth-32 <= 2x torch.load: any commit {'PASS' if deep['ratio'] <= 2 else 'MISS'}, "
