@@ -17,6 +17,7 @@ struct mvc_chain {
     size_t n, nblocks;
     uint16_t *cnt;            /* cnt[g * nblocks + b]: levels == g in block b, g < nlev */
     uint32_t nlev;            /* levels the count table covers (>= every level present) */
+    int stale;                /* cnt does not describe lv: rebuilt before a sparse step needs it */
     uint8_t *delta;           /* dense steps expand their deltas here */
     uint64_t tot[NLEV];
     uint32_t *ev_pos;         /* one step's changes, applied after all are found */
@@ -27,17 +28,27 @@ struct mvc_chain {
 
 static uint64_t ld64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
-/* Rebuild the counts; group-major, so a group's walk over blocks is sequential. */
+/* Rebuild the block counts; group-major, so a group's walk over blocks is sequential. */
 static void recount(mvc_chain *c) {
     uint16_t h[NLEV];
-    memset(c->tot, 0, sizeof c->tot);
     for (size_t b = 0; b < c->nblocks; b++) {
         memset(h, 0, sizeof h);
         size_t lo = b * BLOCK, hi = lo + BLOCK < c->n ? lo + BLOCK : c->n;
         for (size_t i = lo; i < hi; i++) h[c->lv[i]]++;
         for (uint32_t g = 0; g < c->nlev; g++) c->cnt[(size_t)g * c->nblocks + b] = h[g];
-        for (uint32_t g = 0; g < NLEV; g++) c->tot[g] += h[g];
     }
+    c->stale = 0;
+}
+
+/* Totals per level, after a dense step or at the start (the block counts wait:
+ * a chain of dense steps never needs them). */
+static int retotal(mvc_chain *c) {
+    int64_t t[NLEV];
+    int rc = mvc_grp_count(c->lv, c->n, 1, NLEV, t);
+    if (rc < 0) return rc;
+    for (uint32_t g = 0; g < NLEV; g++) c->tot[g] = (uint64_t)t[g];
+    c->stale = 1;
+    return MVC_OK;
 }
 
 /* Make the count table cover levels < nlev. */
@@ -47,7 +58,7 @@ static int cover(mvc_chain *c, uint32_t nlev) {
     if (!t) return MVC_ERR_NOMEM;
     c->cnt = t;
     c->nlev = nlev;
-    recount(c);
+    c->stale = 1;
     return MVC_OK;
 }
 
@@ -68,7 +79,8 @@ mvc_chain *mvc_chain_new(const uint8_t *levels, size_t n) {
     memset(c->tmp, 0, padded);
     if (n) memcpy(c->lv, levels, n);
     uint32_t top = 0;
-    for (size_t i = 0; i < n; i++) top = levels[i] > top ? levels[i] : top;
+    if (retotal(c) != MVC_OK) { mvc_chain_free(c); return NULL; }
+    for (uint32_t g = 0; g < NLEV; g++) if (c->tot[g]) top = g;
     if (cover(c, top + 1) != MVC_OK) { mvc_chain_free(c); return NULL; }
     return c;
 }
@@ -202,9 +214,10 @@ int mvc_chain_step(mvc_chain *c, uint32_t n_prev, uint32_t modulus, uint32_t n_c
                                    c->tmp, &top);
             if (rc == MVC_OK) {
                 uint8_t *t = c->lv; c->lv = c->tmp; c->tmp = t;
-                recount(c);
+                rc = retotal(c);
             }
         } else {
+            if (c->stale) recount(c);
             rc = step_sparse(c, &gs, modulus, n_cur);
         }
     }
