@@ -88,10 +88,13 @@ def _adam_state(steps: int = 3):
 def test_quantize_optimizer_state_on_adam():
     model, opt, flat = _adam_state()
     wq = quantize_state(flat, QuantConfig(bins=8, prune=0.3), default_policy())
-    out = quantize_optimizer_state(flat, wq)
+    out = quantize_optimizer_state(flat, wq, min_numel=4096)
     # params in order: 0.weight, 0.bias, 1.weight, 1.bias, 2.weight, 2.bias; big ones only
     assert set(out) == {"optimizer/state/0/exp_avg", "optimizer/state/0/exp_avg_sq",
                         "optimizer/state/4/exp_avg", "optimizer/state/4/exp_avg_sq"}
+    # by default moments of >= 128 values are compressed too (biases, norms); 2.bias has 64
+    small = set(quantize_optimizer_state(flat, wq)) - set(out)
+    assert small == {f"optimizer/state/{i}/{k}" for i in (1, 2, 3) for k in ("exp_avg", "exp_avg_sq")}
     assert all(isinstance(o, OptQuantized) for o in out.values())
     assert out["optimizer/state/0/exp_avg"].domain == "linear"
     assert out["optimizer/state/0/exp_avg_sq"].domain == "log"
@@ -147,3 +150,52 @@ def test_resumed_adam_still_trains_from_compressed_state():
         model(x).square().mean().backward()
         opt.step()
     assert float(model(x).square().mean().detach()) < before
+
+
+def test_default_policy_prunes_first_moment_and_coarsens_second():
+    _, _, flat = _adam_state(steps=20)
+    out = quantize_optimizer_state(flat, None)
+    m = restore(*out["optimizer/state/0/exp_avg"])
+    assert float((m == 0).float().mean()) >= 0.84          # 85% of the nonzero entries pruned
+    assert m[m != 0].unique().numel() <= 2                 # 2 levels: sign and rough size
+    exact = flat["optimizer/state/0/exp_avg"]
+    kept = m != 0
+    assert bool((torch.sign(m[kept]) == torch.sign(exact[kept])).all())
+    assert float(exact[kept].abs().min()) >= float(exact[~kept].abs().max()) * 0.999
+    v = restore(*out["optimizer/state/0/exp_avg_sq"])
+    assert v[v > 0].unique().numel() <= 4
+
+
+def test_second_moment_warm_start_keeps_levels_and_repo_stores_a_small_delta(tmp_path):
+    """v is a slow EMA: warm-started from the parent's (log) centroids, its levels barely
+    move, so the repository stores it as a delta much smaller than a base."""
+    from mvc.repo.repository import Repo
+
+    v1 = second_moment(seed=3)
+    g = torch.Generator().manual_seed(4)
+    v2 = v1 * 1.15 * torch.exp(torch.randn(v1.shape, generator=g) * 0.02)  # EMA drift
+    q1 = quantize_second_moment(v1, 4)
+    q2 = quantize_second_moment(v2, 4, init=q1.centroids)
+    assert float((q1.levels != q2.levels).float().mean()) < 0.1
+    r = Repo.init(tmp_path / "r")
+    try:
+        r.config.set("commit.optimizer", "compressed")
+        model = torch.nn.Linear(256, 128)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        x = torch.randn(64, 256, generator=g)
+        ids = []
+        for step in range(3):
+            for _ in range(5):
+                opt.zero_grad()
+                model(x).square().mean().backward()
+                opt.step()
+            ids.append(r.commit({"model": model.state_dict(), "optimizer": opt.state_dict()},
+                                f"s{step}", quant=QuantConfig(bins=8)))
+        recs = [{t.name: t for t in r.read_snapshot(r.read_commit(c).snapshot).tensors} for c in ids]
+        name = "optimizer/state/0/exp_avg_sq"
+        assert recs[0][name].codec == "qbase/1" and recs[0][name].meta["domain"] == "log"
+        assert name in r._parent_centroids()                  # log-domain centroids warm-start
+        assert recs[2][name].codec == "qdelta/1"
+        assert recs[2][name].stored_bytes < 0.5 * recs[0][name].stored_bytes
+    finally:
+        r.close()

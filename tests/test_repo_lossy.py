@@ -205,6 +205,7 @@ def test_compressed_optimizer_state_round_trips_through_chains(repo):
     opt2 = torch.optim.Adam(big.parameters(), lr=1e-3)
     ids, exp = [], []
     cfg = QuantConfig(bins=16, protect=0.005)
+    init = {}   # the repo warm-starts each commit's k-means from its parent's centroids
     for step in range(4):
         loss = big(torch.randn(32, 128)).square().mean()
         opt2.zero_grad()
@@ -214,7 +215,8 @@ def test_compressed_optimizer_state_round_trips_through_chains(repo):
         ids.append(repo.commit(state, f"s{step}", quant=cfg))
         flat = flatten(state).tensors
         wq = quantize_state(flat, cfg, POLICY, nonfinite="lossless")
-        oq = quantize_optimizer_state(flat, wq)
+        oq = quantize_optimizer_state(flat, wq, init=init)
+        init = {n: o.q.centroids for n, o in oq.items()}
         e = {n: restore(o.q, o.domain) for n, o in oq.items()}
         for n in list(e):
             if n.endswith("exp_avg") and n + "_sq" in e:  # Adam's step stays within the exact bound

@@ -370,7 +370,7 @@ class Repo:
         sid = self.read_commit(head).snapshot
         out = {}
         for rec in self.read_snapshot(sid).tensors:
-            if rec.codec in lossy.QUANT_CODECS and rec.meta.get("domain", "linear") == "linear":
+            if rec.codec in lossy.QUANT_CODECS:
                 out[rec.name] = lossy.read_quantized(self, sid, rec).centroids
         return out
 
@@ -384,7 +384,8 @@ class Repo:
         from mvc.quant.optimizer import quantize_optimizer_state
 
         domains = {}
-        for name, oq in quantize_optimizer_state(tensors, qmap).items():
+        for name, oq in quantize_optimizer_state(tensors, qmap,
+                                                 init=self._parent_centroids()).items():
             qmap[name] = oq.q
             domains[name] = oq.domain
         return domains
