@@ -27,6 +27,7 @@ is pruned (0), level k+1 is protected; a tensor has k + 2 levels.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from typing import Any, Mapping, Optional, Sequence
@@ -421,6 +422,17 @@ def _parent_np(parts: _DeltaParts, parent_levels: torch.Tensor) -> np.ndarray:
         raise DeltaParentError(f"parent levels do not fit parent_n_levels={parts.n_prev}: {exc}") from exc
 
 
+@contextlib.contextmanager
+def _level_errors(parts: _DeltaParts):
+    """Native level-pass failures as the codec's errors: wrong parent vs corrupt delta."""
+    try:
+        yield
+    except dg.LevelRangeError as exc:
+        raise DeltaParentError(f"parent levels do not fit parent_n_levels={parts.n_prev}: {exc}") from exc
+    except dg.GroupedDeltaError as exc:
+        raise QuantPayloadError(f"delta level sections: {exc}") from exc
+
+
 def decode_delta(meta: Mapping[str, Any], payload: BytesLike, dtype: torch.dtype,
                  shape: Sequence[int], parent_levels: torch.Tensor):
     """Rebuild the QuantizedTensor from a delta and the parent's levels (Alg. 6).
@@ -432,14 +444,10 @@ def decode_delta(meta: Mapping[str, Any], payload: BytesLike, dtype: torch.dtype
     """
     parts = _DeltaParts(meta, payload, dtype, shape)
     parent = _parent_np(parts, parent_levels)
-    try:
+    with _level_errors(parts):
         levels, n_top = dg.decode_levels(
             parent, parts.n_prev, parts.modulus, parts.k + 2, grouped=parts.mode == "pe",
             rle=parts.mode != "he", sections=parts.levels_view, lengths=parts.lengths)
-    except dg.LevelRangeError as exc:
-        raise DeltaParentError(f"parent levels do not fit parent_n_levels={parts.n_prev}: {exc}") from exc
-    except dg.GroupedDeltaError as exc:
-        raise QuantPayloadError(f"delta level sections: {exc}") from exc
     return parts.assemble(levels, n_top)
 
 
@@ -464,12 +472,8 @@ def decode_chain(base: QuantizedTensor, deltas: Sequence[tuple[Mapping[str, Any]
     top = 0
     with dg.ChainWalker(parent) as walker:
         for pt in parts:
-            try:
+            with _level_errors(pt):
                 top = walker.step(pt.n_prev, pt.modulus, pt.k + 2, pt.levels_view, pt.lengths)
-            except dg.LevelRangeError as exc:
-                raise DeltaParentError(f"parent levels do not fit parent_n_levels={pt.n_prev}: {exc}") from exc
-            except dg.GroupedDeltaError as exc:
-                raise QuantPayloadError(f"delta level sections: {exc}") from exc
             if top != pt.n_prot:
                 raise QuantPayloadError(f"{top} protected levels but {pt.n_prot} protected values stored")
         levels = walker.levels()
