@@ -260,7 +260,8 @@ def _chain_decode_seconds(root: str, cid: str, repeats: int) -> tuple[float, flo
                 continue
             steps, cur = [], rec
             while cur.codec == QDELTA:
-                steps.append((cur.meta, read_payload(repo.store, cur)))
+                data = read_payload(repo.store, cur)
+                steps.append((cur.meta, lambda data=data: data))
                 psid, pname = parent_ref(cur)
                 cur = next(r for r in repo.read_snapshot(psid).tensors if r.name == pname)
             assert cur.codec == QBASE
@@ -285,8 +286,8 @@ def _chain_decode_seconds(root: str, cid: str, repeats: int) -> tuple[float, flo
     def fold() -> None:
         for base, steps, dtype, shape in chains:
             q = base
-            for meta, data in steps:
-                q = decode_delta(meta, data, dtype, shape, q.levels)
+            for meta, load in steps:
+                q = decode_delta(meta, load(), dtype, shape, q.levels)
 
     return best(walk), best(fold)
 

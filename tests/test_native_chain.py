@@ -38,31 +38,36 @@ def _chain(seed: int, n: int, steps: int, bins_choices: list[int], changes: list
     return qs, deltas
 
 
+def _loaders(deltas):
+    """decode_chain takes payload loaders (it reads one step at a time)."""
+    return [(m, lambda data=data: data) for m, data in deltas]
+
+
 @SETTINGS
 @given(st.integers(0, 2**31), st.integers(0, 3000), st.integers(1, 12))
 def test_chain_walk_matches_folded_reference(seed, n, steps):
     qs, deltas = _chain(seed, n, steps, [2, 4, 7, 16, 30], [0.0, 0.002, 0.02, 0.3, 0.9])
     shape = (n,)
-    got = qc.decode_chain(qs[0], deltas, torch.float32, shape)
+    got = qc.decode_chain(qs[0], _loaders(deltas), torch.float32, shape)
     assert_same(qs[-1], got)
     # every intermediate commit too, and the fold of the per-step decoder agrees
     q = qs[0]
     for t, (meta, data) in enumerate(deltas, 1):
         q = qc.decode_delta(meta, data, torch.float32, shape, q.levels)
         assert_same(qs[t], q)
-        assert_same(qs[t], qc.decode_chain(qs[0], deltas[:t], torch.float32, shape))
+        assert_same(qs[t], qc.decode_chain(qs[0], _loaders(deltas[:t]), torch.float32, shape))
 
 
 def test_chain_walk_over_many_blocks_and_sparse_steps():
     # > 256-level blocks and 0.1% changes: the block-count select path does the work
     qs, deltas = _chain(7, 50_000, 20, [14, 16], [0.001, 0.0005, 0.01])
-    assert_same(qs[-1], qc.decode_chain(qs[0], deltas, torch.float32, (50_000,)))
+    assert_same(qs[-1], qc.decode_chain(qs[0], _loaders(deltas), torch.float32, (50_000,)))
 
 
 def test_wide_levels_fall_back_to_the_per_step_decoder():
     qs, deltas = _chain(3, 2000, 4, [300], [0.01, 0.5])
     assert qs[0].levels.dtype == torch.int16
-    assert_same(qs[-1], qc.decode_chain(qs[0], deltas, torch.float32, (2000,)))
+    assert_same(qs[-1], qc.decode_chain(qs[0], _loaders(deltas), torch.float32, (2000,)))
 
 
 def _walker_inputs(seed: int, n: int = 4000, change: float = 0.01):

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -451,30 +451,43 @@ def decode_delta(meta: Mapping[str, Any], payload: BytesLike, dtype: torch.dtype
     return parts.assemble(levels, n_top)
 
 
-def decode_chain(base: QuantizedTensor, deltas: Sequence[tuple[Mapping[str, Any], BytesLike]],
+def _walkable(meta: Mapping[str, Any]) -> bool:
+    """Whether a delta's meta says the chain walker can take it (checked again on decode)."""
+    k, n_prev, numel = meta.get("bins"), meta.get("parent_n_levels"), meta.get("numel")
+    if meta.get("mode") != "pe" or not all(type(v) is int for v in (k, n_prev, numel)):
+        return False
+    return dg.ChainWalker.supports(numel, max(n_prev, k + 2))
+
+
+def decode_chain(base: QuantizedTensor,
+                 deltas: Sequence[tuple[Mapping[str, Any], Callable[[], BytesLike]]],
                  dtype: torch.dtype, shape: Sequence[int]):
-    """The tensor at the end of a delta chain: `deltas` (meta, payload), oldest first, from `base`.
+    """The tensor at the end of a delta chain from `base`: `deltas` are (meta, payload loader), oldest first.
 
     Same result as folding `decode_delta`, but a chain of real-codec deltas
     over 8-bit levels is walked in place by `ChainWalker`, so each step costs
-    about its changes rather than a pass over every parameter.  Only the last
-    delta's centroids and protected values are decoded.
+    about its changes rather than a pass over every parameter.  Payloads are
+    loaded one step at a time (a deep chain of a huge tensor never sits in
+    memory at once), and only the last delta's centroids and protected values
+    are decoded.
     """
     if not deltas:
         return base
-    parts = [_DeltaParts(m, p, dtype, shape) for m, p in deltas]
-    if not all(pt.mode == "pe" and dg.ChainWalker.supports(pt.numel, pt.modulus) for pt in parts):
+    if not all(_walkable(m) for m, _ in deltas):
         q = base
-        for m, p in deltas:
-            q = decode_delta(m, p, dtype, shape, q.levels)
+        for m, load in deltas:
+            q = decode_delta(m, load(), dtype, shape, q.levels)
         return q
-    parent = _parent_np(parts[0], base.levels)
-    top = 0
-    with dg.ChainWalker(parent) as walker:
-        for pt in parts:
+    top, pt = 0, None
+    with contextlib.ExitStack() as stack:
+        walker = None
+        for m, load in deltas:
+            pt = _DeltaParts(m, load(), dtype, shape)
+            if walker is None:
+                walker = stack.enter_context(dg.ChainWalker(_parent_np(pt, base.levels)))
             with _level_errors(pt):
                 top = walker.step(pt.n_prev, pt.modulus, pt.k + 2, pt.levels_view, pt.lengths)
             if top != pt.n_prot:
                 raise QuantPayloadError(f"{top} protected levels but {pt.n_prot} protected values stored")
         levels = walker.levels()
-    return parts[-1].assemble(levels, top)
+    return pt.assemble(levels, top)

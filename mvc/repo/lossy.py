@@ -231,7 +231,8 @@ def read_quantized(repo: "Repo", snapshot_id: str, rec: TensorRecord,
         cache.put((sid, cur.name), q)
     if chain:
         last_sid, last = chain[0]
-        steps = [(crec.meta, read_payload(repo.store, crec)) for _, crec in reversed(chain)]
+        steps = [(crec.meta, lambda crec=crec: read_payload(repo.store, crec))
+                 for _, crec in reversed(chain)]
         q = decode_chain(q, steps, parse_dtype(last.dtype), tuple(last.shape))
         cache.put((last_sid, last.name), q)
     return q
