@@ -173,7 +173,8 @@ def run_sequence(name: str, cks: Sequence[Checkpoint], bins_for: Sequence[int],
 
 
 def checkout_times(cks: Sequence[Checkpoint], config: QuantConfig,
-                   depths: Iterable[int] = (1, 8, 32), repeats: int = 3) -> Optional[dict[str, Any]]:
+                   depths: Iterable[int] = (1, 8, 32), repeats: int = 3,
+                   delta_max_ratio: float = 1.0) -> Optional[dict[str, Any]]:
     """Checkout time at delta-chain depth 1, 8, 32 relative to torch.load of the same file.
 
     The full checkpoints (model, Adam state, scheduler) are committed into a
@@ -213,6 +214,7 @@ def checkout_times(cks: Sequence[Checkpoint], config: QuantConfig,
     with tempfile.TemporaryDirectory(prefix="mvc-bench-checkout-") as tmp:
         repo = Repo.init(tmp)
         repo.config.set("commit.base_every", 0)
+        repo.config.set("commit.delta_max_ratio", delta_max_ratio)
         ids, latest = [], {}
         for ck in cks[:max(depths) + 1]:
             ids.append(repo.commit(ck.state, f"epoch {ck.index}", step=ck.step, quant=config))
@@ -222,6 +224,8 @@ def checkout_times(cks: Sequence[Checkpoint], config: QuantConfig,
                 # its levels come from .mvc/cache/levels, whatever its chain depth.
                 latest[d] = timed_checkout(tmp, ids[d], use_cache=True)
         recorded = {d: repo.read_commit(ids[d]).chain_depth for d in depths}
+        out["stored_bytes"] = repo.stats().stored_bytes
+        out["delta_max_ratio"] = delta_max_ratio
         repo.close()
         for d in depths:
             cold = timed_checkout(tmp, ids[d], use_cache=False)
@@ -334,7 +338,8 @@ def _print_checkout(checkout: Optional[dict[str, Any]]) -> None:
     if checkout is None:
         print("\ncheckout timing: skipped")
         return
-    print("\ncheckout (fresh Repo, full checkpoint incl. Adam state) vs torch.load of the same file:")
+    print(f"\ncheckout (fresh Repo, full checkpoint incl. Adam state, commit.delta_max_ratio = "
+          f"{checkout['delta_max_ratio']}) vs torch.load of the same file:")
     print("  'any commit': no level cache, the chain is walked from its base;"
           " 'newest commit': the resume case, levels from .mvc/cache/levels")
     for d, r in checkout["depth"].items():
@@ -374,8 +379,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             ap.error(f"unknown run {name!r}")
         runs.append(run_sequence(name, cks, bins_for, args.prune, args.protect,
                                  verify=not args.no_verify, warm=warm))
-    checkout = None if args.no_checkout else checkout_times(
-        cks, QuantConfig(bins=args.bins, prune=args.prune, protect=args.protect))
+    cfg = QuantConfig(bins=args.bins, prune=args.prune, protect=args.protect)
+    checkout = None if args.no_checkout else checkout_times(cks, cfg)
+    # The same chain with commit.delta_max_ratio = 0.5: deltas that save < 50% become bases.
+    checkout_strict = None if args.no_checkout else checkout_times(cks, cfg, delta_max_ratio=0.5)
 
     if args.json:
         doc = {
@@ -387,6 +394,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "runs": {r.name: {**r.summary(),
                               "per_checkpoint": [c.__dict__ for c in r.checkpoints]} for r in runs},
             "checkout": checkout,
+            "checkout_delta_max_ratio_0.5": checkout_strict,
         }
         json.dump(doc, sys.stdout, indent=1)
         print()
@@ -397,6 +405,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for r in runs:
             _print_run(r)
         _print_checkout(checkout)
+        _print_checkout(checkout_strict)
+        if checkout and checkout_strict:
+            print(f"\nstorage of the 33 full checkpoints: delta_max_ratio 1.0 {checkout['stored_bytes']:,} B, "
+                  f"0.5 {checkout_strict['stored_bytes']:,} B "
+                  f"({checkout_strict['stored_bytes'] / checkout['stored_bytes']:.2f}x)")
     return 0
 
 

@@ -237,3 +237,39 @@ def test_compressed_optimizer_state_round_trips_through_chains(repo):
             assert_bits(got["optimizer"]["state"][idx][name.split("/")[3]], v, name)
         # steps and hyperparameters stay exact
         assert got["optimizer"]["param_groups"][0]["lr"] == 1e-3
+
+
+def test_delta_max_ratio_keeps_barely_paying_deltas_out_of_chains(tmp_path):
+    from mvc.repo.config import ConfigError
+
+    def codecs(repo, cid):
+        snap = repo.read_snapshot(repo.read_commit(cid).snapshot)
+        return {r.name: (r.codec, r.stored_bytes) for r in snap.tensors if r.codec.startswith("q")}
+
+    runs = {}
+    for ratio in (1.0, 0.3):
+        repo = Repo.init(tmp_path / f"r{ratio}")
+        repo.config.set("commit.base_every", 100)
+        repo.config.set("commit.delta_max_ratio", ratio)
+        ids = [repo.commit(state, f"step {t}", quant=configs(t)) for t, state in trajectory(8)]
+        runs[ratio] = [codecs(repo, cid) for cid in ids]
+        states = _all_states(repo, ids)
+        with Repo(tmp_path / f"r{ratio}") as fresh:  # every commit still restores the same
+            for cid in ids:
+                got = fresh.read_state(cid)
+                for k, v in states[cid].items():
+                    assert_bits(got[k], v, f"{ratio} {cid[:8]} {k}")
+        repo.close()
+    loose, strict = runs[1.0], runs[0.3]
+    n_delta = lambda run: sum(c == "qdelta/1" for commit in run for c, _ in commit.values())
+    assert n_delta(strict) < n_delta(loose)
+    # where the strict repo kept a delta, it is below 0.3x of what that tensor costs as a base
+    for commit in strict[1:]:
+        for name, (codec, size) in commit.items():
+            if codec == "qdelta/1":
+                assert size < 0.3 * max(s for c, s in (x[name] for x in strict if name in x)
+                                        if c == "qbase/1")
+    repo = Repo(tmp_path / "r0.3")
+    repo.config.set("commit.delta_max_ratio", 1.5)
+    with pytest.raises(ConfigError):
+        repo.commit(next(iter(trajectory(1)))[1], "x", quant=configs(0))

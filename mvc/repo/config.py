@@ -37,6 +37,10 @@ DEFAULTS: dict[str, Any] = {
     "quality.epsilon": 0.01,
     # A quantized tensor is stored as a base at least every this many commits (0 = never forced).
     "commit.base_every": 16,
+    # A quantized tensor is stored as a delta only when the delta is smaller than this fraction
+    # of its base (1.0: any saving). Lower values keep barely-paying deltas out of chains:
+    # less walking when old commits are checked out, for somewhat more storage.
+    "commit.delta_max_ratio": 1.0,
     # Base encodings of the newest N commits' quantized levels kept under .mvc/cache/levels, so a
     # new process (resume after a failure, a CLI commit) restores or deltas against them without
     # walking delta chains. 0 disables the cache.

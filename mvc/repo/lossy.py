@@ -115,12 +115,16 @@ def same_quantization(a: QuantizedTensor, b: QuantizedTensor) -> bool:
 
 
 def choose_encoding(q: QuantizedTensor, parent: tuple[str, TensorRecord, QuantizedTensor] | None,
-                    base_every: int) -> tuple[str, Encoded, dict[str, Any], int, Encoded]:
+                    base_every: int, delta_max_ratio: float = 1.0,
+                    ) -> tuple[str, Encoded, dict[str, Any], int, Encoded]:
     """(codec, encoding, extra meta, depth, base encoding) for `q`.
 
     A delta when one is allowed (same shape and dtype, chain shorter than
-    `base_every`) and smaller than the base; the base encoding is returned too
-    so callers can cache it.
+    `base_every`) and smaller than `delta_max_ratio` times the base (1.0: any
+    saving, the paper's rule; lower keeps deltas that barely pay, such as a
+    first moment that changes at every commit, out of chains, for faster
+    checkouts of old commits); the base encoding is returned too so callers
+    can cache it.
     """
     base = encode_base(q)
     if parent is None:
@@ -131,7 +135,7 @@ def choose_encoding(q: QuantizedTensor, parent: tuple[str, TensorRecord, Quantiz
             or list(prec.shape) != list(q.shape):
         return QBASE, base, {}, 0, base
     delta = encode_delta(q, pq.levels, pq.n_levels)
-    if _encoded_len(delta) >= _encoded_len(base):
+    if _encoded_len(delta) >= delta_max_ratio * _encoded_len(base):
         return QBASE, base, {}, 0, base
     extra = {"parent": {"snapshot": psid, "name": prec.name}, "refs": [psid]}
     return QDELTA, delta, extra, depth, base

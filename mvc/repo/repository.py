@@ -17,7 +17,7 @@ from mvc.codecs.base import get_codec, registered
 from mvc.errors import MvcError, UsageError
 from mvc.io.state import flatten, unflatten
 from mvc.repo import refs as R
-from mvc.repo.config import Config
+from mvc.repo.config import Config, ConfigError
 from mvc.repo.objects import Commit, Snapshot, TensorRecord
 from mvc.repo import lossy
 from mvc.repo.provenance import author, code_provenance
@@ -277,6 +277,9 @@ class Repo:
         raw_codec = get_codec("raw/1")
         chunk_size = int(self.config.get("commit.chunk_mib")) << 20
         base_every = int(self.config.get("commit.base_every"))
+        delta_max_ratio = float(self.config.get("commit.delta_max_ratio"))
+        if not 0.0 < delta_max_ratio <= 1.0:
+            raise ConfigError(f"commit.delta_max_ratio must be in (0, 1], got {delta_max_ratio}")
         prov = code_provenance(os.getcwd())
         who = author(self.config.get("user.name"), self.config.get("user.email"))
         with self.store.write_lock(self._lock_timeout()):
@@ -306,7 +309,8 @@ class Repo:
                         records.append(prec)
                         continue
                     pinfo = (psid, prec, pq)
-                cname, enc, extra, depth, base = lossy.choose_encoding(q, pinfo, base_every)
+                cname, enc, extra, depth, base = lossy.choose_encoding(q, pinfo, base_every,
+                                                                      delta_max_ratio)
                 if domain != "linear":
                     extra = dict(extra, domain=domain)
                 if name in bounds:
