@@ -17,7 +17,7 @@ Two runs: a fixed config (16 bins, prune 0.1, protect 0.005) and one where the
 bin count changes at every checkpoint.  Every delta is decoded and checked
 against the quantizer's levels.  Target: PE >= 1.3x smaller than RLE overall.
 
-    python -m benchmarks.bench_delta [--json] [--runs fixed,varying]
+    python benchmarks/bench_delta.py [--json] [--runs fixed,fixed-cold,varying] [--no-checkout]
 """
 from __future__ import annotations
 
@@ -27,13 +27,16 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
-from benchmarks.trajectory import Checkpoint, TrajectoryConfig, checkpoints
-from mvc.codecs import quantized as qc
-from mvc.quant import QuantConfig, QuantizedTensor, quantize_state
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script, like the others
+
+from benchmarks.trajectory import Checkpoint, TrajectoryConfig, checkpoints  # noqa: E402
+from mvc.codecs import quantized as qc  # noqa: E402
+from mvc.quant import QuantConfig, QuantizedTensor, quantize_state  # noqa: E402
 
 MODES = ("he", "rle", "pe")
 ENCODERS = {"he": qc.encode_delta_he, "rle": qc.encode_delta_rle, "pe": qc.encode_delta}
@@ -405,7 +408,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for r in runs:
             _print_run(r)
         _print_checkout(checkout)
-        _print_checkout(checkout_strict)
+        if checkout_strict is not None:
+            _print_checkout(checkout_strict)
         if checkout and checkout_strict:
             print(f"\nstorage of the 33 full checkpoints: delta_max_ratio 1.0 {checkout['stored_bytes']:,} B, "
                   f"0.5 {checkout_strict['stored_bytes']:,} B "
