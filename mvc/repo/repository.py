@@ -269,9 +269,9 @@ class Repo:
         if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
             raise UsageError(f"step must be an int, got {step!r}")
         flat = flatten(state)
-        config, qmap, quality_record = self._plan(flat, lossless, quant, policy, grads,
-                                                  quality, epsilon)
-        domains = self._compress_optimizer(flat.tensors, qmap) if config is not None else {}
+        config, qmap, quality_record, init = self._plan(flat, lossless, quant, policy, grads,
+                                                        quality, epsilon)
+        domains = self._compress_optimizer(flat.tensors, qmap, init) if config is not None else {}
         bounds = self._moment_bounds(flat.tensors, domains)
         codec = self._lossless_codec()
         raw_codec = get_codec("raw/1")
@@ -341,7 +341,7 @@ class Repo:
         return cid
 
     def _plan(self, flat, lossless, quant, policy, grads, quality, epsilon):
-        """(config or None, name -> QuantizedTensor or None, quality record) for this commit."""
+        """(config or None, name -> QuantizedTensor or None, quality record, HEAD's centroids)."""
         from mvc.quant import QuantConfig
 
         if quant is not None and not isinstance(quant, QuantConfig):
@@ -350,7 +350,7 @@ class Repo:
             raise UsageError("quality must be a callable taking the candidate state")
         mode = self.config.get("commit.mode")
         if lossless or (quant is None and mode == "lossless"):
-            return None, {}, None
+            return None, {}, None, {}
         if quant is None and mode == "fixed":
             configured = self.config.get("commit.quant")
             if not configured:
@@ -359,8 +359,8 @@ class Repo:
         init = self._parent_centroids()
         if quant is not None:
             qmap, record = self._quantize(flat.tensors, quant, policy, grads, init)
-            return quant, qmap, record
-        return self._search(flat, policy, grads, quality, epsilon, init)
+            return quant, qmap, record, init
+        return (*self._search(flat, policy, grads, quality, epsilon, init), init)
 
     def _parent_centroids(self) -> dict[str, torch.Tensor]:
         """HEAD's centroids by tensor name: warm starts keep levels (and deltas) stable.
@@ -378,8 +378,11 @@ class Repo:
                 out[rec.name] = lossy.read_quantized(self, sid, rec).centroids
         return out
 
-    def _compress_optimizer(self, tensors, qmap) -> dict[str, str]:
-        """Add optimizer moments to `qmap` when `commit.optimizer` is "compressed"; name -> domain."""
+    def _compress_optimizer(self, tensors, qmap, init) -> dict[str, str]:
+        """Add optimizer moments to `qmap` when `commit.optimizer` is "compressed"; name -> domain.
+
+        `init`: HEAD's centroids by name (`_parent_centroids`), to warm-start the moments' k-means.
+        """
         policy = self.config.get("commit.optimizer")
         if policy == "exact":
             return {}
@@ -388,8 +391,7 @@ class Repo:
         from mvc.quant.optimizer import quantize_optimizer_state
 
         domains = {}
-        for name, oq in quantize_optimizer_state(tensors, qmap,
-                                                 init=self._parent_centroids()).items():
+        for name, oq in quantize_optimizer_state(tensors, qmap, init=init).items():
             qmap[name] = oq.q
             domains[name] = oq.domain
         return domains
