@@ -77,11 +77,11 @@ def _raise_for(rc: int, what: str) -> None:
         return
     if rc == status.ERR_RANGE:
         raise LevelRangeError(f"{what}: a level is >= its level count or the group count")
-    if rc == status.ERR_CORRUPT:
-        raise GroupedDeltaError(f"{what}: the delta does not fit its parent levels")
+    if rc in (status.ERR_CORRUPT, status.ERR_TRUNCATED):
+        raise GroupedDeltaError(f"{what}: the delta is corrupt or does not fit its parent levels")
     if rc == status.ERR_NOMEM:
         raise MemoryError(f"{what}: out of memory")
-    raise InternalError(f"{what}: group counts do not match the parent levels (status {rc})")
+    raise InternalError(f"{what}: {status.describe(rc)} (status {rc}; counts or arguments wrong, a bug)")
 
 
 def group_counts(parent: np.ndarray, n_groups: int) -> np.ndarray:
@@ -172,11 +172,7 @@ def decode_levels(parent: np.ndarray, n_prev: int, modulus: int, n_cur: int, *, 
     src = ffi.from_buffer("uint8_t[]", sections) if len(sections) else ffi.NULL
     rc = lib.mvc_qdelta_levels(_ptr(p), p.size, dt.itemsize, n_prev, modulus, n_cur,
                                int(grouped), int(rle), src, lens, len(lengths), _ptr(out), top)
-    if rc == status.ERR_RANGE:
-        raise LevelRangeError(f"a parent level is >= its level count {n_prev}")
-    if rc in (status.ERR_CORRUPT, status.ERR_TRUNCATED):
-        raise GroupedDeltaError(f"delta level sections are corrupt ({status.describe(rc)})")
-    _raise_for(rc, "delta")
+    _raise_for(rc, f"delta level sections (parent levels < {n_prev})")
     return out, int(top[0])
 
 
@@ -212,11 +208,7 @@ class ChainWalker:
         src = ffi.from_buffer("uint8_t[]", sections) if len(sections) else ffi.NULL
         rc = lib.mvc_chain_step(self._c, n_prev, modulus, n_cur, src,
                                 ffi.new("uint64_t[]", lengths), len(lengths), top)
-        if rc == status.ERR_RANGE:
-            raise LevelRangeError(f"a level is >= the delta's parent level count {n_prev}")
-        if rc in (status.ERR_CORRUPT, status.ERR_TRUNCATED):
-            raise GroupedDeltaError(f"delta level sections are corrupt ({status.describe(rc)})")
-        _raise_for(rc, "chain step")
+        _raise_for(rc, f"chain step (parent levels < {n_prev})")
         return int(top[0])
 
     def levels(self) -> np.ndarray:
