@@ -35,11 +35,15 @@ def _canonical(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _parse(data: bytes, header: bytes, oid: str, kind: str) -> dict[str, Any]:
+def _parse(data: bytes, header: bytes, oid: str, kind: str, inflate: bool = False) -> dict[str, Any]:
+    """The JSON object after `header` (deflated when `inflate`)."""
     if not data.startswith(header):
         raise MalformedObjectError(f"object {oid} is not a {kind}")
+    body = memoryview(data)[len(header):]
+    if inflate:
+        body = _inflate(body, oid)
     try:
-        obj = json.loads(data[len(header):])
+        obj = json.loads(bytes(body) if isinstance(body, memoryview) else body)
     except ValueError as exc:
         raise MalformedObjectError(f"{kind} {oid} is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
@@ -76,10 +80,9 @@ class Snapshot:
 
     @classmethod
     def decode(cls, data: bytes, oid: str) -> "Snapshot":
-        if data.startswith(SNAPSHOT_HEADER_V1):
-            obj = _parse(data, SNAPSHOT_HEADER_V1, oid, "snapshot")
-        else:
-            obj = _parse(_inflate(data, oid), SNAPSHOT_HEADER, oid, "snapshot")
+        v1 = data.startswith(SNAPSHOT_HEADER_V1)
+        obj = _parse(data, SNAPSHOT_HEADER_V1 if v1 else SNAPSHOT_HEADER, oid, "snapshot",
+                     inflate=not v1)
         try:
             tensors = [TensorRecord(**t) for t in obj["tensors"]]
             return cls(tensors=tensors, skeleton=obj["skeleton"])
@@ -136,18 +139,16 @@ class Commit:
         return self.message.splitlines()[0] if self.message else ""
 
 
-def _inflate(data: bytes, oid: str) -> bytes:
-    """A version-2 snapshot as header + plain JSON (unchanged if it lacks the header)."""
-    if not data.startswith(SNAPSHOT_HEADER):
-        return data
+def _inflate(body: memoryview, oid: str) -> bytes:
+    """A version-2 snapshot's JSON, bounded so a hostile stream cannot exhaust memory."""
     d = zlib.decompressobj()
     try:
-        body = d.decompress(memoryview(data)[len(SNAPSHOT_HEADER):], _MAX_SNAPSHOT_JSON)
+        out = d.decompress(body, _MAX_SNAPSHOT_JSON)
     except zlib.error as exc:
         raise MalformedObjectError(f"snapshot {oid} does not inflate: {exc}") from None
     if d.unconsumed_tail or not d.eof:
         raise MalformedObjectError(f"snapshot {oid} is truncated or inflates past 1 GiB")
-    return SNAPSHOT_HEADER + body
+    return out
 
 
 def object_kind(data: bytes) -> str:
