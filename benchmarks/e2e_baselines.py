@@ -51,17 +51,14 @@ def _uniform_levels(w: torch.Tensor, bins: int, lo: float, hi: float) -> tuple[t
     return lv, step
 
 
-class Uniform(_Tensorwise):
-    """QD-like uniform quantization + cyclic level delta + Huffman; bits searched."""
+class _UniformBits(_Tensorwise):
+    """Uniform levels per tensor over a range `_range` picks; one bit width searched per checkpoint."""
 
-    name = "Uniform (QD-like)"
     lossy = True
     BITS = [2, 3, 4, 5, 6, 7, 8]
 
-    def __init__(self, epsilon: float = 0.01) -> None:
-        super().__init__(epsilon)
-        self._chain: list = []   # encodings since the last base, oldest first
-        self._prev_levels: dict = {}
+    def _range(self, x: torch.Tensor, bins: int) -> tuple[float, float]:
+        return float(x.min()), float(x.max())
 
     def _quant(self, msd: dict, bits: int) -> tuple[dict, dict]:
         levels, recon = {}, {}
@@ -69,13 +66,15 @@ class Uniform(_Tensorwise):
             if t.numel() < SMALL or not t.is_floating_point():
                 recon[n] = t
                 continue
-            lo, hi = float(t.min()), float(t.max())
-            lv, step = _uniform_levels(t.float(), 1 << bits, lo, hi)
+            x = t.float().reshape(-1)
+            lo, hi = self._range(x, 1 << bits)
+            lv, step = _uniform_levels(x, 1 << bits, lo, hi)
             levels[n] = (lv, lo, step, 1 << bits)
-            recon[n] = (lv.float() * step + lo).to(t.dtype)
+            recon[n] = (lv.float() * step + lo).reshape(t.shape).to(t.dtype)
         return levels, recon
 
-    def _prepare_weights(self, msd: dict) -> tuple[dict, str]:
+    def _search_levels(self, msd: dict) -> tuple[int | None, dict | None]:
+        """(bits, levels by name) of the most compressive feasible width, or (None, None)."""
         cache: dict = {}
 
         def build(bits):
@@ -83,10 +82,24 @@ class Uniform(_Tensorwise):
             return cache[bits][1]
 
         bits, _ = self._search(self.BITS, build)
+        return bits, (cache[bits][0] if bits is not None else None)
+
+
+class Uniform(_UniformBits):
+    """QD-like uniform quantization + cyclic level delta + Huffman; bits searched."""
+
+    name = "Uniform (QD-like)"
+
+    def __init__(self, epsilon: float = 0.01) -> None:
+        super().__init__(epsilon)
+        self._chain: list = []   # encodings since the last base, oldest first
+        self._prev_levels: dict = {}
+
+    def _prepare_weights(self, msd: dict) -> tuple[dict, str]:
+        bits, levels = self._search_levels(msd)
         if bits is None:
             self._prev_levels = {}   # the next quantized checkpoint starts a new base
             return {n: self._enc_o(n, t) for n, t in msd.items()}, "lossless"
-        levels, _ = cache[bits]
         enc = {}
         for n, t in msd.items():
             if n not in levels:
@@ -155,37 +168,18 @@ def _adaptive_range(x: torch.Tensor, bins: int, steps: int = 20) -> tuple[float,
     return best
 
 
-class Adaptive(_Tensorwise):
+class Adaptive(_UniformBits):
     """Check-N-Run-like adaptive uniform quantization, Huffman coded, no delta; bits searched."""
 
     name = "Adaptive (CNR-like)"
-    lossy = True
-    BITS = [2, 3, 4, 5, 6, 7, 8]
 
-    def _quant(self, msd: dict, bits: int) -> tuple[dict, dict]:
-        levels, recon = {}, {}
-        for n, t in msd.items():
-            if t.numel() < SMALL or not t.is_floating_point():
-                recon[n] = t
-                continue
-            x = t.float().reshape(-1)
-            lo, hi = _adaptive_range(x, 1 << bits)
-            lv, step = _uniform_levels(x, 1 << bits, lo, hi)
-            levels[n] = (lv, lo, step)
-            recon[n] = (lv.float() * step + lo).reshape(t.shape)
-        return levels, recon
+    def _range(self, x: torch.Tensor, bins: int) -> tuple[float, float]:
+        return _adaptive_range(x, bins)
 
     def _prepare_weights(self, msd: dict) -> tuple[dict, str]:
-        cache: dict = {}
-
-        def build(bits):
-            cache[bits] = self._quant(msd, bits)
-            return cache[bits][1]
-
-        bits, _ = self._search(self.BITS, build)
+        bits, levels = self._search_levels(msd)
         if bits is None:
             return {n: self._enc_o(n, t) for n, t in msd.items()}, "lossless"
-        levels = cache[bits][0]
         enc = {n: (("q", _huff(levels[n][0].numpy().astype(np.uint8)), levels[n][1], levels[n][2])
                    if n in levels else self._enc_o(n, t)) for n, t in msd.items()}
         return enc, f"{bits}b"
