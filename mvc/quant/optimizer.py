@@ -216,16 +216,9 @@ def restore(q: QuantizedTensor, domain: str) -> torch.Tensor:
         return q.dequantize()
     if domain != "log":
         raise OptimizerStateError(f"unknown optimizer-state domain {domain!r}; known: {DOMAINS}")
-    dev = q.levels.device
-    table64 = np.zeros(q.n_levels, dtype=np.float64)
-    table64[:q.bins] = np.exp(q.centroids.detach().cpu().numpy().astype(np.float64))
-    table = torch.from_numpy(table64).to(q.dtype).to(dev)
-    flat = q.levels.reshape(-1)
-    idx = flat if flat.dtype in (torch.int32, torch.int64) else flat.to(torch.int32)
-    out = torch.index_select(table, 0, idx)
-    if q.protected.numel():
-        out.masked_scatter_(flat == q.protected_level, q.protected.to(dev))
-    return out.reshape(q.levels.shape)
+    # exp in float64, then one rounding to the stored dtype: the same values on every device.
+    table64 = np.exp(q.centroids.detach().cpu().numpy().astype(np.float64))
+    return q.lookup(torch.from_numpy(table64).to(q.dtype))
 
 
 def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],

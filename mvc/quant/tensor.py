@@ -71,9 +71,16 @@ class QuantizedTensor:
         """The reconstructed tensor (original dtype, shape and device), bit-identical
         across calls: centroids.to(dtype)[levels], 0 for pruned, stored values for
         protected."""
+        return self.lookup(self.centroids.to(device=self.levels.device).to(self.dtype))
+
+    def lookup(self, values: torch.Tensor) -> torch.Tensor:
+        """Levels mapped through `values` (one per bin, in the original dtype): pruned
+        levels give 0 and protected levels their stored values.  `dequantize()` is
+        `lookup(centroids)`; a transformed domain (log-quantized optimizer state)
+        passes its inverse-transformed centroids."""
         dev = self.levels.device
         table = torch.zeros(self.n_levels, dtype=self.dtype, device=dev)
-        table[:self.bins] = self.centroids.to(device=dev).to(self.dtype)
+        table[:self.bins] = values.to(device=dev, dtype=self.dtype)
         flat = self.levels.reshape(-1)
         if native_ok(flat, flat.dtype) and table.element_size() in (2, 4, 8):
             out = dequant(flat.contiguous(), table, self.protected)

@@ -211,6 +211,8 @@ def read_quantized(repo: "Repo", snapshot_id: str, rec: TensorRecord,
         hit = cache.get((sid, rec.name))
         if hit is None and rec.codec == QDELTA and disk is not None:
             hit = disk.load(sid, rec.name)
+            if hit is not None:
+                cache.put((sid, rec.name), hit)
         return hit
 
     q = cached(sid, cur)
@@ -243,21 +245,46 @@ def read_quantized(repo: "Repo", snapshot_id: str, rec: TensorRecord,
 
 
 def read_all(repo: "Repo", snapshot_id: str, records: list[TensorRecord]) -> dict[str, torch.Tensor]:
-    """Every tensor of a snapshot, by name.
+    """Every tensor of a snapshot, by name (in record order).
 
-    Quantized tensors' chains are walked first, on the native thread pool
-    (the walks run in C without the GIL) and through one shared snapshot
-    memo; their levels then come from the level cache.  When their levels
-    would not all fit the cache, they are walked one by one instead.
+    Every tensor is decoded on the native thread pool (chain walks, entropy
+    decoding and level lookups run in C without the GIL) through one shared
+    snapshot memo; Adam first moments are bounded afterwards by their second
+    moments, which are restored once for both.  When the quantized tensors'
+    levels would not all fit the level cache, they are decoded one by one.
     """
     from mvc.native.parallel import pmap
+    from mvc.repo.tensors import read_tensor
 
     quant = [r for r in records if r.codec in QUANT_CODECS]
     level_bytes = sum(math.prod(r.shape) for r in quant)
-    if len(quant) > 1 and level_bytes <= repo._levels.max_bytes:
-        memo: dict[str, Any] = {}
-        pmap(lambda r: read_quantized(repo, snapshot_id, r, memo), quant)
-    return {rec.name: read_any(repo, snapshot_id, rec, records) for rec in records}
+    memo: dict[str, Any] = {}
+    out: dict[str, torch.Tensor] = {}
+
+    def decode(rec: TensorRecord) -> None:
+        if rec.codec in QUANT_CODECS:
+            out[rec.name] = _values(rec, read_quantized(repo, snapshot_id, rec, memo))
+        else:
+            out[rec.name] = read_tensor(repo.store, rec)
+
+    if len(records) > 1 and level_bytes <= repo._levels.max_bytes:
+        pmap(decode, records)
+    else:
+        for rec in records:
+            decode(rec)
+    moments = [r for r in quant if r.meta.get("moment")]
+    pmap(lambda rec: _bound_first_moment(rec, out[rec.name], out), moments)
+    return {rec.name: out[rec.name] for rec in records}
+
+
+def _values(rec: TensorRecord, q: QuantizedTensor) -> torch.Tensor:
+    """A quantized record's tensor before any first-moment bound."""
+    domain = rec.meta.get("domain", "linear")
+    if domain == "linear":
+        return q.dequantize()
+    from mvc.quant.optimizer import restore
+
+    return restore(q, domain)
 
 
 def read_any(repo: "Repo", snapshot_id: str, rec: TensorRecord,
@@ -268,21 +295,24 @@ def read_any(repo: "Repo", snapshot_id: str, rec: TensorRecord,
 
     if rec.codec not in QUANT_CODECS:
         return read_tensor(repo.store, rec)
-    q = read_quantized(repo, snapshot_id, rec)
-    domain = rec.meta.get("domain", "linear")
-    if domain == "linear":
-        out = q.dequantize()
-    else:
-        from mvc.quant.optimizer import restore
-
-        out = restore(q, domain)
+    out = _values(rec, read_quantized(repo, snapshot_id, rec))
     if rec.meta.get("moment"):
-        _bound_first_moment(repo, snapshot_id, rec, out, records)
+        if records is None:
+            records = repo.read_snapshot(snapshot_id).tensors
+        partner = _partner(rec, records)
+        _bound_first_moment(rec, out, {partner.name: read_any(repo, snapshot_id, partner, records)})
     return out
 
 
-def _bound_first_moment(repo: "Repo", snapshot_id: str, rec: TensorRecord, m: torch.Tensor,
-                        records: list[TensorRecord] | None) -> None:
+def _partner(rec: TensorRecord, records: list[TensorRecord]) -> TensorRecord:
+    name = rec.meta["moment"].get("partner")
+    partner = next((r for r in records if r.name == name), None)
+    if partner is None:
+        raise BrokenChainError(f"tensor {rec.name!r}: second moment {name!r} missing")
+    return partner
+
+
+def _bound_first_moment(rec: TensorRecord, m: torch.Tensor, restored: dict[str, torch.Tensor]) -> None:
     """Clamp a restored Adam first moment to |m| <= bound * sqrt(v), in place.
 
     m and v are quantized independently (m with absolute, v with relative
@@ -290,16 +320,13 @@ def _bound_first_moment(repo: "Repo", snapshot_id: str, rec: TensorRecord, m: to
     hundreds of times larger than anything the exact state had, and the first
     steps after a resume blow up. The bound is the exact state's largest
     |m| / sqrt(v), recorded at commit time; where v restores to 0, m does too.
-    Deterministic, so restores stay bit-identical across runs. (v's levels come
-    from the level cache when the snapshot was just read.)
+    Deterministic, so restores stay bit-identical across runs. `restored` holds
+    the partner v by name.
     """
     info = rec.meta["moment"]
-    if records is None:
-        records = repo.read_snapshot(snapshot_id).tensors
-    partner = next((r for r in records if r.name == info.get("partner")), None)
-    if partner is None:
+    v = restored.get(info.get("partner"))
+    if v is None:
         raise BrokenChainError(f"tensor {rec.name!r}: second moment {info.get('partner')!r} missing")
-    v = read_any(repo, snapshot_id, partner, records)
     if v.shape != m.shape:
         return
     limit = v.float().clamp_min(0).sqrt_().mul_(float(info["ratio_bound"])).to(m.dtype)
