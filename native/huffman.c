@@ -193,20 +193,52 @@ static int build_table1(int k, const uint32_t *sym, const uint8_t *len, const ui
     return MVC_OK;
 }
 
-static int decode_streams2(bstream *s, int ns, const uint32_t *tab, unsigned tbits) {
+/* 16-bit alphabets: a direct table over the first TB2 bits, so building it
+ * per block is cheap (a delta chain decodes dozens of small blocks per step)
+ * and it stays in L1; the rare longer codes are resolved canonically. */
+#define TB2 11
+
+typedef struct {
+    uint32_t first[LMAX2 + 2];  /* first canonical code of each length */
+    uint32_t count[LMAX2 + 2];  /* codes of each length */
+    uint32_t offset[LMAX2 + 2]; /* index of each length's first symbol in sorted[] */
+    const uint32_t *sorted;     /* symbols by (length, symbol): canonical order */
+} canon;
+
+/* Entry (sym | len << 16) of the code at the bottom of window w, for codes
+ * longer than the direct table; 0 (no code: impossible for the complete codes
+ * huf_read_table admits) fails the stream's end check. */
+static uint32_t canon_decode(uint64_t w, const canon *c) {
+    uint32_t code = 0;
+    for (unsigned l = 1; l <= LMAX2; l++) {
+        code = (code << 1) | (uint32_t)((w >> (l - 1)) & 1);
+        if (code >= c->first[l] && code - c->first[l] < c->count[l])
+            return c->sorted[c->offset[l] + code - c->first[l]] | ((uint32_t)l << 16);
+    }
+    return 0;
+}
+
+static inline uint32_t entry2(uint64_t w, const uint32_t *tab, uint64_t mask, const canon *c) {
+    uint32_t e = tab[w & mask];
+    return __builtin_expect(e != 0, 1) ? e : canon_decode(w, c);
+}
+
+static int decode_streams2(bstream *s, int ns, const uint32_t *tab, unsigned tbits, const canon *c) {
     const uint64_t mask = ((uint64_t)1 << tbits) - 1;
     for (int x = 0; x < ns; x++) {
         bstream *b = &s[x];
         while ((b->pos >> 3) + 8 <= b->len && (size_t)(b->end - b->o) >= 6) {
             uint64_t wv = ld64(b->p + (b->pos >> 3)) >> (b->pos & 7);
             for (int r = 0; r < 3; r++) {
-                uint32_t e = tab[wv & mask];
+                uint32_t e = entry2(wv, tab, mask, c);
+                if (!e) return MVC_ERR_CORRUPT;
                 st16(b->o, (uint16_t)e); b->o += 2;
                 wv >>= e >> 16; b->pos += e >> 16;
             }
         }
         while (b->o < b->end) {
-            uint32_t e = tab[peek(b) & mask];
+            uint32_t e = entry2(peek(b), tab, mask, c);
+            if (!e) return MVC_ERR_CORRUPT;
             st16(b->o, (uint16_t)e); b->o += 2;
             b->pos += e >> 16;
         }
@@ -216,12 +248,50 @@ static int decode_streams2(bstream *s, int ns, const uint32_t *tab, unsigned tbi
     return MVC_OK;
 }
 
+/* The direct table and canonical tables of a 16-bit code; *tab and *sorted are malloc'd. */
+static int build_table2(uint32_t k, const uint32_t *sym, const uint8_t *len, const uint32_t *code,
+                        unsigned maxlen, uint32_t **tab_out, unsigned *tbits, canon *c,
+                        uint32_t **sorted_out) {
+    const unsigned tb = maxlen < TB2 ? maxlen : TB2;
+    uint32_t *tab = calloc((size_t)1 << tb, sizeof *tab);
+    uint32_t *sorted = maxlen > tb ? malloc(sizeof *sorted * k) : NULL;
+    *tab_out = tab; *sorted_out = sorted; *tbits = tb;
+    if (!tab || (maxlen > tb && !sorted)) return MVC_ERR_NOMEM;
+    for (uint32_t j = 0; j < k; j++)
+        if (len[j] <= tb)
+            for (uint32_t x = code[j]; x < (1u << tb); x += 1u << len[j])
+                tab[x] = sym[j] | ((uint32_t)len[j] << 16);
+    memset(c, 0, sizeof *c);
+    if (!sorted) return MVC_OK;
+    for (uint32_t j = 0; j < k; j++) c->count[len[j]]++;
+    uint32_t next = 0, at = 0;
+    for (unsigned l = 1; l <= LMAX2; l++) {
+        next = (next + c->count[l - 1]) << 1;
+        c->first[l] = next;
+        c->offset[l] = at;
+        at += c->count[l];
+    }
+    uint32_t fill[LMAX2 + 2];
+    memcpy(fill, c->offset, sizeof fill);
+    for (uint32_t j = 0; j < k; j++) sorted[fill[len[j]]++] = sym[j]; /* sym[] ascending */
+    c->sorted = sorted;
+    return MVC_OK;
+}
+
 static int decode_huf(const uint8_t *p, const uint8_t *end, uint8_t *dst, size_t n, int w) {
-    const size_t alpha = w == 1 ? 256u : 65536u;
     int r;
+    /* Room for the table's symbols: the whole byte alphabet, or the count a
+     * 16-bit table declares up front (its first varint). */
+    uint32_t alpha = 256;
+    if (w == 2) {
+        const uint8_t *q = p;
+        if ((r = huf_get_varint(&q, end, &alpha))) return r;
+        if (alpha < 2 || alpha > 65536u) return MVC_ERR_CORRUPT;
+    }
     uint32_t *sym = malloc(alpha * sizeof *sym), *code = malloc(alpha * sizeof *code);
     uint8_t *len = malloc(alpha);
     void *tab = NULL;
+    uint32_t *sorted = NULL;
     if (!sym || !code || !len) { r = MVC_ERR_NOMEM; goto out; }
     int64_t kk = huf_read_table(&p, end, w, sym, len);
     if (kk < 0) { r = (int)kk; goto out; }
@@ -252,15 +322,15 @@ static int decode_huf(const uint8_t *p, const uint8_t *end, uint8_t *dst, size_t
         build_table1((int)k, sym, len, code, tab);
         r = decode_streams1(s, ns, tab);
     } else {
-        uint32_t *t2 = malloc(sizeof(uint32_t) << maxlen);
-        if (!(tab = t2)) { r = MVC_ERR_NOMEM; goto out; }
-        for (uint32_t j = 0; j < k; j++)
-            for (uint32_t x = code[j]; x < (1u << maxlen); x += 1u << len[j])
-                t2[x] = sym[j] | ((uint32_t)len[j] << 16);
-        r = decode_streams2(s, ns, t2, maxlen);
+        canon c;
+        unsigned tb;
+        uint32_t *t2;
+        r = build_table2(k, sym, len, code, maxlen, &t2, &tb, &c, &sorted);
+        tab = t2;
+        if (r == MVC_OK) r = decode_streams2(s, ns, t2, tb, &c);
     }
 out:
-    free(sym); free(code); free(len); free(tab);
+    free(sym); free(code); free(len); free(tab); free(sorted);
     return r;
 }
 

@@ -42,6 +42,21 @@ def test_round_trip_and_reference_decoder(data, block_bytes):
     assert np.array_equal(ref.huf_decode(enc, data.size, data.itemsize), data)
 
 
+def test_long_16_bit_codes_decode_past_the_direct_table():
+    """16-bit codes longer than the decoder's 11-bit direct table take its canonical path,
+    interleaved with short codes, in all four streams."""
+    rng = np.random.default_rng(7)
+    alphabet = rng.choice(65536, size=40, replace=False).astype(np.uint16)
+    counts = [2 ** max(0, 17 - i) for i in range(40)]  # geometric: lengths up to the limit
+    data = np.repeat(alphabet, counts)
+    rng.shuffle(data)
+    block = encode_one_block(data)
+    assert block[0] == 2
+    _, lens, _ = ref.parse_huf_table(block, 2)
+    assert max(lens) > 11
+    assert np.array_equal(huffman.decode(huffman.encode(data), data.size, data.dtype), data)
+
+
 @SETTINGS
 @given(symbol_arrays(max_size=5000))
 def test_block_cost_is_optimal_when_lengths_fit(data):
