@@ -17,7 +17,11 @@ Two runs: a fixed config (16 bins, prune 0.1, protect 0.005) and one where the
 bin count changes at every checkpoint.  Every delta is decoded and checked
 against the quantizer's levels.  Target: PE >= 1.3x smaller than RLE overall.
 
+Then checkout timing (benchmarks/delta_checkout.py): at chain depth 1, 8 and 32
+against torch.load, and storage against checkout of every commit per chain policy.
+
     python benchmarks/bench_delta.py [--json] [--runs fixed,fixed-cold,varying] [--no-checkout]
+                                     [--no-policies]
 """
 from __future__ import annotations
 
@@ -28,12 +32,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script, like the others
 
+from benchmarks.delta_checkout import (checkout_times, policy_sweep, print_checkout,  # noqa: E402
+                                       print_policies)
 from benchmarks.trajectory import Checkpoint, TrajectoryConfig, checkpoints  # noqa: E402
 from mvc.codecs import quantized as qc  # noqa: E402
 from mvc.quant import QuantConfig, QuantizedTensor, quantize_state  # noqa: E402
@@ -175,130 +181,6 @@ def run_sequence(name: str, cks: Sequence[Checkpoint], bins_for: Sequence[int],
     return res
 
 
-def checkout_times(cks: Sequence[Checkpoint], config: QuantConfig,
-                   depths: Iterable[int] = (1, 8, 32), repeats: int = 3,
-                   delta_max_ratio: float = 1.0) -> Optional[dict[str, Any]]:
-    """Checkout time at delta-chain depth 1, 8, 32 relative to torch.load of the same file.
-
-    The full checkpoints (model, Adam state, scheduler) are committed into a
-    fresh repository with `quant=config` and `commit.base_every` disabled, so
-    commit d sits at chain depth d (the depth actually recorded is reported).
-    Each checkout is timed on a freshly opened `Repo`, twice: for any commit
-    (no level cache: the chain is walked from its base) and, right after it
-    was committed, as the newest commit (levels from `.mvc/cache/levels`, the
-    resume-after-failure case), best of `repeats`, against the best-of-`repeats`
-    `torch.load` of that checkpoint's `.pt` file; both read warm page cache.
-    Target (issue 5): depth-32 checkout <= 2x torch.load.  Returns None when
-    the trajectory is too short for any requested depth.
-    """
-    import tempfile
-
-    from mvc.repo.repository import Repo
-
-    depths = [d for d in depths if d < len(cks)]
-    if not depths:
-        return None
-    out: dict[str, Any] = {"depth": {}}
-
-    def timed_checkout(root: str, cid: str, use_cache: bool) -> float:
-        best = float("inf")
-        for _ in range(repeats):
-            r = Repo(root)
-            if not use_cache:
-                r.disk_levels = None
-            try:
-                t0 = time.perf_counter()
-                r.read_state(cid)
-                best = min(best, time.perf_counter() - t0)
-            finally:
-                r.close()
-        return best
-
-    with tempfile.TemporaryDirectory(prefix="mvc-bench-checkout-") as tmp:
-        repo = Repo.init(tmp)
-        repo.config.set("commit.base_every", 0)
-        repo.config.set("commit.delta_max_ratio", delta_max_ratio)
-        ids, latest = [], {}
-        for ck in cks[:max(depths) + 1]:
-            ids.append(repo.commit(ck.state, f"epoch {ck.index}", step=ck.step, quant=config))
-            d = len(ids) - 1
-            if d in depths:
-                # Resuming from the newest commit (the failure-recovery case) in a new process:
-                # its levels come from .mvc/cache/levels, whatever its chain depth.
-                latest[d] = timed_checkout(tmp, ids[d], use_cache=True)
-        recorded = {d: repo.read_commit(ids[d]).chain_depth for d in depths}
-        out["stored_bytes"] = repo.stats().stored_bytes
-        out["delta_max_ratio"] = delta_max_ratio
-        repo.close()
-        for d in depths:
-            cold = timed_checkout(tmp, ids[d], use_cache=False)
-            load = float("inf")
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                torch.load(cks[d].path, map_location="cpu", weights_only=True)
-                load = min(load, time.perf_counter() - t0)
-            walk, fold = _chain_decode_seconds(tmp, ids[d], repeats)
-            out["depth"][str(d)] = {"chain_depth": recorded[d], "checkout_s": cold,
-                                    "chain_walk_s": walk, "per_step_fold_s": fold,
-                                    "torch_load_s": load, "ratio": cold / load,
-                                    "latest_checkout_s": latest[d],
-                                    "latest_ratio": latest[d] / load}
-    return out
-
-
-def _chain_decode_seconds(root: str, cid: str, repeats: int) -> tuple[float, float]:
-    """Levels of every quantized tensor of `cid` from its chain: (walker, per-step fold) seconds.
-
-    The walker (`decode_chain`, native/chain.c) against folding the one-step
-    decoder `decode_delta` over the same chain, best of `repeats`, both
-    single-threaded and from payloads already read.
-    """
-    from mvc.codecs.quantized import decode_base, decode_chain, decode_delta
-    from mvc.repo.lossy import QBASE, QDELTA, parent_ref
-    from mvc.repo.repository import Repo
-    from mvc.repo.tensors import parse_dtype, read_payload
-
-    repo = Repo(root)
-    try:
-        chains = []
-        snap = repo.read_snapshot(repo.read_commit(cid).snapshot)
-        for rec in snap.tensors:
-            if rec.codec != QDELTA:
-                continue
-            steps, cur = [], rec
-            while cur.codec == QDELTA:
-                data = read_payload(repo.store, cur)
-                steps.append((cur.meta, lambda data=data: data))
-                psid, pname = parent_ref(cur)
-                cur = next(r for r in repo.read_snapshot(psid).tensors if r.name == pname)
-            assert cur.codec == QBASE
-            base = decode_base(cur.meta, read_payload(repo.store, cur), parse_dtype(cur.dtype),
-                               tuple(cur.shape))
-            chains.append((base, steps[::-1], parse_dtype(rec.dtype), tuple(rec.shape)))
-    finally:
-        repo.close()
-
-    def best(fn) -> float:
-        t = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            t = min(t, time.perf_counter() - t0)
-        return t
-
-    def walk() -> None:
-        for base, steps, dtype, shape in chains:
-            decode_chain(base, steps, dtype, shape)
-
-    def fold() -> None:
-        for base, steps, dtype, shape in chains:
-            q = base
-            for meta, load in steps:
-                q = decode_delta(meta, load(), dtype, shape, q.levels)
-
-    return best(walk), best(fold)
-
-
 def _print_run(run: RunResult) -> None:
     s = run.summary()
     print(f"\n== run '{run.name}': {s['checkpoints']} checkpoints, "
@@ -337,25 +219,6 @@ def _print_run(run: RunResult) -> None:
           f"(target PE/RLE >= {TARGET_PE_OVER_RLE}: {'PASS' if ok else 'MISS'})")
 
 
-def _print_checkout(checkout: Optional[dict[str, Any]]) -> None:
-    if checkout is None:
-        print("\ncheckout timing: skipped")
-        return
-    print(f"\ncheckout (fresh Repo, full checkpoint incl. Adam state, commit.delta_max_ratio = "
-          f"{checkout['delta_max_ratio']}) vs torch.load of the same file:")
-    print("  'any commit': no level cache, the chain is walked from its base;"
-          " 'newest commit': the resume case, levels from .mvc/cache/levels")
-    for d, r in checkout["depth"].items():
-        print(f"  depth {int(d):3d} (recorded {r['chain_depth']:3d}): any commit {r['ratio']:.2f}x, "
-              f"newest commit {r['latest_ratio']:.2f}x torch.load; chain levels alone: walker "
-              f"{1e3 * r['chain_walk_s']:.1f} ms vs per-step decode {1e3 * r['per_step_fold_s']:.1f} ms "
-              f"({r['per_step_fold_s'] / max(r['chain_walk_s'], 1e-9):.2f}x)")
-    deep = checkout["depth"].get("32")
-    if deep is not None:
-        print(f"  target depth-32 <= 2x torch.load: any commit {'PASS' if deep['ratio'] <= 2 else 'MISS'}, "
-              f"newest commit {'PASS' if deep['latest_ratio'] <= 2 else 'MISS'}")
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description="HE vs RLE vs PE delta encoding on a real trajectory")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
@@ -368,6 +231,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--hidden", type=int, default=TrajectoryConfig.hidden)
     ap.add_argument("--no-verify", action="store_true", help="skip decoding every delta")
     ap.add_argument("--no-checkout", action="store_true", help="skip the repository checkout timing")
+    ap.add_argument("--no-policies", action="store_true",
+                    help="skip the chain-policy sweep (storage vs checkout of every commit)")
     args = ap.parse_args(argv)
 
     cks = checkpoints(TrajectoryConfig(epochs=args.epochs, hidden=args.hidden))
@@ -384,8 +249,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                  verify=not args.no_verify, warm=warm))
     cfg = QuantConfig(bins=args.bins, prune=args.prune, protect=args.protect)
     checkout = None if args.no_checkout else checkout_times(cks, cfg)
-    # The same chain with commit.delta_max_ratio = 0.5: deltas that save < 50% become bases.
-    checkout_strict = None if args.no_checkout else checkout_times(cks, cfg, delta_max_ratio=0.5)
+    policies = [] if args.no_checkout or args.no_policies else policy_sweep(cks, cfg)
 
     if args.json:
         doc = {
@@ -397,7 +261,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "runs": {r.name: {**r.summary(),
                               "per_checkpoint": [c.__dict__ for c in r.checkpoints]} for r in runs},
             "checkout": checkout,
-            "checkout_delta_max_ratio_0.5": checkout_strict,
+            "chain_policies": policies,
         }
         json.dump(doc, sys.stdout, indent=1)
         print()
@@ -407,13 +271,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"final test acc {cks[-1].metrics['acc']:.4f}")
         for r in runs:
             _print_run(r)
-        _print_checkout(checkout)
-        if checkout_strict is not None:
-            _print_checkout(checkout_strict)
-        if checkout and checkout_strict:
-            print(f"\nstorage of the 33 full checkpoints: delta_max_ratio 1.0 {checkout['stored_bytes']:,} B, "
-                  f"0.5 {checkout_strict['stored_bytes']:,} B "
-                  f"({checkout_strict['stored_bytes'] / checkout['stored_bytes']:.2f}x)")
+        print_checkout(checkout)
+        print_policies(policies)
     return 0
 
 

@@ -31,6 +31,7 @@ def test_sigkill_during_gc(tmp_path):
     pristine = tmp_path / "pristine"
     repo = Repo.init(pristine)
     repo.config.set("commit.base_every", 100)
+    repo.config.set("commit.chain_budget", 0)
     ids = [repo.commit(s, f"step {t}", quant=configs(t)) for t, s in trajectory(16)]
     repo.switch("side", create=True)
     side = repo.commit(next(iter(trajectory(1)))[1], "side work")

@@ -50,6 +50,7 @@ def assert_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
 def test_chain_of_32_commits_restores_exactly(tmp_path):
     repo = Repo.init(tmp_path / "r")
     repo.config.set("commit.base_every", 100)
+    repo.config.set("commit.chain_budget", 0)
     ids, exp, prev = [], [], None
     for t, state in trajectory(32):
         cfg = configs(t)
@@ -126,6 +127,7 @@ def test_gc_compacts_chains_without_changing_any_restore(tmp_path):
     root = tmp_path / "r"
     repo = Repo.init(root)
     repo.config.set("commit.base_every", 100)
+    repo.config.set("commit.chain_budget", 0)
     ids = [repo.commit(state, f"step {t}", quant=configs(t)) for t, state in trajectory(30)]
     repo.branch("old", ids[10])
     before = _all_states(repo, ids)
@@ -250,6 +252,7 @@ def test_delta_max_ratio_keeps_barely_paying_deltas_out_of_chains(tmp_path):
     for ratio in (1.0, 0.3):
         repo = Repo.init(tmp_path / f"r{ratio}")
         repo.config.set("commit.base_every", 100)
+        repo.config.set("commit.chain_budget", 0)
         repo.config.set("commit.delta_max_ratio", ratio)
         ids = [repo.commit(state, f"step {t}", quant=configs(t)) for t, state in trajectory(8)]
         runs[ratio] = [codecs(repo, cid) for cid in ids]
@@ -273,3 +276,67 @@ def test_delta_max_ratio_keeps_barely_paying_deltas_out_of_chains(tmp_path):
     repo.config.set("commit.delta_max_ratio", 1.5)
     with pytest.raises(ConfigError):
         repo.commit(next(iter(trajectory(1)))[1], "x", quant=configs(0))
+
+
+def _quant_records(repo, cid):
+    snap = repo.read_snapshot(repo.read_commit(cid).snapshot)
+    return {r.name: r for r in snap.tensors if r.codec.startswith("q")}
+
+
+def test_chain_budget_bounds_every_chain_and_gc_enforces_it(tmp_path):
+    from mvc.repo.config import ConfigError
+    from mvc.repo.lossy import chain_cost
+
+    root = tmp_path / "r"
+    repo = Repo.init(root)
+    repo.config.set("commit.base_every", 0)
+    repo.config.set("commit.chain_budget", 1.5)
+    ids = [repo.commit(state, f"step {t}", quant=configs(t)) for t, state in trajectory(12)]
+    recs = [_quant_records(repo, cid) for cid in ids]
+    costs = [chain_cost(r) for commit in recs for r in commit.values()]
+    assert max(costs) <= 1.5 and any(c > 0 for c in costs)
+    # the budget made bases that an unbudgeted chain of the same commits does not have
+    free = Repo.init(tmp_path / "free")
+    free.config.set("commit.base_every", 0)
+    free.config.set("commit.chain_budget", 0)
+    free_ids = [free.commit(state, f"step {t}", quant=configs(t)) for t, state in trajectory(12)]
+    n_bases = lambda rs: sum(r.codec == "qbase/1" for commit in rs for r in commit.values())
+    assert n_bases(recs) > n_bases([_quant_records(free, cid) for cid in free_ids])
+    free.close()
+    # each delta records the walk so far: its parent's cost plus a step of at most one pass
+    for commit in recs[1:]:
+        for r in commit.values():
+            if r.codec == "qdelta/1":
+                assert 0 < chain_cost(r) <= 1.5 and r.meta["chain_cost"] <= r.depth
+
+    # gc applies a tighter budget to the existing history; nothing restores differently
+    before = _all_states(repo, ids)
+    repo.config.set("commit.chain_budget", 0.5)
+    report = repo.gc(max_chain=0)
+    assert report.tensors_rebased > 0 and repo.fsck().ok
+    repo.close()
+    with Repo(root) as fresh:
+        for cid in ids:
+            got = fresh.read_state(cid)
+            for k, v in before[cid].items():
+                assert_bits(got[k], v, f"{cid[:8]} {k}")
+        for bad in (-1.0, float("nan")):
+            fresh.config.set("commit.chain_budget", bad)
+            with pytest.raises(ConfigError):
+                fresh.commit(next(iter(trajectory(1)))[1], "x", quant=configs(0))
+
+
+def test_step_cost_counts_changed_levels_up_to_one_pass():
+    from mvc.quant import QuantizedTensor
+    from mvc.repo.lossy import DENSE_SHARE, step_cost
+
+    def q(levels):
+        return QuantizedTensor(torch.tensor(levels, dtype=torch.uint8), torch.zeros(4),
+                               torch.zeros(0), torch.float32, 4)
+
+    n = 1600
+    base = [0] * n
+    assert step_cost(q(base), q(base)) == 0.0
+    few = [1] * int(n * DENSE_SHARE / 4) + [0] * (n - int(n * DENSE_SHARE / 4))
+    assert step_cost(q(few), q(base)) == pytest.approx(0.25)
+    assert step_cost(q([2] * n), q(base)) == 1.0

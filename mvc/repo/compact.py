@@ -1,4 +1,4 @@
-"""Bounding delta-chain depth: re-encode deep quantized tensors as bases (part of `mvc gc`).
+"""Bounding delta chains: re-encode deep or costly quantized tensors as bases (part of `mvc gc`).
 
 Commit ids never change: a snapshot whose tensors are re-encoded is written as
 a new snapshot object, checked to restore exactly the same levels, and
@@ -51,29 +51,38 @@ def topo_commits(repo: "Repo", roots: set[str]) -> list[str]:
     return order
 
 
-def compact_chains(repo: "Repo", roots: set[str], max_chain: int) -> CompactReport:
-    """Re-encode every quantized tensor whose chain is deeper than `max_chain` as a base.
+def compact_chains(repo: "Repo", roots: set[str], max_chain: int,
+                   budget: float = 0.0) -> CompactReport:
+    """Re-encode every quantized tensor whose chain is deeper than `max_chain` (0: any depth)
+    or costs more than `budget` passes to walk (0: no budget; see `lossy.chain_cost`) as a base.
 
     The caller holds the write lock. Commits are visited parents-first, so a
     rebased ancestor shortens every descendant's chain before it is measured.
+    A step's cost is the difference of the costs its commit recorded.
     """
     report = CompactReport()
     depth: dict[tuple[str, str], int] = {}
+    cost: dict[tuple[str, str], float] = {}      # after the rebases decided so far
+    recorded: dict[tuple[str, str], float] = {}  # as committed
     chunk_size = int(repo.config.get("commit.chunk_mib")) << 20
     for cid in topo_commits(repo, roots):
         sid = repo.read_commit(cid).snapshot
         snap = repo.read_snapshot(sid)
         rebase: list[int] = []
         for i, rec in enumerate(snap.tensors):
+            key = (sid, rec.name)
+            recorded[key] = lossy.chain_cost(rec)
             if rec.codec != lossy.QDELTA:
-                depth[(sid, rec.name)] = 0
+                depth[key], cost[key] = 0, 0.0
                 continue
-            d = depth.get(lossy.parent_ref(rec), 0) + 1
+            pkey = lossy.parent_ref(rec)
+            d = depth.get(pkey, 0) + 1
+            c = cost.get(pkey, 0.0) + max(0.0, recorded[key] - recorded.get(pkey, 0.0))
             report.max_depth_before = max(report.max_depth_before, d)
-            if d > max_chain:
+            if (max_chain and d > max_chain) or (budget and c > budget):
                 rebase.append(i)
-                d = 0
-            depth[(sid, rec.name)] = d
+                d, c = 0, 0.0
+            depth[key], cost[key] = d, c
             report.max_depth_after = max(report.max_depth_after, d)
         if rebase:
             _rewrite(repo, sid, snap, rebase, chunk_size)

@@ -35,18 +35,25 @@ DEFAULTS: dict[str, Any] = {
     "quality.hook": None,
     # Bound on the relative degradation of quality.hook's value (the proxy has its own bound).
     "quality.epsilon": 0.01,
-    # A quantized tensor is stored as a base at least every this many commits (0 = never forced).
-    "commit.base_every": 16,
+    # A quantized tensor is stored as a base at least every this many commits (0 = never forced):
+    # caps the per-step overheads of long chains of tiny late-training deltas.
+    "commit.base_every": 64,
     # A quantized tensor is stored as a delta only when the delta is smaller than this fraction
     # of its base (1.0: any saving). Lower values keep barely-paying deltas out of chains:
     # less walking when old commits are checked out, for somewhat more storage.
     "commit.delta_max_ratio": 1.0,
+    # A quantized tensor's delta chain may cost checkout at most this many full passes over the
+    # tensor (a step changing >= 1/16 of the levels counts 1, fewer proportionally less); the
+    # commit that would exceed it stores a base. Bounds checkout at any depth while late-training
+    # chains of small changes grow long. 0 = no budget.
+    "commit.chain_budget": 8.0,
     # Base encodings of the newest N commits' quantized levels kept under .mvc/cache/levels, so a
     # new process (resume after a failure, a CLI commit) restores or deltas against them without
     # walking delta chains. 0 disables the cache.
     "cache.levels_keep": 2,
-    # gc re-encodes tensors whose delta chain is deeper than this as bases.
-    "gc.max_chain": 16,
+    # gc re-encodes tensors whose delta chain is deeper than this (or over commit.chain_budget)
+    # as bases.
+    "gc.max_chain": 64,
 }
 
 #: Keys whose values are JSON objects (given as JSON text on the command line).

@@ -95,7 +95,8 @@ def reachable_objects(repo: "Repo", roots: set[str]) -> tuple[set[str], list[str
 
 def gc(repo: "Repo", *, dry_run: bool = False, max_chain: int | None = None,
        shrink: bool = False) -> GcReport:
-    """Compact deep delta chains, then delete every object no ref or reflog entry reaches.
+    """Compact delta chains deeper than `max_chain` (default gc.max_chain) or costlier than
+    commit.chain_budget, then delete every object no ref or reflog entry reaches.
 
     Holds the write lock for its whole run, so a concurrent commit (which
     writes its objects before its ref) can never have them collected.
@@ -115,8 +116,9 @@ def gc(repo: "Repo", *, dry_run: bool = False, max_chain: int | None = None,
             raise UnsafeGcError(
                 "gc refused: reachable history is damaged, run `mvc fsck`: " + problems[0])
         compacted = None
-        if not dry_run and max_chain > 0:
-            compacted = compact_chains(repo, roots, max_chain)
+        budget = float(repo.config.get("commit.chain_budget"))
+        if not dry_run and (max_chain > 0 or budget > 0):
+            compacted = compact_chains(repo, roots, max_chain, budget)
             if compacted.snapshots_rewritten:
                 keep, problems = reachable_objects(repo, roots)
         # Replacements of snapshots nothing reaches any more go too.

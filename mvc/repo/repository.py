@@ -6,6 +6,7 @@ Maintenance (gc, fsck) lives in `maintenance.py`, inspection (diff, stats) in
 from __future__ import annotations
 
 import heapq
+import math
 import os
 from datetime import datetime, timezone
 from pathlib import Path
@@ -280,6 +281,9 @@ class Repo:
         delta_max_ratio = float(self.config.get("commit.delta_max_ratio"))
         if not 0.0 < delta_max_ratio <= 1.0:
             raise ConfigError(f"commit.delta_max_ratio must be in (0, 1], got {delta_max_ratio}")
+        chain_budget = float(self.config.get("commit.chain_budget"))
+        if not (chain_budget >= 0.0 and math.isfinite(chain_budget)):
+            raise ConfigError(f"commit.chain_budget must be >= 0 (0: no budget), got {chain_budget}")
         prov = code_provenance(os.getcwd())
         who = author(self.config.get("user.name"), self.config.get("user.email"))
         with self.store.write_lock(self._lock_timeout()):
@@ -310,7 +314,7 @@ class Repo:
                         continue
                     pinfo = (psid, prec, pq)
                 cname, enc, extra, depth, base = lossy.choose_encoding(q, pinfo, base_every,
-                                                                      delta_max_ratio)
+                                                                      delta_max_ratio, chain_budget)
                 if domain != "linear":
                     extra = dict(extra, domain=domain)
                 if name in bounds:
