@@ -178,7 +178,10 @@ static int step_sparse(mvc_chain *c, qd_groups *gs, uint32_t modulus, uint32_t n
     int rc;
     for (uint32_t g = 0; g < gs->n_prev; g++) {
         if (!gs->its[g]) continue;
-        if ((rc = sparse_group(c, gs->its[g], g, modulus, n_cur, &ne)) < 0) return rc;
+        rle_iter it = *gs->its[g]; /* a local copy: its state can live in registers */
+        rc = sparse_group(c, &it, g, modulus, n_cur, &ne);
+        *gs->its[g] = it;
+        if (rc < 0) return rc;
     }
     for (size_t e = 0; e < ne; e++) {
         size_t pos = c->ev_pos[e], b = pos / BLOCK;

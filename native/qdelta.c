@@ -132,25 +132,41 @@ void qd_groups_close(qd_groups *gs) {
 
 int qd_groups_expand(qd_groups *gs, const int64_t *counts, int width, void *dst) {
     uint8_t *o = dst;
+    size_t total = 0;
+    for (uint32_t g = 0; g < gs->n_prev; g++) total += (size_t)counts[g] * (size_t)width;
+    uint8_t *const end = o + total;
     for (uint32_t g = 0; g < gs->n_prev; g++) {
         size_t cnt = (size_t)counts[g];
-        rle_iter *it = gs->its[g];
-        if (!it) {
+        if (!gs->its[g]) {
             memset(o, 0, cnt * (size_t)width);
         } else {
+            /* A local copy: the iterator state stays in registers across the stores. */
+            rle_iter it = *gs->its[g];
             size_t at = 0;
             uint32_t v;
             uint64_t L;
             int r;
-            while ((r = rle_iter_next(it, &v, &L)) > 0) {
+            while ((r = rle_iter_next(&it, &v, &L)) > 0) {
                 if (L > cnt - at) return MVC_ERR_CORRUPT; /* stream longer than its group */
-                if (width == 1) memset(o + at, (int)v, (size_t)L);
-                else for (size_t i = 0; i < L; i++) { uint16_t x = (uint16_t)v; memcpy(o + 2 * (at + i), &x, 2); }
+                uint8_t *q = o + at * (size_t)width;
+                if (width == 1) {
+                    /* Most runs are short: two word stores beat a memset call.  Bytes past
+                     * the run belong to later runs or groups, written after it. */
+                    if (L <= 16 && end - q >= 16) {
+                        uint64_t pat = 0x0101010101010101ull * (uint8_t)v;
+                        memcpy(q, &pat, 8); memcpy(q + 8, &pat, 8);
+                    } else {
+                        memset(q, (int)v, (size_t)L);
+                    }
+                } else {
+                    for (size_t i = 0; i < L; i++) { uint16_t x = (uint16_t)v; memcpy(q + 2 * i, &x, 2); }
+                }
                 at += (size_t)L;
             }
+            *gs->its[g] = it;
             if (r < 0) return r;
             if (at != cnt) return MVC_ERR_CORRUPT;
-            if ((r = rle_iter_done(it)) < 0) return r;
+            if ((r = rle_iter_done(&it)) < 0) return r;
         }
         o += cnt * (size_t)width;
     }
