@@ -281,11 +281,11 @@ def read_quantized(repo: "Repo", snapshot_id: str, rec: TensorRecord,
 def read_all(repo: "Repo", snapshot_id: str, records: list[TensorRecord]) -> dict[str, torch.Tensor]:
     """Every tensor of a snapshot, by name (in record order).
 
-    Every tensor is decoded on the native thread pool (chain walks, entropy
-    decoding and level lookups run in C without the GIL) through one shared
-    snapshot memo; Adam first moments are bounded afterwards by their second
-    moments, which are restored once for both.  When the quantized tensors'
-    levels would not all fit the level cache, they are decoded one by one.
+    The quantized tensors are decoded on the native thread pool (chain walks,
+    entropy decoding and level lookups run in C without the GIL) through one
+    shared snapshot memo -- one by one instead when their levels would not all
+    fit the level cache; Adam first moments are then bounded by their second
+    moments, restored once for both.
     """
     from mvc.native.parallel import pmap
     from mvc.repo.tensors import read_tensor
@@ -301,10 +301,11 @@ def read_all(repo: "Repo", snapshot_id: str, records: list[TensorRecord]) -> dic
         else:
             out[rec.name] = read_tensor(repo.store, rec)
 
-    if len(records) > 1 and level_bytes <= repo._levels.max_bytes:
-        pmap(decode, records)
-    else:
-        for rec in records:
+    if len(quant) > 1 and level_bytes <= repo._levels.max_bytes:
+        pmap(decode, quant)
+    # Exact tensors after: their codec spreads one tensor's blocks over the pool itself.
+    for rec in records:
+        if rec.name not in out:
             decode(rec)
     moments = [r for r in quant if r.meta.get("moment")]
     pmap(lambda rec: _bound_first_moment(rec, out[rec.name], out), moments)
