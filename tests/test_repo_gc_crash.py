@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mvc.repo.repository import Repo
-from test_repo_lossy import assert_bits, configs, trajectory
+from test_repo_lossy import assert_bits, chained_repo, trajectory
 
 GC_CHILD = textwrap.dedent("""
     import sys
@@ -29,10 +29,7 @@ GC_CHILD = textwrap.dedent("""
 @pytest.mark.slow
 def test_sigkill_during_gc(tmp_path):
     pristine = tmp_path / "pristine"
-    repo = Repo.init(pristine)
-    repo.config.set("commit.base_every", 100)
-    repo.config.set("commit.chain_budget", 0)
-    ids = [repo.commit(s, f"step {t}", quant=configs(t)) for t, s in trajectory(16)]
+    repo, ids = chained_repo(pristine, 16)
     repo.switch("side", create=True)
     side = repo.commit(next(iter(trajectory(1)))[1], "side work")
     repo.switch("main")

@@ -33,6 +33,15 @@ def configs(t: int) -> QuantConfig:
                        embedding_bins=[16, 32][t % 2])
 
 
+def chained_repo(root, n: int, *, base_every: int = 100, chain_budget: float = 0.0):
+    """(repo, ids): `n` lossy commits of `trajectory` under the given chain bounds
+    (by default none that n < 100 commits reach)."""
+    repo = Repo.init(root)
+    repo.config.set("commit.base_every", base_every)
+    repo.config.set("commit.chain_budget", chain_budget)
+    return repo, [repo.commit(state, f"step {t}", quant=configs(t)) for t, state in trajectory(n)]
+
+
 def expected(state, cfg, prev=None):
     """What a commit must restore: dequantize(quantize(W_t)), warm-started like the repo does
     from the previous commit's centroids. Returns (tensors, qmap) so the next call can chain."""
@@ -125,10 +134,7 @@ def _all_states(repo, ids):
 
 def test_gc_compacts_chains_without_changing_any_restore(tmp_path):
     root = tmp_path / "r"
-    repo = Repo.init(root)
-    repo.config.set("commit.base_every", 100)
-    repo.config.set("commit.chain_budget", 0)
-    ids = [repo.commit(state, f"step {t}", quant=configs(t)) for t, state in trajectory(30)]
+    repo, ids = chained_repo(root, 30)
     repo.branch("old", ids[10])
     before = _all_states(repo, ids)
     report = repo.gc(max_chain=4)
@@ -295,18 +301,12 @@ def test_chain_budget_bounds_every_chain_and_gc_enforces_it(tmp_path):
     from mvc.repo.lossy import chain_cost
 
     root = tmp_path / "r"
-    repo = Repo.init(root)
-    repo.config.set("commit.base_every", 0)
-    repo.config.set("commit.chain_budget", 1.5)
-    ids = [repo.commit(state, f"step {t}", quant=configs(t)) for t, state in trajectory(12)]
+    repo, ids = chained_repo(root, 12, base_every=0, chain_budget=1.5)
     recs = [_quant_records(repo, cid) for cid in ids]
     costs = [chain_cost(r) for commit in recs for r in commit.values()]
     assert max(costs) <= 1.5 and any(c > 0 for c in costs)
     # the budget made bases that an unbudgeted chain of the same commits does not have
-    free = Repo.init(tmp_path / "free")
-    free.config.set("commit.base_every", 0)
-    free.config.set("commit.chain_budget", 0)
-    free_ids = [free.commit(state, f"step {t}", quant=configs(t)) for t, state in trajectory(12)]
+    free, free_ids = chained_repo(tmp_path / "free", 12, base_every=0)
     n_bases = lambda rs: sum(r.codec == "qbase/1" for commit in rs for r in commit.values())
     assert n_bases(recs) > n_bases([_quant_records(free, cid) for cid in free_ids])
     free.close()
