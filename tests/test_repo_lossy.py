@@ -333,6 +333,22 @@ def test_chain_budget_bounds_every_chain_and_gc_enforces_it(tmp_path):
                 fresh.commit(next(iter(trajectory(1)))[1], "x", quant=configs(0))
 
 
+def test_gc_by_budget_is_idempotent(tmp_path):
+    """A second gc finds nothing to do, although the commits after a rebased tensor recorded
+    their costs against the chain the first gc cut."""
+    repo, ids = chained_repo(tmp_path / "r", 12)
+    before = _all_states(repo, ids)
+    repo.config.set("commit.chain_budget", 2.5)
+    first = repo.gc(max_chain=0)
+    assert first.tensors_rebased > 0
+    assert repo.gc(max_chain=0).tensors_rebased == 0
+    assert repo.fsck().ok
+    for cid in ids:
+        got = repo.read_state(cid)
+        for k, v in before[cid].items():
+            assert_bits(got[k], v, f"{cid[:8]} {k}")
+
+
 def test_step_cost_counts_changed_levels_up_to_one_pass():
     from mvc.quant import QuantizedTensor
     from mvc.repo.lossy import DENSE_SHARE, step_cost

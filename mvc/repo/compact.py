@@ -77,7 +77,10 @@ def compact_chains(repo: "Repo", roots: set[str], max_chain: int,
                 continue
             pkey = lossy.parent_ref(rec)
             d = depth.get(pkey, 0) + 1
-            c = cost.get(pkey, 0.0) + max(0.0, recorded[key] - recorded.get(pkey, 0.0))
+            # One step never costs more than a pass: that also bounds a child recorded against
+            # a chain an earlier gc has since cut (its parent reads as a base, cost 0).
+            step = min(1.0, max(0.0, recorded[key] - recorded.get(pkey, 0.0)))
+            c = cost.get(pkey, 0.0) + step
             report.max_depth_before = max(report.max_depth_before, d)
             if (max_chain and d > max_chain) or (budget and c > budget):
                 rebase.append(i)
