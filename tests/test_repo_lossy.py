@@ -286,9 +286,14 @@ def test_delta_max_ratio_keeps_barely_paying_deltas_out_of_chains(tmp_path):
                 assert size < 0.3 * max(s for c, s in (x[name] for x in strict if name in x)
                                         if c == "qbase/1")
     repo = Repo(tmp_path / "r0.3")
-    repo.config.set("commit.delta_max_ratio", 1.5)
+    with pytest.raises(ConfigError):
+        repo.config.set("commit.delta_max_ratio", 1.5)
+    # a hand-edited config is refused when read, before anything is stored
+    (tmp_path / "r0.3" / ".mvc" / "config.json").write_text('{"commit.delta_max_ratio": 0}')
+    before = repo.store.object_bytes()
     with pytest.raises(ConfigError):
         repo.commit(next(iter(trajectory(1)))[1], "x", quant=configs(0))
+    assert repo.store.object_bytes() == before
 
 
 def _quant_records(repo, cid):
@@ -327,10 +332,9 @@ def test_chain_budget_bounds_every_chain_and_gc_enforces_it(tmp_path):
             got = fresh.read_state(cid)
             for k, v in before[cid].items():
                 assert_bits(got[k], v, f"{cid[:8]} {k}")
-        for bad in (-1.0, float("nan")):
-            fresh.config.set("commit.chain_budget", bad)
+        for bad in (-1.0, float("nan"), float("inf")):
             with pytest.raises(ConfigError):
-                fresh.commit(next(iter(trajectory(1)))[1], "x", quant=configs(0))
+                fresh.config.set("commit.chain_budget", bad)
 
 
 def test_gc_by_budget_is_idempotent(tmp_path):

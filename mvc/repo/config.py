@@ -6,10 +6,11 @@ that `mvc config` never needs the store's write lock.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mvc.errors import UsageError
 
@@ -66,7 +67,24 @@ class ConfigError(UsageError):
     exit_code = 19
 
 
+#: Numeric keys with a valid range: (test, what the error says the value must be).
+_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "commit.base_every": (lambda v: v >= 0, ">= 0 (0: never forced)"),
+    "commit.delta_max_ratio": (lambda v: 0.0 < v <= 1.0, "in (0, 1]"),
+    "commit.chain_budget": (lambda v: v >= 0.0 and math.isfinite(v), ">= 0 (0: no budget)"),
+    "gc.max_chain": (lambda v: v >= 0, ">= 0 (0: no depth bound)"),
+}
+
+
 def _coerce(key: str, value: Any) -> Any:
+    value = _coerce_type(key, value)
+    check = _RANGES.get(key)
+    if check is not None and value is not None and not check[0](value):
+        raise ConfigError(f"config {key} must be {check[1]}, got {value!r}")
+    return value
+
+
+def _coerce_type(key: str, value: Any) -> Any:
     default = DEFAULTS[key]
     if key in JSON_KEYS:
         if isinstance(value, str):
