@@ -347,6 +347,10 @@ def test_gc_by_budget_is_idempotent(tmp_path):
     assert first.tensors_rebased > 0
     assert repo.gc(max_chain=0).tensors_rebased == 0
     assert repo.fsck().ok
+    from mvc.errors import UsageError
+
+    with pytest.raises(UsageError):
+        repo.gc(max_chain=-1)
     for cid in ids:
         got = repo.read_state(cid)
         for k, v in before[cid].items():

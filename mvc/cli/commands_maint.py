@@ -17,8 +17,9 @@ class FsckFailed(DataError):
 @click.command()
 @click.option("--dry-run", is_flag=True, help="Report what would be removed; change nothing.")
 @click.option("--shrink", is_flag=True, help="Also rewrite the store file compactly to return disk space.")
-@click.option("--max-chain", type=int, default=None,
-              help="Re-encode tensors with deeper delta chains as bases (default: gc.max_chain).")
+@click.option("--max-chain", type=click.IntRange(min=0), default=None,
+              help="Re-encode tensors with deeper delta chains as bases (default: gc.max_chain; "
+                   "0: no depth bound, commit.chain_budget still applies).")
 def gc(dry_run: bool, shrink: bool, max_chain: int | None) -> None:
     """Bound delta chains and remove objects unreachable from any ref or reflog entry."""
     repo = Repo.discover()

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mvc.codecs.base import registered
-from mvc.errors import DataError, MvcError
+from mvc.errors import DataError, MvcError, UsageError
 from mvc.repo import refs as R
 from mvc.repo.objects import Commit, Snapshot, object_kind
 from mvc.store import RefUpdate
@@ -109,6 +109,8 @@ def gc(repo: "Repo", *, dry_run: bool = False, max_chain: int | None = None,
     store = repo.store
     if max_chain is None:
         max_chain = int(repo.config.get("gc.max_chain"))
+    if max_chain < 0:
+        raise UsageError(f"max_chain must be >= 0 (0: no depth bound), got {max_chain}")
     with store.write_lock(repo._lock_timeout()):
         roots = root_ids(repo)
         keep, problems = reachable_objects(repo, roots)
