@@ -13,9 +13,12 @@ plus BASE (every checkpoint stored as `qbase/1`, no delta) as a reference.
 Reported: stored bytes (payload + JSON meta) and the compression ratio against
 the fp32 bytes of the quantized tensors, per checkpoint and overall; the "state"
 ratio also counts the tensors the quantizer policy keeps lossless, stored raw.
-Two runs: a fixed config (16 bins, prune 0.1, protect 0.005) and one where the
-bin count changes at every checkpoint.  Every delta is decoded and checked
-against the quantizer's levels.  Target: PE >= 1.3x smaller than RLE overall.
+Three runs: a fixed config (16 bins, prune 0.1, protect 0.005) with k-means
+warm-started from the previous checkpoint's centroids (as commits do), the same
+without warm start (the paper's setting: centroids move, so whole groups shift
+level), and one where the bin count changes at every checkpoint.  Every delta
+is decoded and checked against the quantizer's levels.  Target: PE >= 1.3x
+smaller than RLE overall.
 
 Then checkout timing (benchmarks/delta_checkout.py): at chain depth 1, 8 and 32
 against torch.load, and storage against checkout of every commit per chain policy.
