@@ -283,15 +283,14 @@ def read_all(repo: "Repo", snapshot_id: str, records: list[TensorRecord]) -> dic
 
     The quantized tensors are decoded on the native thread pool (chain walks,
     entropy decoding and level lookups run in C without the GIL) through one
-    shared snapshot memo -- one by one instead when their levels would not all
-    fit the level cache; Adam first moments are then bounded by their second
-    moments, restored once for both.
+    shared snapshot memo, so at most one tensor per thread is being walked at a
+    time; Adam first moments are then bounded by their second moments,
+    restored once for both.
     """
     from mvc.native.parallel import pmap
     from mvc.repo.tensors import read_tensor
 
     quant = [r for r in records if r.codec in QUANT_CODECS]
-    level_bytes = sum(math.prod(r.shape) for r in quant)
     memo: dict[str, Any] = {}
     out: dict[str, torch.Tensor] = {}
 
@@ -301,8 +300,9 @@ def read_all(repo: "Repo", snapshot_id: str, records: list[TensorRecord]) -> dic
         else:
             out[rec.name] = read_tensor(repo.store, rec)
 
-    if len(quant) > 1 and level_bytes <= repo._levels.max_bytes:
-        pmap(decode, quant)
+    # Costliest first (size times chain cost): the pool takes tasks in order, and the longest
+    # walk is the critical path.
+    pmap(decode, sorted(quant, key=lambda r: -math.prod(r.shape) * (1.0 + chain_cost(r))))
     # Exact tensors after: their codec spreads one tensor's blocks over the pool itself.
     for rec in records:
         if rec.name not in out:
