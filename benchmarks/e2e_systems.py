@@ -7,20 +7,10 @@ papers' descriptions (Inshrinkerator §8.2 / appendix A.2, ExCP §3):
 
 * `Exact`     torch.save of the whole state (the reference).
 * `ZipNN`     every tensor through the zipnn lossless float compressor.
-* `Uniform`   QD-compressor-like: min-max uniform quantization of each big weight
-              tensor, cyclic delta of the integer levels against the previous
-              checkpoint (mod B), Huffman coded (mvc's native Huffman).  Bit width
-              searched per checkpoint (one global width; QD's entropy-based per-layer
-              width is simplified away).  Optimizer state lossless (zipnn).
-* `Adaptive`  Check-N-Run-like: adaptive uniform quantization (greedy clipping-range
-              search minimizing L2 error, per tensor), levels Huffman coded, no delta
-              (as in Inshrinkerator's re-implementation).  Bit width searched.
-              Optimizer state lossless (zipnn).
-* `ExCP`      weight residual against the last reconstruction, joint weight-momentum
-              pruning, 4-bit (15 centres + zero) k-means on residual and on both Adam
-              moments, LZMA ("7zip").  Pruning strength alpha searched.
+* `Uniform`, `Adaptive`, `ExCP`  QD-compressor-, Check-N-Run- and ExCP-like
+              peers (described in benchmarks/e2e_baselines.py).
 * `ExactMomentPruned`  control: exact checkpoints, ExCP's momentum mask applied to
-              both Adam moments on restore (isolates that mask's effect on quality).
+              both Adam moments on restore.
 * `Mvc`       an mvc repository driven by `mvc.Tracker` (commit.mode=search with the
               held-out quality function; commit.optimizer compressed or exact).
 
