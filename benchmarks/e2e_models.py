@@ -46,23 +46,23 @@ class Workload:
     lr: float = 2e-3
 
     @torch.no_grad()
-    def loss(self, model: nn.Module, split: str = "val") -> float:
-        """Mean cross-entropy of `model` on a held-out split (eval mode, restored after)."""
+    def _outputs(self, model: nn.Module, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(model outputs, targets) on a split, in eval mode (restored after)."""
         x, y = self.splits[split]
         was = model.training
         model.eval()
         out = model(x)
         model.train(was)
+        return out, y
+
+    def loss(self, model: nn.Module, split: str = "val") -> float:
+        """Mean cross-entropy of `model` on a held-out split."""
+        out, y = self._outputs(model, split)
         return float(nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)))
 
-    @torch.no_grad()
     def accuracy(self, model: nn.Module, split: str = "test") -> float:
         """Top-1 accuracy on a split."""
-        x, y = self.splits[split]
-        was = model.training
-        model.eval()
-        out = model(x)
-        model.train(was)
+        out, y = self._outputs(model, split)
         return float((out.argmax(-1) == y).float().mean())
 
 
