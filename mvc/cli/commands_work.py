@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import click
 
 from mvc.cli.format import human_bytes
-from mvc.errors import UsageError
+from mvc.errors import MvcError, MvcWarning, UsageError
 from mvc.repo.repository import Repo
 
 
@@ -71,7 +72,10 @@ def commit(message: str, checkpoint: str | None, step: int | None, metrics: tupl
     quality = load_hook(hook, repo.path) if hook and not lossless else None
     cid = repo.commit(state, message, step=step, metrics=metric_values,
                       lossless=True if lossless else None, quality=quality, epsilon=epsilon)
-    _remember_source(repo, cid, path, st)
+    try:
+        _remember_source(repo, cid, path, st)
+    except MvcError as exc:  # the commit has landed; only `status` loses its hint
+        warnings.warn(MvcWarning(f"commit {cid[:12]} is stored, but {exc}"), stacklevel=1)
     branch = repo.current_branch()
     c = repo.read_commit(cid)
     raw = repo.read_snapshot(c.snapshot).raw_bytes

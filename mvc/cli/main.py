@@ -8,10 +8,11 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+import warnings
 
 import click
 
-from mvc.errors import InternalError, MvcError
+from mvc.errors import DiskFullError, InternalError, MvcError, MvcWarning, is_disk_full
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -38,8 +39,26 @@ def _register() -> None:
 _register()
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    if issubclass(category, MvcWarning):
+        click.echo(f"mvc: warning: {message}", err=True)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+_default_showwarning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point for the `mvc` console script and `python -m mvc`."""
+    saved, warnings.showwarning = warnings.showwarning, _show_warning
+    try:
+        return _run(argv)
+    finally:
+        warnings.showwarning = saved
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         cli.main(args=argv, prog_name="mvc", standalone_mode=False)
         return 0
@@ -64,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # disk full, permissions, ...: the environment, not a bug
         where = f": {exc.filename}" if exc.filename else ""
         click.echo(f"mvc: error: {exc.strerror or exc}{where}", err=True)
-        return 74
+        return DiskFullError.exit_code if is_disk_full(exc) else 74
     except Exception as exc:  # a bug: say so plainly
         click.echo(f"mvc: internal error (this is a bug): {type(exc).__name__}: {exc}", err=True)
         if os.environ.get("MVC_DEBUG"):

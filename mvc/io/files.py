@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from mvc.errors import MvcError, UsageError
+from mvc.errors import DiskFullError, MvcError, UsageError, is_disk_full
 
 TORCH_SUFFIXES = frozenset({".pt", ".pth", ".ckpt", ".bin"})
 SAFETENSORS_SUFFIXES = frozenset({".safetensors"})
@@ -129,8 +129,14 @@ def save_checkpoint(state: Any, path: str | os.PathLike, format: str | None = No
             save_file(tensors, str(tmp))
             _fsync_path(tmp, os.O_RDONLY)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
+        # Asked before the partial file is removed: torch's zip writer reports ENOSPC as
+        # a RuntimeError, and only a nearly empty filesystem tells it apart from a bug.
+        full = isinstance(exc, (OSError, RuntimeError)) and is_disk_full(exc, parent)
         tmp.unlink(missing_ok=True)
+        if full:
+            raise DiskFullError(f"no space left on device to write {target}; "
+                                "it was left as it was") from exc
         raise
     _fsync_path(parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import heapq
 import os
+import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -14,7 +15,7 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 
 from mvc.codecs.base import get_codec, registered
-from mvc.errors import MvcError, UsageError
+from mvc.errors import MvcError, MvcWarning, UsageError
 from mvc.io.state import flatten, unflatten
 from mvc.repo import refs as R
 from mvc.repo.config import Config
@@ -331,12 +332,19 @@ class Repo:
             cid = writer.add(commit.encode())
             writer.flush()
             self.store.update_refs([RefUpdate(ref, parent, cid)], f"commit: {commit.summary}")
-        # The next commit deltas against these levels without re-walking the chain.
+        # The commit has landed: what follows only speeds up later commits and checkouts,
+        # so a failure here (a full disk) is a warning, never a reported failed commit.
         for name, q in qmap.items():
             if q is not None:
                 self._levels.put((snap_id, name), q)
         if self.disk_levels is not None:
-            self.disk_levels.save(snap_id, bases)
+            try:
+                self.disk_levels.save(snap_id, bases)
+            except (OSError, MvcError) as exc:
+                warnings.warn(MvcWarning(
+                    f"commit {cid[:12]} is stored, but its level cache was not written "
+                    f"({getattr(exc, 'strerror', None) or exc}); checkouts of it walk its "
+                    "delta chains instead"), stacklevel=2)
         return cid
 
     def _plan(self, flat, lossless, quant, policy, grads, quality, epsilon):

@@ -33,7 +33,7 @@ from typing import Any, Callable, TypeVar
 
 import lmdb
 
-from mvc.errors import InternalError, MvcError
+from mvc.errors import DiskFullError, InternalError, MvcError, free_bytes, is_disk_full
 from mvc.store.base import StoreFormatError, StoreNotFoundError
 from mvc.store.lock import SharedExclusiveLock, SharedFileLock
 
@@ -60,9 +60,24 @@ class MapGrowthError(InternalError):
 
 
 class StoreIOError(MvcError):
-    """LMDB reported an operating-system level failure (disk full, permissions, I/O)."""
+    """LMDB reported an operating-system level failure (permissions, I/O; a full disk is DiskFullError)."""
 
     exit_code = 68
+
+
+#: Below this much free space an LMDB write error is taken to mean "disk full": LMDB
+#: reports a failed write of its pages as EIO, whatever the cause.
+FULL_BELOW_BYTES = 64 * MiB
+
+
+def io_error(where: str, exc: BaseException, need: int = 0) -> MvcError:
+    """The typed error for an LMDB / OS failure at `where`: disk full or another I/O error."""
+    if is_disk_full(exc, where, below=max(FULL_BELOW_BYTES, 2 * need)):
+        free = free_bytes(where)
+        shown = f" ({free >> 20} MiB free)" if free is not None else ""
+        return DiskFullError(f"no space left on device for {where}{shown}; nothing stored was "
+                             "changed: free some space and retry")
+    return StoreIOError(f"store {where}: {exc}")
 
 
 def round_up(n: int, unit: int) -> int:
@@ -203,7 +218,7 @@ class EnvHandle:
                     except lmdb.MapResizedError:
                         action = "adopt"
                     except lmdb.Error as e:
-                        raise StoreIOError(f"store {self.store_dir}: {e}") from e
+                        raise io_error(self.store_dir, e, need) from e
             with self.rw.exclusive():
                 if self.env is None:
                     self.open_env()
@@ -260,14 +275,19 @@ class EnvHandle:
         new = os.path.join(self.root, STORE_NEW)
         before = os.path.getsize(self.data_file())
         shutil.rmtree(new, ignore_errors=True)
-        os.mkdir(new)
-        self.env.copy(new, compact=True)
-        fd = os.open(os.path.join(new, DATA_FILE), os.O_RDONLY)
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        fsync_dir(new)
+            os.mkdir(new)
+            self.env.copy(new, compact=True)
+            fd = os.open(os.path.join(new, DATA_FILE), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_dir(new)
+        except (lmdb.Error, OSError) as e:
+            # The live store is untouched until the renames below: drop the partial copy.
+            shutil.rmtree(new, ignore_errors=True)
+            raise io_error(self.root, e) from e
         env, self.env, self.dbs = self.env, None, {}
         env.close()
         try:
