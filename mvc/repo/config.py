@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from mvc.codecs.base import registered
 from mvc.errors import UsageError
 
 #: Every known key with its default. Unknown keys are refused so typos surface.
@@ -72,7 +73,19 @@ _RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "commit.base_every": (lambda v: v >= 0, ">= 0 (0: never forced)"),
     "commit.delta_max_ratio": (lambda v: 0.0 < v <= 1.0, "in (0, 1]"),
     "commit.chain_budget": (lambda v: v >= 0.0 and math.isfinite(v), ">= 0 (0: no budget)"),
+    "commit.chunk_mib": (lambda v: 1 <= v <= 4096, "in [1, 4096]"),
+    "core.lock_timeout": (lambda v: v >= 0.0 and math.isfinite(v), ">= 0 seconds"),
+    "quality.epsilon": (lambda v: 0.0 < v < 1.0, "in (0, 1) (a relative degradation)"),
+    "cache.levels_keep": (lambda v: v >= 0, ">= 0 (0: no level cache)"),
     "gc.max_chain": (lambda v: v >= 0, ">= 0 (0: no depth bound)"),
+}
+
+#: String keys with a fixed set of values (a callable: the set is known only at run time).
+_CHOICES: dict[str, Callable[[], list[str]]] = {
+    "commit.mode": lambda: ["search", "fixed", "lossless"],
+    "commit.optimizer": lambda: ["exact", "compressed"],
+    "checkpoint.format": lambda: ["pt", "safetensors"],
+    "commit.lossless_codec": registered,
 }
 
 
@@ -81,6 +94,9 @@ def _coerce(key: str, value: Any) -> Any:
     check = _RANGES.get(key)
     if check is not None and value is not None and not check[0](value):
         raise ConfigError(f"config {key} must be {check[1]}, got {value!r}")
+    choices = _CHOICES.get(key)
+    if choices is not None and value is not None and value not in choices():
+        raise ConfigError(f"config {key} must be one of {', '.join(choices())}, got {value!r}")
     return value
 
 
@@ -114,12 +130,25 @@ def _coerce_type(key: str, value: Any) -> Any:
 
 
 class Config:
-    """Read/write access to `.mvc/config.json`."""
+    """Read/write access to `.mvc/config.json`.
+
+    The parsed file is kept until the file changes (size, mtime or inode), so the dozen
+    lookups of one commit cost one parse while an edit by `mvc config` or by hand in
+    another process is still seen by the next lookup.
+    """
 
     def __init__(self, path: Path):
         self.path = path
+        self._cached: tuple[tuple[int, int, int], dict[str, Any]] | None = None
 
     def _load(self) -> dict[str, Any]:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return {}
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if self._cached is not None and self._cached[0] == stamp:
+            return dict(self._cached[1])
         try:
             with open(self.path, encoding="utf-8") as fh:
                 data = json.load(fh)
@@ -129,7 +158,8 @@ class Config:
             raise ConfigError(f"{self.path} is not valid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{self.path} must hold a JSON object")
-        return data
+        self._cached = (stamp, data)
+        return dict(data)
 
     def get(self, key: str) -> Any:
         """The configured value of `key`, or its default."""
@@ -151,6 +181,8 @@ class Config:
             json.dump(data, fh, indent=2, sort_keys=True)
             fh.write("\n")
         os.replace(tmp, self.path)
+        st = os.stat(self.path)
+        self._cached = ((st.st_mtime_ns, st.st_size, st.st_ino), data)
 
     def items(self) -> dict[str, Any]:
         """Every key with its effective value."""

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from mvc.codecs.base import get_codec, registered
+from mvc.codecs.base import get_codec
 from mvc.errors import MvcError, MvcWarning, UsageError
 from mvc.io.state import flatten, unflatten
 from mvc.repo import refs as R
@@ -233,8 +233,7 @@ class Repo:
         return float(self.config.get("core.lock_timeout"))
 
     def _lossless_codec(self):
-        name = self.config.get("commit.lossless_codec")
-        return get_codec(name if name in registered() else "raw/1")
+        return get_codec(self.config.get("commit.lossless_codec"))
 
     def commit(self, state: Any, message: str, *, step: int | None = None,
                metrics: Mapping[str, float] | None = None, lossless: bool | None = None,
