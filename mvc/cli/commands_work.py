@@ -129,10 +129,12 @@ def checkout(rev: str, output: str | None, fmt: str | None) -> None:
 
     repo = Repo.discover()
     path = _checkpoint_path(repo, output, "output file (-o)")
-    cid = repo.resolve(rev)
-    state = repo.read_state(cid)
+    # Resolve once: the id read is the id HEAD moves to, and HEAD attaches only to the
+    # branch that resolution went through.
+    cid, branch_ref = repo._resolve_rev(rev)
+    state = repo._read_state_at(cid)
     save_checkpoint(state, path, fmt)
-    repo._move_head(rev, cid)
+    repo._move_head(cid, branch_ref, rev)
     _remember_source(repo, cid, path, path.stat())
     branch = repo.current_branch()
     where = f"on branch {branch}" if branch else f"HEAD detached at {cid[:12]}"

@@ -10,15 +10,25 @@ HEADS = "refs/heads/"
 TAGS = "refs/tags/"
 SYMREF = "ref: "
 
-# git's rules, simplified: no control chars, spaces, ~^:?*[\ , no "..", no leading "-" or "/",
-# no trailing "/" or ".lock", no "//".
-_BAD_NAME = re.compile(r"[\x00-\x20~^:?*\[\\\x7f]|\.\.|//|@\{")
+# git check-ref-format's rules: no control characters (C0, DEL, and C1 too: CSI is U+009B),
+# space, ~ ^ : ? * [ \ , no "..", no "@{", no "//"; per component: no leading ".", no trailing
+# ".lock"; no leading "-" or "/", no trailing "/" or "."; not "@" alone.
+_BAD_NAME = re.compile(r"[\x00-\x20~^:?*\[\\\x7f-\x9f]|\.\.|//|@\{|(^|/)\.|\.lock(/|$)")
+# A name made only of hex digits could be read as a commit id or id prefix (4 digits or more
+# are one): it is refused whatever its length, so every spelling of an id means that id.
+_HEX_NAME = re.compile(r"^[0-9a-fA-F]{4,}$")
 
 
 class RefNameError(UsageError):
     """A branch or tag name that cannot be used."""
 
     exit_code = 15
+
+
+class AmbiguousRefNameError(RefNameError):
+    """A branch or tag name that reads as a commit id, an id prefix or a full ref name."""
+
+    exit_code = 93
 
 
 class RefExistsError(MvcError):
@@ -40,10 +50,24 @@ class CurrentBranchError(MvcError):
 
 
 def check_ref_name(name: str, kind: str) -> None:
-    """Raise RefNameError unless `name` is a valid branch/tag name."""
-    if (not name or _BAD_NAME.search(name) or name.startswith(("-", "/", "."))
-            or name.endswith(("/", ".lock", ".")) or name == "HEAD"):
+    """Raise RefNameError unless `name` is a valid branch/tag name.
+
+    git's `check-ref-format` rules, plus two of mvc's own so that a name can never
+    shadow another kind of revision: no all-hex names of 4 digits or more (an id or
+    id prefix), and nothing starting with `refs/` (the full form of a ref).
+    """
+    if (not isinstance(name, str) or not name or _BAD_NAME.search(name)
+            or name.startswith(("-", "/")) or name.endswith(("/", "."))
+            or name in ("HEAD", "@")):
         raise RefNameError(f"invalid {kind} name {name!r}")
+    if _HEX_NAME.match(name):
+        raise AmbiguousRefNameError(
+            f"{kind} name {name!r} is all hex digits and would read as a commit id "
+            f"(or id prefix); pick a name with a non-hex character, e.g. 'v-{name}'")
+    if name.startswith("refs/"):
+        raise AmbiguousRefNameError(
+            f"{kind} name {name!r} starts with 'refs/' and would read as a full ref name; "
+            "drop the prefix")
 
 
 def is_symbolic(value: str | None) -> bool:

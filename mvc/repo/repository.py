@@ -22,9 +22,10 @@ from mvc.repo.config import Config
 from mvc.repo.objects import Commit, Snapshot, TensorRecord
 from mvc.repo import lossy
 from mvc.repo.provenance import author, code_provenance
-from mvc.repo.revparse import UnknownRevisionError, resolve_base, split_suffixes
+from mvc.repo.revparse import (UnknownRevisionError, check_spelling, resolve_base,
+                                split_suffixes)
 from mvc.repo.tensors import ChunkWriter
-from mvc.store import ANY, LmdbStore, RefUpdate
+from mvc.store import ANY, InvalidRefError, LmdbStore, RefUpdate
 
 MVC_DIR = ".mvc"
 DEFAULT_BRANCH = "main"
@@ -128,10 +129,21 @@ class Repo:
         return value
 
     def resolve(self, rev: str = "HEAD") -> str:
-        """The commit id a revision names (`HEAD`, branch, tag, id or prefix, with ~n / ^n)."""
-        base, steps = split_suffixes(rev.strip())
-        oid = resolve_base(base, read_ref=self.store.read_ref, resolve_ref=self._resolve_ref,
-                           ids_with_prefix=self.store.ids_with_prefix, is_commit=self._is_commit)
+        """The commit id a revision names (`HEAD`, branch, tag, id or prefix, with ~n / ^n).
+
+        A full id of an existing commit always means that commit, whatever refs are named;
+        `refs/heads/X` / `refs/tags/X` mean exactly that ref; a revision with whitespace
+        is unknown (never trimmed)."""
+        return self._resolve_rev(rev)[0]
+
+    def _resolve_rev(self, rev: str) -> tuple[str, str | None]:
+        """(commit id, branch) for `rev`: the branch name when `rev` names a branch exactly as
+        resolved (no suffix; `HEAD` counts as the branch it is attached to), else None."""
+        check_spelling(rev)
+        base, steps = split_suffixes(rev)
+        oid, ref = resolve_base(base, read_ref=self.store.read_ref, resolve_ref=self._resolve_ref,
+                                ids_with_prefix=self.store.ids_with_prefix,
+                                is_commit=self._is_commit)
         for op, n in steps:
             if op == "~":
                 for _ in range(n):
@@ -144,7 +156,8 @@ class Repo:
                 if len(parents) < n:
                     raise UnknownRevisionError(f"{rev!r}: {oid[:12]} has no parent #{n}")
                 oid = parents[n - 1]
-        return oid
+        branch = ref[len(R.HEADS):] if ref and ref.startswith(R.HEADS) and not steps else None
+        return oid, branch
 
     def head(self) -> str | None:
         """The commit HEAD points at, or None on an unborn branch."""
@@ -212,19 +225,26 @@ class Repo:
         return old
 
     def switch(self, name: str, *, create: bool = False) -> None:
-        """Attach HEAD to branch `name` (creating it at HEAD with `create=True`)."""
+        """Attach HEAD to branch `name` (creating it at HEAD with `create=True`).
+
+        `refs/heads/X` names branch X, as in revisions."""
         if create:
             self.branch(name)
-        elif self.store.read_ref(R.HEADS + name) is None:
-            raise R.NoSuchRefError(f"no branch named {name!r}")
+        else:
+            name = name.removeprefix(R.HEADS)
+            try:
+                exists = bool(name) and self.store.read_ref(R.HEADS + name) is not None
+            except InvalidRefError:  # not even storable as a ref name: no such branch
+                exists = False
+            if not exists:
+                raise R.NoSuchRefError(f"no branch named {name!r}")
         self.store.update_refs([RefUpdate(R.HEAD, ANY, R.SYMREF + R.HEADS + name)],
                                f"switch: to {name}")
 
-    def _move_head(self, rev: str, oid: str) -> None:
-        if self.store.read_ref(R.HEADS + rev) is not None:
-            new = R.SYMREF + R.HEADS + rev
-        else:
-            new = oid
+    def _move_head(self, oid: str, branch: str | None, rev: str) -> None:
+        """Point HEAD at `oid`: attached to `branch` (from `_resolve_rev(rev)`: set only when
+        `rev` named that branch exactly as resolved), detached otherwise."""
+        new = R.SYMREF + R.HEADS + branch if branch is not None else oid
         if self.store.read_ref(R.HEAD) != new:
             self.store.update_refs([RefUpdate(R.HEAD, ANY, new)], f"checkout: moving to {rev}")
 
@@ -468,7 +488,11 @@ class Repo:
     # ------------------------------------------------------------------ checkout
     def read_state(self, rev: str = "HEAD", *, map_location: str | torch.device | None = None) -> Any:
         """The checkpoint stored at `rev`, rebuilt with its original structure; HEAD does not move."""
-        cid = self.resolve(rev)
+        return self._read_state_at(self.resolve(rev), map_location=map_location)
+
+    def _read_state_at(self, cid: str, *, map_location: str | torch.device | None = None) -> Any:
+        """The checkpoint of commit `cid`, an id already resolved: it never goes through
+        revision parsing again, where a ref could be named like it."""
         sid = self.read_commit(cid).snapshot
         snap = self.read_snapshot(sid)
         tensors = lossy.read_all(self, sid, snap.tensors)
@@ -476,11 +500,12 @@ class Repo:
 
     def checkout(self, rev: str = "HEAD", *, move_head: bool = True,
                  map_location: str | torch.device | None = None) -> Any:
-        """Rebuild the checkpoint at `rev` and move HEAD there (attached if `rev` is a branch)."""
-        cid = self.resolve(rev)
-        state = self.read_state(cid, map_location=map_location)
+        """Rebuild the checkpoint at `rev` and move HEAD there: attached if `rev` names a branch
+        (`main`, `refs/heads/main`, or `HEAD` while attached), detached otherwise."""
+        cid, branch = self._resolve_rev(rev)
+        state = self._read_state_at(cid, map_location=map_location)
         if move_head:
-            self._move_head(rev, cid)
+            self._move_head(cid, branch, rev)
         return state
 
     # ------------------------------------------------------------------ history

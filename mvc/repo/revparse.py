@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import re
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from mvc.errors import MvcError
-from mvc.repo.refs import HEADS, TAGS
+from mvc.repo.refs import HEAD, HEADS, TAGS, is_symbolic, symbolic_target
+from mvc.store import InvalidRefError
 
 _HEX = re.compile(r"^[0-9a-f]{4,32}$")
 _SUFFIX = re.compile(r"(~\d*|\^\d*)$")
@@ -39,28 +40,83 @@ def split_suffixes(rev: str) -> tuple[str, list[tuple[str, int]]]:
     return rev, steps
 
 
+class Resolved(NamedTuple):
+    """What a revision without suffixes names: the commit id, and the ref it was read through."""
+
+    oid: str
+    #: The full ref name (``refs/heads/main``, ``refs/tags/v1``) the id was read from, or None
+    #: for an id or prefix; for ``HEAD`` the ref HEAD is attached to, if any.
+    ref: str | None
+
+
+def check_spelling(rev: str) -> None:
+    """Refuse a revision with whitespace, saying so: revisions are never trimmed, because a
+    trimmed `" main"` that reads `main` but does not attach HEAD to it is worse than an error."""
+    if not isinstance(rev, str):
+        raise UnknownRevisionError(f"a revision must be a string, got {type(rev).__name__}")
+    if rev != rev.strip():
+        raise UnknownRevisionError(
+            f"unknown revision {rev!r}: it has surrounding whitespace (revisions are never "
+            f"trimmed); did you mean {rev.strip()!r}?")
+    if any(c.isspace() for c in rev):
+        raise UnknownRevisionError(f"unknown revision {rev!r}: revisions contain no whitespace")
+
+
 def resolve_base(name: str, *, read_ref: Callable[[str], str | None],
                  resolve_ref: Callable[[str], str | None],
                  ids_with_prefix: Callable[[str], list[str]],
-                 is_commit: Callable[[str], bool]) -> str:
-    """Resolve a revision without suffixes to a commit id."""
+                 is_commit: Callable[[str], bool]) -> Resolved:
+    """Resolve a revision without suffixes to a commit id, in this order:
+
+    a full id of an existing commit (it wins over any name), ``HEAD``, a full ref
+    name (``refs/heads/X`` / ``refs/tags/X``, exactly that ref), a branch, a tag,
+    then a unique id prefix of 4 hex digits or more.
+    """
     if not name:
         raise UnknownRevisionError("empty revision")
-    candidates = [name] if name == "HEAD" or name.startswith("refs/") else [HEADS + name, TAGS + name]
-    for ref in candidates:
-        if read_ref(ref) is not None:
-            target = resolve_ref(ref)
-            if target is None:
-                raise UnknownRevisionError(f"{name!r} has no commits yet")
-            return target
     low = name.lower()
+    if len(low) == ID_LEN and _HEX.match(low) and is_commit(low):
+        return Resolved(low, None)
+    if name == HEAD:
+        return _through(HEAD, name, read_ref, resolve_ref)
+    if name.startswith("refs/"):
+        if not name.startswith((HEADS, TAGS)):
+            raise UnknownRevisionError(
+                f"unknown revision {name!r}: only refs/heads/ and refs/tags/ name commits")
+        if _read(read_ref, name) is None:
+            raise UnknownRevisionError(f"unknown revision {name!r}")
+        return _through(name, name, read_ref, resolve_ref)
+    for ref in (HEADS + name, TAGS + name):
+        if _read(read_ref, ref) is not None:
+            return _through(ref, name, read_ref, resolve_ref)
     if _HEX.match(low):
         matches = [m for m in ids_with_prefix(low) if is_commit(m)]
         if len(matches) == 1:
-            return matches[0]
+            return Resolved(matches[0], None)
         if len(matches) > 1:
             listing = ", ".join(m[:12] for m in matches[:10])
             raise AmbiguousRevisionError(
                 f"short id {name!r} is ambiguous; candidates: {listing}"
                 + (" ..." if len(matches) > 10 else ""))
     raise UnknownRevisionError(f"unknown revision {name!r}")
+
+
+def _read(read_ref: Callable[[str], str | None], ref: str) -> str | None:
+    # A revision is user input: one that cannot even be a ref name (control characters,
+    # too long) names nothing, rather than failing as a malformed store request.
+    try:
+        return read_ref(ref)
+    except InvalidRefError:
+        return None
+
+
+def _through(ref: str, name: str, read_ref: Callable[[str], str | None],
+             resolve_ref: Callable[[str], str | None]) -> Resolved:
+    """The commit `ref` points at; for a symbolic ref (HEAD), the ref it is attached to."""
+    value = read_ref(ref)
+    target = resolve_ref(ref)
+    if target is None:
+        raise UnknownRevisionError(f"{name!r} has no commits yet")
+    if is_symbolic(value):
+        return Resolved(target, symbolic_target(value))
+    return Resolved(target, ref)
