@@ -5,7 +5,7 @@ from dataclasses import asdict
 
 import click
 
-from mvc.cli.format import echo_json, human_bytes, ratio, table
+from mvc.cli.format import echo, echo_json, human_bytes, message_lines, ratio, table
 from mvc.repo.objects import Commit
 from mvc.repo.repository import Repo
 
@@ -73,12 +73,12 @@ def log(rev: str, oneline: bool, graph: bool, max_count: int | None, as_json: bo
         refs = f" ({', '.join(deco[c.id])})" if c.id in deco else ""
         bullet = "* " if graph else ""
         if oneline:
-            click.echo(f"{bullet}{c.id[:12]}{refs} {c.summary}")
+            echo(f"{bullet}{c.id[:12]}{refs} {c.summary}")
             continue
         pad = "| " if graph else ""
-        click.echo(f"{bullet}commit {c.id}{refs}")
-        click.echo(f"{pad}Author: {c.author}")
-        click.echo(f"{pad}Date:   {c.time}")
+        echo(f"{bullet}commit {c.id}{refs}")
+        echo(f"{pad}Author: {c.author}")
+        echo(f"{pad}Date:   {c.time}")
         extra = []
         if c.step is not None:
             extra.append(f"step {c.step}")
@@ -88,12 +88,12 @@ def log(rev: str, oneline: bool, graph: bool, max_count: int | None, as_json: bo
         if c.quality and c.quality.get("degradation") is not None:
             extra.append(f"quality {c.quality['degradation']:+.2%} (bound {c.quality.get('epsilon', 0):.2%})")
         if extra:
-            click.echo(f"{pad}Info:   {', '.join(extra)}")
-        click.echo(pad)
-        for line in c.message.splitlines() or [""]:
-            click.echo(f"{pad}    {line}")
+            echo(f"{pad}Info:   {', '.join(extra)}")
+        echo(pad)
+        for line in message_lines(c.message) or [""]:
+            echo(f"{pad}    {line}", multiline=True)
         if i + 1 < len(commits):
-            click.echo(pad)
+            echo(pad)
 
 
 @click.command()
@@ -112,35 +112,36 @@ def show(rev: str, as_json: bool) -> None:
     if as_json:
         echo_json({**commit_dict(c), "tensors": tensors})
         return
-    click.echo(f"commit {c.id}")
+    echo(f"commit {c.id}")
     if c.parents:
-        click.echo(f"Parents: {' '.join(p[:12] for p in c.parents)}")
-    click.echo(f"Author:  {c.author}")
-    click.echo(f"Date:    {c.time}")
+        echo(f"Parents: {' '.join(p[:12] for p in c.parents)}")
+    echo(f"Author:  {c.author}")
+    echo(f"Date:    {c.time}")
     if c.step is not None:
-        click.echo(f"Step:    {c.step}")
+        echo(f"Step:    {c.step}")
     for k, v in c.metrics.items():
-        click.echo(f"Metric:  {k} = {v:g}")
+        echo(f"Metric:  {k} = {v:g}")
     if c.provenance:
         p = c.provenance
         dirty = " (dirty)" if p.get("dirty") else ""
-        click.echo(f"Code:    {p.get('commit') or 'no commits'} on {p.get('branch') or 'detached'}"
-                   f"{dirty} in {p.get('repo')}")
+        echo(f"Code:    {p.get('commit') or 'no commits'} on {p.get('branch') or 'detached'}"
+             f"{dirty} in {p.get('repo')}")
     if c.quant:
-        click.echo(f"Quant:   {describe_quant(c.quant)}")
+        echo(f"Quant:   {describe_quant(c.quant)}")
     if c.quality:
-        click.echo(f"Quality: {describe_quality(c.quality)}")
-    click.echo("")
-    for line in c.message.splitlines():
-        click.echo(f"    {line}")
-    click.echo("")
+        echo(f"Quality: {describe_quality(c.quality)}")
+    echo()
+    for line in message_lines(c.message):
+        echo(f"    {line}", multiline=True)
+    echo()
     rows = [(t["name"], t["dtype"], "x".join(map(str, t["shape"])) or "()", t["codec"],
              human_bytes(t["stored_bytes"]), ratio(t["raw_bytes"] / t["stored_bytes"])
              if t["stored_bytes"] else "-") for t in tensors]
     click.echo(table(rows, ["tensor", "dtype", "shape", "codec", "stored", "ratio"], "lllllr"))
     raw, stored = snap.raw_bytes, sum(t["stored_bytes"] for t in tensors)
-    click.echo(f"\n{len(tensors)} tensors, {human_bytes(raw)} raw, {human_bytes(stored)} stored"
-               f" ({ratio(raw / stored) if stored else '-'})")
+    echo()
+    echo(f"{len(tensors)} tensors, {human_bytes(raw)} raw, {human_bytes(stored)} stored"
+         f" ({ratio(raw / stored) if stored else '-'})")
 
 
 @click.command()
@@ -167,7 +168,7 @@ def diff(rev_a: str, rev_b: str, as_json: bool, show_all: bool) -> None:
         counts[d.status] = counts.get(d.status, 0) + 1
     if rows:
         click.echo(table(rows, ["tensor", "status", "rel L2", "max |diff|"], "llrr"))
-    click.echo(", ".join(f"{n} {s}" for s, n in counts.items()) or "no tensors")
+    echo(", ".join(f"{n} {s}" for s, n in counts.items()) or "no tensors")
 
 
 @click.command()
@@ -182,9 +183,10 @@ def stats(as_json: bool) -> None:
     rows = [(c.id[:12], c.message[:40], human_bytes(c.raw_bytes), human_bytes(c.stored_bytes),
              ratio(c.ratio)) for c in s.commits]
     click.echo(table(rows, ["commit", "message", "raw", "stored", "ratio"], "llrrr"))
-    click.echo(f"\ntotal: {len(s.commits)} commits, {human_bytes(s.raw_bytes)} raw, "
-               f"{human_bytes(s.stored_bytes)} stored ({ratio(s.ratio)}); "
-               f"{human_bytes(s.disk_bytes)} on disk")
+    echo()
+    echo(f"total: {len(s.commits)} commits, {human_bytes(s.raw_bytes)} raw, "
+         f"{human_bytes(s.stored_bytes)} stored ({ratio(s.ratio)}); "
+         f"{human_bytes(s.disk_bytes)} on disk")
 
 
 COMMANDS = [log, show, diff, stats]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from mvc.cli.format import human_bytes
+from mvc.cli.format import echo, human_bytes
 from mvc.errors import DataError
 from mvc.repo.repository import Repo
 
@@ -25,13 +25,13 @@ def gc(dry_run: bool, shrink: bool, max_chain: int | None) -> None:
     repo = Repo.discover()
     r = repo.gc(dry_run=dry_run, max_chain=max_chain, shrink=shrink)
     if r.snapshots_rewritten:
-        click.echo(f"gc: re-encoded {r.tensors_rebased} tensors in {r.snapshots_rewritten} snapshots "
-                   f"as bases (chain depth {r.max_chain_before} -> {r.max_chain_after})")
+        echo(f"gc: re-encoded {r.tensors_rebased} tensors in {r.snapshots_rewritten} snapshots "
+             f"as bases (chain depth {r.max_chain_before} -> {r.max_chain_after})")
     verb = "would remove" if dry_run else "removed"
-    click.echo(f"gc: {verb} {r.removed_objects} objects, {human_bytes(r.freed_bytes)}; "
-               f"{r.kept_objects} reachable objects kept")
+    echo(f"gc: {verb} {r.removed_objects} objects, {human_bytes(r.freed_bytes)}; "
+         f"{r.kept_objects} reachable objects kept")
     if r.disk_before is not None:
-        click.echo(f"gc: store file {human_bytes(r.disk_before)} -> {human_bytes(r.disk_after)}")
+        echo(f"gc: store file {human_bytes(r.disk_before)} -> {human_bytes(r.disk_after)}")
 
 
 @click.command()
@@ -40,10 +40,10 @@ def fsck() -> None:
     repo = Repo.discover()
     r = repo.fsck()
     for p in r.problems:
-        click.echo(p)
+        echo(p)
     if r.problems:
         raise FsckFailed(f"fsck found {len(r.problems)} problem(s) in {r.objects_checked} objects")
-    click.echo(f"fsck: {r.objects_checked} objects, {r.commits_checked} commits: ok")
+    echo(f"fsck: {r.objects_checked} objects, {r.commits_checked} commits: ok")
 
 
 COMMANDS = [gc, fsck]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from mvc.cli.format import echo
 from mvc.errors import UsageError
 from mvc.repo.repository import Repo
 
@@ -18,18 +19,18 @@ def branch(name: str | None, rev: str | None, delete: bool) -> None:
         if not name:
             raise UsageError("branch -d needs a branch name")
         old = repo.delete_branch(name)
-        click.echo(f"Deleted branch {name} (was {old[:12]})")
+        echo(f"Deleted branch {name} (was {old[:12]})")
         return
     if name:
         oid = repo.branch(name, rev)
-        click.echo(f"Created branch {name} at {oid[:12]}")
+        echo(f"Created branch {name} at {oid[:12]}")
         return
     current = repo.current_branch()
     for bname, oid in repo.branches():
         mark = "*" if bname == current else " "
-        click.echo(f"{mark} {bname}  {oid[:12]}  {repo.read_commit(oid).summary}")
+        echo(f"{mark} {bname}  {oid[:12]}  {repo.read_commit(oid).summary}")
     if current is None and repo.head():
-        click.echo(f"* (HEAD detached at {repo.head()[:12]})")
+        echo(f"* (HEAD detached at {repo.head()[:12]})")
 
 
 @click.command()
@@ -43,13 +44,13 @@ def tag(name: str | None, rev: str | None, delete: bool) -> None:
         if not name:
             raise UsageError("tag -d needs a tag name")
         old = repo.delete_tag(name)
-        click.echo(f"Deleted tag {name} (was {old[:12]})")
+        echo(f"Deleted tag {name} (was {old[:12]})")
     elif name:
         oid = repo.tag(name, rev)
-        click.echo(f"Tagged {oid[:12]} as {name}")
+        echo(f"Tagged {oid[:12]} as {name}")
     else:
         for tname, oid in repo.tags():
-            click.echo(f"{tname}  {oid[:12]}")
+            echo(f"{tname}  {oid[:12]}")
 
 
 @click.command()
@@ -59,7 +60,7 @@ def switch(name: str, create: bool) -> None:
     """Attach HEAD to branch NAME (the checkpoint file is not rewritten; use checkout for that)."""
     repo = Repo.discover()
     repo.switch(name, create=create)
-    click.echo(f"Switched to {'a new ' if create else ''}branch {name}")
+    echo(f"Switched to {'a new ' if create else ''}branch {repo.current_branch()}")
 
 
 COMMANDS = [branch, tag, switch]

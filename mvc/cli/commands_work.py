@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from mvc.cli.format import human_bytes
+from mvc.cli.format import echo, human_bytes
 from mvc.errors import MvcError, MvcWarning, UsageError
 from mvc.repo.repository import Repo
 
@@ -42,7 +42,7 @@ def init(path: str) -> None:
     """Create an empty repository in PATH (default: the current directory)."""
     existed = (Path(path) / ".mvc" / "store").is_dir()
     repo = Repo.init(path)
-    click.echo(f"{'Reinitialized existing' if existed else 'Initialized empty'} mvc repository in {repo.mvc_dir}")
+    echo(f"{'Reinitialized existing' if existed else 'Initialized empty'} mvc repository in {repo.mvc_dir}")
 
 
 @click.command()
@@ -79,7 +79,7 @@ def commit(message: str, checkpoint: str | None, step: int | None, metrics: tupl
     branch = repo.current_branch()
     c = repo.read_commit(cid)
     raw = repo.read_snapshot(c.snapshot).raw_bytes
-    click.echo(f"[{branch or 'detached HEAD'} {cid[:12]}] {c.summary}  ({human_bytes(raw)} of tensors)")
+    echo(f"[{branch or 'detached HEAD'} {cid[:12]}] {c.summary}  ({human_bytes(raw)} of tensors)")
 
 
 class QualityHookError(UsageError):
@@ -138,7 +138,7 @@ def checkout(rev: str, output: str | None, fmt: str | None) -> None:
     _remember_source(repo, cid, path, path.stat())
     branch = repo.current_branch()
     where = f"on branch {branch}" if branch else f"HEAD detached at {cid[:12]}"
-    click.echo(f"Wrote {path} ({human_bytes(path.stat().st_size)}); {where}")
+    echo(f"Wrote {path} ({human_bytes(path.stat().st_size)}); {where}")
 
 
 @click.command()
@@ -149,28 +149,28 @@ def status() -> None:
     repo = Repo.discover()
     branch = repo.current_branch()
     head = repo.head()
-    click.echo(f"On branch {branch}" if branch else f"HEAD detached at {head[:12] if head else '?'}")
+    echo(f"On branch {branch}" if branch else f"HEAD detached at {head[:12] if head else '?'}")
     if head is None:
-        click.echo("No commits yet")
+        echo("No commits yet")
     else:
         c = repo.read_commit(head)
-        click.echo(f"HEAD {head[:12]} {c.summary}")
+        echo(f"HEAD {head[:12]} {c.summary}")
     configured = repo.config.get("checkpoint.path")
     raw = repo.store.get_meta("worktree")
     tracked = json.loads(raw) if raw else None
     path = Path(configured) if configured else (Path(tracked["path"]) if tracked else None)
     if path is None:
-        click.echo("No checkpoint file configured (mvc config checkpoint.path PATH)")
+        echo("No checkpoint file configured (mvc config checkpoint.path PATH)")
         return
     if not path.is_absolute():
         path = repo.path / path
     if not path.exists():
-        click.echo(f"Checkpoint {path}: missing")
+        echo(f"Checkpoint {path}: missing")
         return
     st = path.stat()
     same = (tracked and tracked["path"] == str(path.resolve()) and tracked["commit"] == head
             and tracked["size"] == st.st_size and tracked["mtime_ns"] == st.st_mtime_ns)
-    click.echo(f"Checkpoint {path}: {'unchanged since HEAD' if same else 'modified (not committed)'}")
+    echo(f"Checkpoint {path}: {'unchanged since HEAD' if same else 'modified (not committed)'}")
 
 
 @click.command("config")
@@ -182,12 +182,12 @@ def config_cmd(key: str | None, value: str | None, unset: bool) -> None:
     repo = Repo.discover()
     if key is None:
         for k, v in repo.config.items().items():
-            click.echo(f"{k} = {'' if v is None else v}")
+            echo(f"{k} = {'' if v is None else v}")
     elif unset:
         repo.config.set(key, None)
     elif value is None:
         v = repo.config.get(key)
-        click.echo("" if v is None else str(v))
+        echo("" if v is None else str(v))
     else:
         repo.config.set(key, value)
 

@@ -1,4 +1,10 @@
-"""Shared formatting for CLI output: sizes, ratios, tables, JSON."""
+"""Shared formatting for CLI output: sizes, ratios, tables, JSON, and escaping.
+
+Everything the CLI prints that a user or a stored object provided (messages, names,
+authors, paths, metric and tensor names, error messages) goes through `escape`
+(`echo` and `table` apply it), so an escape sequence in a commit message is shown,
+never run by the terminal. `--json` output is exact: JSON escapes control characters.
+"""
 from __future__ import annotations
 
 import json
@@ -6,6 +12,46 @@ import math
 from typing import Any, Sequence
 
 import click
+
+
+def _escapes(keep: str) -> dict[int, str]:
+    table_: dict[int, str] = {}
+    for c in range(0x20):  # C0: caret notation, like `cat -v`
+        table_[c] = "^" + chr(c + 0x40)
+    table_[0x7F] = "^?"
+    for c in range(0x80, 0xA0):  # C1: U+009B is CSI on terminals that honour 8-bit controls
+        table_[c] = f"\\x{c:02x}"
+    # Bidirectional overrides / isolates reorder what is displayed (the "Trojan Source" trick),
+    # and Unicode line / paragraph separators break lines on some terminals.
+    for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C,
+              0x2028, 0x2029):
+        table_[c] = f"\\u{c:04x}"
+    for c in keep:
+        del table_[ord(c)]
+    return table_
+
+
+_ONE_LINE = _escapes("")
+_MULTI_LINE = _escapes("\n\t")
+
+
+def escape(text: object, *, multiline: bool = False) -> str:
+    """`text` with every terminal control character made visible: C0 as `^X` (ESC is `^[`),
+    DEL as `^?`, C1 as `\\xNN`, bidi controls as `\\uNNNN`. `multiline` keeps newline and
+    tab (a commit message's layout); otherwise the result is always one line."""
+    return str(text).translate(_MULTI_LINE if multiline else _ONE_LINE)
+
+
+def echo(text: object = "", *, multiline: bool = False, err: bool = False) -> None:
+    """`click.echo` of `escape(text)`: the one way commands print user-provided text."""
+    click.echo(escape(text, multiline=multiline), err=err)
+
+
+def message_lines(message: str) -> list[str]:
+    """A commit message's lines for display, each escaped (tabs kept, every other control
+    shown; a CRLF line end is a line end)."""
+    # After escaping, "\n" is the only line boundary left for splitlines to act on.
+    return escape(message.replace("\r\n", "\n"), multiline=True).splitlines()
 
 
 def human_bytes(n: float) -> str:
@@ -22,7 +68,7 @@ def ratio(r: float) -> str:
 
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], align: str | None = None) -> str:
     """A plain-text table; `align` is a string of 'l'/'r' per column."""
-    cells = [[str(c) for c in r] for r in rows]
+    cells = [[escape(c) for c in r] for r in rows]
     widths = [len(h) for h in headers]
     for r in cells:
         widths = [max(w, len(c)) for w, c in zip(widths, r)]

@@ -1,7 +1,8 @@
 """The `mvc` command: a click group whose commands are thin calls into `mvc.repo`.
 
-Errors: every `MvcError` becomes one line on stderr and the error class's own
-exit code; anything else is a bug and says so (traceback only with MVC_DEBUG=1).
+Errors: every `MvcError` becomes one line on stderr (escaped, like all user-provided
+text) and the error class's own exit code; anything else is a bug and says so
+(traceback only with MVC_DEBUG=1).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import warnings
 
 import click
 
+from mvc.cli.format import echo
 from mvc.errors import DiskFullError, InternalError, MvcError, MvcWarning, is_disk_full
 
 
@@ -41,7 +43,7 @@ _register()
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     if issubclass(category, MvcWarning):
-        click.echo(f"mvc: warning: {message}", err=True)
+        echo(f"mvc: warning: {message}", err=True)
     else:
         _default_showwarning(message, category, filename, lineno, file, line)
 
@@ -63,7 +65,7 @@ def _run(argv: list[str] | None) -> int:
         cli.main(args=argv, prog_name="mvc", standalone_mode=False)
         return 0
     except MvcError as exc:
-        click.echo(f"mvc: error: {exc}", err=True)
+        echo(f"mvc: error: {exc}", err=True)
         if isinstance(exc, InternalError) and os.environ.get("MVC_DEBUG"):
             traceback.print_exc()
         return exc.exit_code
@@ -82,10 +84,10 @@ def _run(argv: list[str] | None) -> int:
         return 0
     except OSError as exc:  # disk full, permissions, ...: the environment, not a bug
         where = f": {exc.filename}" if exc.filename else ""
-        click.echo(f"mvc: error: {exc.strerror or exc}{where}", err=True)
+        echo(f"mvc: error: {exc.strerror or exc}{where}", err=True)
         return DiskFullError.exit_code if is_disk_full(exc) else 74
     except Exception as exc:  # a bug: say so plainly
-        click.echo(f"mvc: internal error (this is a bug): {type(exc).__name__}: {exc}", err=True)
+        echo(f"mvc: internal error (this is a bug): {type(exc).__name__}: {exc}", err=True)
         if os.environ.get("MVC_DEBUG"):
             traceback.print_exc()
         else:
