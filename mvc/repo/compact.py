@@ -1,23 +1,29 @@
 """Bounding delta chains: re-encode deep or costly quantized tensors as bases (part of `mvc gc`).
 
 Commit ids never change: a snapshot whose tensors are re-encoded is written as
-a new snapshot object, checked to restore exactly the same levels, and
-published with one ref update ``refs/replace/<original snapshot id>``.  Readers
-follow that ref (`Repo.read_snapshot`), so a crash before the update leaves
-the old encoding in force and only orphans for the next gc to remove.
+a new snapshot object, checked to restore exactly the same levels and the same
+tensors (through the read path of a checkout), and published with one ref
+update ``refs/replace/<original snapshot id>``.  Readers follow that ref
+(`Repo.read_snapshot`), so a crash before the update leaves the old encoding in
+force and only orphans for the next gc to remove.
+
+A re-encoded record keeps every meta field of the original that is not about
+its encoding (`carried_meta`): what the levels mean -- the value domain of an
+optimizer moment, the bound that clamps a first moment on restore, and
+whatever later versions record -- belongs to the tensor, not to its encoding.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mvc.codecs.quantized import decode_base, encode_base
+from mvc.codecs.quantized import encode_base
 from mvc.errors import InternalError
 from mvc.repo import lossy
-from mvc.repo.objects import Snapshot
-from mvc.repo.tensors import ChunkWriter, read_payload, parse_dtype
+from mvc.repo.objects import Snapshot, TensorRecord
+from mvc.repo.tensors import ChunkWriter
 from mvc.store import ANY, RefUpdate
 
 if TYPE_CHECKING:
@@ -32,7 +38,7 @@ class CompactReport:
     max_depth_after: int = 0
 
 
-def topo_commits(repo: "Repo", roots: set[str]) -> list[str]:
+def topo_commits(repo: Repo, roots: set[str]) -> list[str]:
     """Every commit reachable from `roots`, parents before children."""
     order: list[str] = []
     state: dict[str, int] = {}
@@ -51,7 +57,7 @@ def topo_commits(repo: "Repo", roots: set[str]) -> list[str]:
     return order
 
 
-def compact_chains(repo: "Repo", roots: set[str], max_chain: int,
+def compact_chains(repo: Repo, roots: set[str], max_chain: int,
                    budget: float = 0.0) -> CompactReport:
     """Re-encode every quantized tensor whose chain is deeper than `max_chain` (0: any depth)
     or costs more than `budget` passes to walk (0: no budget; see `lossy.chain_cost`) as a base.
@@ -94,7 +100,27 @@ def compact_chains(repo: "Repo", roots: set[str], max_chain: int,
     return report
 
 
-def _rewrite(repo: "Repo", sid: str, snap: Snapshot, rebase: list[int], chunk_size: int) -> None:
+#: Meta fields about a quantized record's *encoding*: the codecs' own (payload layout,
+#: checksum, level counts, protected values' codec, recorded config) and the link into
+#: its delta chain that commit adds. A re-encoding writes its own; every other field is
+#: carried over. `tests/test_gc_invariance.py` checks this names all the codecs write.
+ENCODING_META = frozenset({
+    "mode", "bins", "numel", "n_protected", "protected", "parent_n_levels", "sections",
+    "xxh3", "config",                    # mvc.codecs.quantized
+    "parent", "refs", "chain_cost",      # lossy.choose_encoding: the delta's chain
+})
+
+
+def carried_meta(rec: TensorRecord) -> dict[str, Any]:
+    """The meta of `rec` a re-encoding must keep: every field not in `ENCODING_META`.
+
+    Kept by exclusion, so that a field a later version adds to what a tensor
+    *is* survives gc without anyone updating this module.
+    """
+    return {k: v for k, v in rec.meta.items() if k not in ENCODING_META}
+
+
+def _rewrite(repo: Repo, sid: str, snap: Snapshot, rebase: list[int], chunk_size: int) -> None:
     writer = ChunkWriter(repo.store, chunk_size)
     records = list(snap.tensors)
     for i in rebase:
@@ -103,18 +129,61 @@ def _rewrite(repo: "Repo", sid: str, snap: Snapshot, rebase: list[int], chunk_si
         config = rec.meta.get("config")
         enc = encode_base(q, config=config if isinstance(config, dict) else None)
         new = writer.write_encoded(enc, lossy.QBASE, rec.name, q.dtype, tuple(q.shape),
-                                   depth=0, raw_bytes=rec.raw_bytes)
+                                   carried_meta(rec), depth=0, raw_bytes=rec.raw_bytes)
         records[i] = new
+    # The snapshot rides in the chunks' transaction: nothing reaches it before the ref below.
+    new_sid = writer.add(Snapshot(records, snap.skeleton).encode())
     writer.flush()
-    for i in rebase:  # never publish an encoding that does not restore the same levels
-        rec, new = snap.tensors[i], records[i]
-        again = decode_base(new.meta, read_payload(repo.store, new), parse_dtype(new.dtype),
-                            tuple(new.shape))
-        q = lossy.read_quantized(repo, sid, rec)
-        if not (torch.equal(again.levels, q.levels) and torch.equal(again.centroids, q.centroids)
-                and torch.equal(again.protected.view(-1), q.protected.view(-1))):
-            raise InternalError(f"gc: re-encoding of {rec.name!r} in snapshot {sid} does not round-trip")
-    new_sid = repo.store.put(Snapshot(records, snap.skeleton).encode())
+    _verify(repo, sid, snap, new_sid, [snap.tensors[i].name for i in rebase])
     from mvc.repo.repository import REPLACE
 
     repo.store.update_refs([RefUpdate(REPLACE + sid, ANY, new_sid)], "gc: compact delta chains")
+
+
+def _verify(repo: Repo, sid: str, snap: Snapshot, new_sid: str, rebased: list[str]) -> None:
+    """Never publish a replacement that restores anything differently from `sid`.
+
+    Reads the replacement back from the store and restores through the
+    checkout's reader (`lossy.read_all`: domain conversion, first-moment
+    clamping): the levels of every rebased tensor (descendants' deltas are
+    decoded against them) and the values of every tensor a rebased one feeds,
+    i.e. itself and any first moment it bounds.
+    """
+    new = Snapshot.decode(repo.store.get(new_sid), new_sid)
+    old_recs = {r.name: r for r in snap.tensors}
+    new_recs = {r.name: r for r in new.tensors}
+    if list(old_recs) != list(new_recs):
+        raise InternalError(f"gc: replacement of snapshot {sid} changes its tensor names")
+    changed = set(rebased)
+    for name in rebased:
+        # Read under the replacement's own id: the caches hold the original's levels under
+        # `sid`, and a hit there would check the old encoding against itself.
+        again = lossy.read_quantized(repo, new_sid, new_recs[name])
+        if not lossy.same_quantization(again, lossy.read_quantized(repo, sid, old_recs[name])):
+            raise InternalError(f"gc: re-encoding of {name!r} in snapshot {sid} "
+                                "does not restore the same levels")
+    affected = [n for n, r in old_recs.items()
+                if n in changed or _partner(r) in changed or _partner(new_recs[n]) in changed]
+    # Clamped first moments need their partners restored alongside.
+    needed = set(affected) | {p for n in affected for p in (_partner(old_recs[n]), _partner(new_recs[n]))
+                              if p in old_recs}
+    before = lossy.read_all(repo, sid, [r for n, r in old_recs.items() if n in needed])
+    after = lossy.read_all(repo, new_sid, [r for n, r in new_recs.items() if n in needed])
+    for name in affected:
+        if not _same_bits(before[name], after[name]):
+            raise InternalError(f"gc: re-encoding snapshot {sid} does not restore tensor "
+                                f"{name!r} bit-identically")
+
+
+def _partner(rec: TensorRecord) -> str | None:
+    """The second moment that bounds a first moment on restore (None for other records)."""
+    moment = rec.meta.get("moment")
+    partner = moment.get("partner") if isinstance(moment, dict) else None
+    return partner if isinstance(partner, str) else None
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    def bits(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
