@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Rebuild the native core with AddressSanitizer + UBSan into a temporary
 # directory (the in-tree extension is not touched) and run the native coder
-# and codec tests against that build.  Exits non-zero on any test failure or
-# sanitizer finding (every finding aborts the process).
+# and codec tests against that build, plus hostile payloads through the public
+# read paths (tests/test_hostile_payloads.py runs those in subprocesses, which
+# inherit the sanitizer environment set here).  Exits non-zero on any test
+# failure or sanitizer finding (every finding aborts the process).
 #
 #   native/run_sanitized_tests.sh PYTHON [pytest args...]
 #
@@ -39,7 +41,7 @@ cp "$TMP"/lib/mvc/_mvc_native*.so "$TMP/pkg/mvc/"
 if [ $# -eq 0 ]; then
     set -- tests/test_native_huffman.py tests/test_native_rle.py tests/test_native_byteplane.py tests/test_native_rans.py \
         tests/test_codec_lossless.py tests/test_quant_assign.py tests/test_delta_groups.py \
-        tests/test_codec_quantized.py tests/test_native_chain.py
+        tests/test_codec_quantized.py tests/test_native_chain.py tests/test_hostile_payloads.py
 fi
 
 # -P keeps the source tree (cwd) off sys.path so the sanitized copy is imported.

@@ -107,5 +107,9 @@ def tensor_from_bytes(payload: BytesLike, dtype: torch.dtype, shape: tuple[int, 
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
     buf = payload if isinstance(payload, bytearray) else bytearray(payload)
-    u8 = torch.frombuffer(buf, dtype=torch.uint8)
+    # torch.frombuffer keeps a reference to the object but no buffer export, so a bytearray
+    # could still be resized (its memory moved) under the tensor.  Through a memoryview, the
+    # view's export pins the bytearray for as long as the tensor lives; the view itself has
+    # no export, so the collector can clear it safely.
+    u8 = torch.frombuffer(memoryview(buf), dtype=torch.uint8)
     return u8.view(dtype).reshape(shape)

@@ -24,6 +24,7 @@ import numpy as np
 from mvc.codecs.base import CodecError
 from mvc.errors import InternalError
 from mvc.native import ffi, lib, status
+from mvc.native.buffers import borrow
 
 __all__ = [
     "GroupedDeltaError", "LevelRangeError",
@@ -57,7 +58,17 @@ def delta_dtype(modulus: int) -> np.dtype:
 
 
 def _ptr(arr: np.ndarray):
+    """A pointer into `arr` for one call's argument list only (see mvc.native.buffers)."""
     return ffi.from_buffer("uint8_t[]", arr, require_writable=arr.flags.writeable)
+
+
+def _counts_ptr(counts: Optional[np.ndarray]):
+    """`counts` (contiguous int64) for one call's argument list, or NULL."""
+    if counts is None:
+        return ffi.NULL
+    if counts.dtype != np.int64 or not counts.flags.c_contiguous:
+        raise InternalError("counts must be a contiguous int64 array")
+    return ffi.from_buffer("int64_t[]", counts, require_writable=counts.flags.writeable)
 
 
 def _flat(arr: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
@@ -96,7 +107,7 @@ def group_counts(parent: np.ndarray, n_groups: int) -> np.ndarray:
         raise InternalError(f"parent levels must be uint8 or uint16, got {flat.dtype}")
     counts = np.zeros(n_groups, dtype=np.int64)
     rc = lib.mvc_grp_count(_ptr(flat), flat.size, flat.dtype.itemsize, n_groups,
-                           ffi.cast("int64_t *", counts.ctypes.data))
+                           _counts_ptr(counts))
     _raise_for(rc, f"parent levels (n_groups={n_groups})")
     return counts
 
@@ -113,11 +124,8 @@ def grouped_delta(parent: np.ndarray, cur: np.ndarray, modulus: int,
     p, c = _flat(parent, dt, "parent levels"), _flat(cur, dt, "levels")
     _check_same_length(p, c)
     out = np.empty(p.size, dtype=dt)
-    cnt = ffi.NULL if counts is None else ffi.cast("int64_t *", counts.ctypes.data)
     n_groups = 0 if counts is None else counts.size
-    if counts is not None and (counts.dtype != np.int64 or not counts.flags.c_contiguous):
-        raise InternalError("counts must be a contiguous int64 array")
-    rc = lib.mvc_grp_delta(_ptr(p), _ptr(c), p.size, dt.itemsize, modulus, cnt,
+    rc = lib.mvc_grp_delta(_ptr(p), _ptr(c), p.size, dt.itemsize, modulus, _counts_ptr(counts),
                            n_groups, _ptr(out))
     _raise_for(rc, "delta")
     return out
@@ -136,14 +144,11 @@ def apply_grouped_delta(parent: np.ndarray, delta: np.ndarray, modulus: int, n_c
     _check_same_length(p, d)
     if not 1 <= n_cur <= modulus:
         raise InternalError(f"n_cur {n_cur} outside [1, {modulus}]")
-    if counts is not None and (counts.dtype != np.int64 or not counts.flags.c_contiguous):
-        raise InternalError("counts must be a contiguous int64 array")
     out = np.empty(p.size, dtype=dt)
     top = ffi.new("uint64_t *")
-    cnt = ffi.NULL if counts is None else ffi.cast("int64_t *", counts.ctypes.data)
     n_groups = 0 if counts is None else counts.size
     rc = lib.mvc_grp_apply(_ptr(p), _ptr(d), p.size, dt.itemsize, modulus, n_cur,
-                           cnt, n_groups, _ptr(out), top)
+                           _counts_ptr(counts), n_groups, _ptr(out), top)
     _raise_for(rc, f"delta (levels must stay below {n_cur})")
     return out, int(top[0])
 
@@ -168,10 +173,12 @@ def decode_levels(parent: np.ndarray, n_prev: int, modulus: int, n_cur: int, *, 
         raise InternalError("section lengths do not match the sections or the group count")
     out = np.empty(p.size, dtype=dt)
     top = ffi.new("uint64_t *")
-    lens = ffi.new("uint64_t[]", lengths)
-    src = ffi.from_buffer("uint8_t[]", sections) if len(sections) else ffi.NULL
-    rc = lib.mvc_qdelta_levels(_ptr(p), p.size, dt.itemsize, n_prev, modulus, n_cur,
-                               int(grouped), int(rle), src, lens, len(lengths), _ptr(out), top)
+    # `sections` is usually a memoryview: its export must not outlive the call when the
+    # sections are corrupt and the error keeps this frame (see mvc.native.buffers).
+    with borrow(sections) as src:
+        rc = lib.mvc_qdelta_levels(_ptr(p), p.size, dt.itemsize, n_prev, modulus, n_cur,
+                                   int(grouped), int(rle), src, ffi.new("uint64_t[]", lengths),
+                                   len(lengths), _ptr(out), top)
     _raise_for(rc, f"delta level sections (parent levels < {n_prev})")
     return out, int(top[0])
 
@@ -188,9 +195,11 @@ class ChainWalker:
     def __init__(self, levels: np.ndarray):
         flat = _flat(levels, np.dtype(np.uint8), "chain base levels")
         self.n = flat.size
-        self._c = lib.mvc_chain_new(_ptr(flat), flat.size)
-        if self._c == ffi.NULL:
+        c = lib.mvc_chain_new(_ptr(flat), flat.size)  # the walker copies the levels
+        if c == ffi.NULL:
             raise MemoryError(f"no memory for a chain walker over {flat.size} levels")
+        # Freed by close(), or by the collector for a walker never closed.
+        self._c = ffi.gc(c, lib.mvc_chain_free)
 
     @staticmethod
     def supports(numel: int, modulus: int) -> bool:
@@ -205,22 +214,28 @@ class ChainWalker:
         if len(lengths) != n_prev or sum(lengths) != len(sections):
             raise InternalError("section lengths do not match the sections or the group count")
         top = ffi.new("uint64_t *")
-        src = ffi.from_buffer("uint8_t[]", sections) if len(sections) else ffi.NULL
-        rc = lib.mvc_chain_step(self._c, n_prev, modulus, n_cur, src,
-                                ffi.new("uint64_t[]", lengths), len(lengths), top)
+        with borrow(sections) as src:  # released before a corrupt step's error leaves
+            rc = lib.mvc_chain_step(self._live(), n_prev, modulus, n_cur, src,
+                                    ffi.new("uint64_t[]", lengths), len(lengths), top)
         _raise_for(rc, f"chain step (parent levels < {n_prev})")
         return int(top[0])
 
     def levels(self) -> np.ndarray:
         """The current levels (uint8, a copy)."""
         out = np.empty(self.n, dtype=np.uint8)
-        _raise_for(lib.mvc_chain_levels(self._c, _ptr(out), self.n), "chain levels")
+        _raise_for(lib.mvc_chain_levels(self._live(), _ptr(out), self.n), "chain levels")
         return out
 
+    def _live(self):
+        if self._c is None:
+            raise InternalError("chain walker used after close()")
+        return self._c
+
     def close(self) -> None:
-        if self._c is not None:
-            lib.mvc_chain_free(self._c)
-            self._c = None
+        """Free the native state now (idempotent)."""
+        c, self._c = self._c, None
+        if c is not None:
+            ffi.release(c)  # runs mvc_chain_free once; the collector will not run it again
 
     def __enter__(self) -> "ChainWalker":
         return self

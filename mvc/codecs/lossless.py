@@ -36,6 +36,7 @@ import torch
 from mvc.codecs.base import BytesLike, CodecError, Encoded, register, tensor_bytes
 from mvc.native import byteplane
 from mvc.native._lib import ffi, lib
+from mvc.native.buffers import borrow
 from mvc.native.parallel import pmap, scratch
 from mvc.native.status import NativeArgumentError, check_decode, check_encode
 
@@ -97,7 +98,6 @@ class LosslessCodec:
         if n == 0:
             return Encoded(meta=meta, parts=[])
         raw = tensor_bytes(t)
-        src = ffi.from_buffer("uint8_t[]", raw)
         seg = self.segment
         permille = int(round(1000 * (1 - MANTISSA_SAVING)))
         starts = range(0, n, seg)
@@ -105,19 +105,19 @@ class LosslessCodec:
         # One output buffer for all segments: per-segment allocations would each
         # be an mmap/munmap pair, which stalls the other threads' page faults.
         out = np.empty(sum(bounds), dtype=np.uint8)
-        outp = ffi.from_buffer("uint8_t[]", out)
         offsets = np.concatenate([[0], np.cumsum(bounds)[:-1]]).tolist()
 
-        def one(i: int) -> memoryview:
-            start, off = starts[i], offsets[i]
-            cnt = min(seg, n - start)
-            rc = lib.mvc_ll_encode_segment(src + start * item, cnt, layout, item, permille,
-                                           self.rans_permille, outp + off, bounds[i],
-                                           ffi.from_buffer("uint8_t[]", scratch(cnt * item)))
-            return out[off:off + check_encode(rc, "lossless/1 segment encode")].data
+        # pmap returns (or raises) only once every task is done: the pointers are released after.
+        with borrow(raw) as src, borrow(out, writable=True) as outp:
+            def one(i: int) -> memoryview:
+                start, off = starts[i], offsets[i]
+                cnt = min(seg, n - start)
+                rc = lib.mvc_ll_encode_segment(src + start * item, cnt, layout, item, permille,
+                                               self.rans_permille, outp + off, bounds[i],
+                                               ffi.from_buffer("uint8_t[]", scratch(cnt * item)))
+                return out[off:off + check_encode(rc, "lossless/1 segment encode")].data
 
-        # pmap returns only once every task is done, so `raw` outlives them.
-        parts = pmap(one, range(len(starts)))
+            parts = pmap(one, range(len(starts)))
         if 4 * sum(len(p) for p in parts) < 3 * out.size:  # free the worst-case buffer
             parts = [bytes(p) for p in parts]
         return Encoded(meta=meta, parts=parts)
@@ -145,17 +145,17 @@ class LosslessCodec:
         k = byteplane.nplanes(layout, item)
         jobs = _segment_table(buf, n, seg, k)
         out = torch.empty(n * item, dtype=torch.uint8)
-        dst = ffi.cast("uint8_t *", out.data_ptr())
-        src = ffi.from_buffer("uint8_t[]", buf)
+        # Both released before a corrupt segment's error leaves this frame (see
+        # mvc.native.buffers); pmap returns or raises only once every task is done.
+        with borrow(buf) as src, borrow(out.numpy(), writable=True) as dst:
+            def one(job: tuple[int, int, int, int]) -> None:
+                start, cnt, off, length = job
+                rc = lib.mvc_ll_decode_segment(src + off, length, cnt, layout, item,
+                                               dst + start * item,
+                                               ffi.from_buffer("uint8_t[]", scratch(cnt * item)))
+                check_decode(rc, "lossless/1 segment")
 
-        def one(job: tuple[int, int, int, int]) -> None:
-            start, cnt, off, length = job
-            check_decode(lib.mvc_ll_decode_segment(src + off, length, cnt, layout, item,
-                                                   dst + start * item,
-                                                   ffi.from_buffer("uint8_t[]", scratch(cnt * item))),
-                         "lossless/1 segment")
-
-        pmap(one, jobs)  # returns once every task is done, even when one fails
+            pmap(one, jobs)
         return out.view(dtype).reshape(shape)
 
 

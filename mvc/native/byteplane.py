@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from mvc.native._lib import ffi, lib
+from mvc.native.buffers import borrow
 from mvc.native.status import check_encode
 
 BYTES = 0
@@ -31,7 +32,9 @@ def nplanes(layout: int, itemsize: int) -> int:
 
 
 def plane_pointers(base: Any, n: int, count: int) -> Any:
-    """A `uint8_t *[count]` of pointers to consecutive n-byte planes starting at `base`."""
+    """A `uint8_t *[count]` of pointers to consecutive n-byte planes starting at `base`.
+
+    The table does not keep `base`'s buffer alive: use it only while `base` is held."""
     return ffi.new("uint8_t *[]", [base + p * n for p in range(count)])
 
 
@@ -44,9 +47,9 @@ def split(data: Any, layout: int, itemsize: int) -> np.ndarray:
     n = raw.size // itemsize
     planes = np.empty((k, n), dtype=np.uint8)
     if n:
-        base = ffi.from_buffer("uint8_t[]", planes, require_writable=True)
-        check_encode(lib.mvc_bp_split(ffi.from_buffer("uint8_t[]", raw), n, layout, itemsize,
-                                      plane_pointers(base, n, k)), "byte-plane split")
+        with borrow(planes, writable=True) as base, borrow(raw) as src:
+            rc = lib.mvc_bp_split(src, n, layout, itemsize, plane_pointers(base, n, k))
+        check_encode(rc, "byte-plane split")
     return planes
 
 
@@ -59,7 +62,7 @@ def merge(planes: np.ndarray, layout: int, itemsize: int) -> np.ndarray:
     n = arr.shape[1]
     out = np.empty(n * itemsize, dtype=np.uint8)
     if n:
-        check_encode(lib.mvc_bp_merge(plane_pointers(ffi.from_buffer("uint8_t[]", arr), n, k), n,
-                                      layout, itemsize, ffi.from_buffer("uint8_t[]", out)),
-                     "byte-plane merge")
+        with borrow(arr) as base, borrow(out, writable=True) as dst:
+            rc = lib.mvc_bp_merge(plane_pointers(base, n, k), n, layout, itemsize, dst)
+        check_encode(rc, "byte-plane merge")
     return out

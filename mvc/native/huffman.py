@@ -21,6 +21,7 @@ import numpy as np
 
 from mvc.native._lib import ffi, lib
 from mvc.native._varint import get_varint, put_varint
+from mvc.native.buffers import borrow
 from mvc.native.parallel import pmap
 from mvc.native.status import (BytesLike, NativeArgumentError, check_decode, check_encode,
                                codec_error)
@@ -85,9 +86,9 @@ def encode(symbols: np.ndarray, block_bytes: int = BLOCK_BYTES, threads: int | N
     if n == 0:
         return b""
     bs = max(1, min(MAX_BLOCK, block_bytes // width))
-    src = ffi.from_buffer("uint8_t[]", arr)
     starts = range(0, n, bs)
-    blocks = pmap(lambda s: encode_block(src + s * width, min(bs, n - s), width), starts, threads)
+    with borrow(arr) as src:  # each block is an array of its own: nothing points into arr after
+        blocks = pmap(lambda s: encode_block(src + s * width, min(bs, n - s), width), starts, threads)
     header = [put_varint(bs)] + [put_varint(b.size) for b in blocks[:-1]]
     return b"".join(header + [b.data for b in blocks])
 
@@ -120,13 +121,12 @@ def decode(data: BytesLike, n: int, dtype: Any = np.uint8, threads: int | None =
     if pos > len(buf):
         raise codec_error("Huffman stream: truncated")
     spans.append((pos, len(buf) - pos))
-    src = ffi.from_buffer("uint8_t[]", buf)
-    dst = ffi.from_buffer("uint8_t[]", out, require_writable=True)
+    # Released before a corrupt block's error leaves: see mvc.native.buffers.
+    with borrow(buf) as src, borrow(out, writable=True) as dst:
+        def one(i: int) -> None:
+            off, ln = spans[i]
+            cnt = min(bs, n - i * bs)
+            decode_block(src + off, ln, dst + i * bs * width, cnt, width)
 
-    def one(i: int) -> None:
-        off, ln = spans[i]
-        cnt = min(bs, n - i * bs)
-        decode_block(src + off, ln, dst + i * bs * width, cnt, width)
-
-    pmap(one, range(nblocks), threads)
+        pmap(one, range(nblocks), threads)
     return out

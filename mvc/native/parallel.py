@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Callable, Iterable, Optional, TypeVar
 
 T = TypeVar("T")
@@ -78,14 +78,43 @@ def pmap(fn: Callable[[T], R], items: Iterable[T], threads: Optional[int] = None
 
     `threads=1` forces inline execution (used to measure the pool's speedup).
     Every task has finished when this returns or raises: tasks write into
-    buffers the caller frees once it sees an error, so a failing task must
-    not leave its siblings running.  The first exception (in item order)
-    then propagates.
+    buffers the caller releases once it sees an error, so a failing task, a
+    refused submission or an interrupted wait never leaves siblings running
+    (tasks not started yet are cancelled).  The first exception (in item
+    order) then propagates.
     """
     seq = list(items)
     if (len(seq) <= 1 or (threads or worker_count()) <= 1 or worker_count() <= 1
             or getattr(_local, "in_pool", False)):
         return [fn(x) for x in seq]
-    futures = [get_pool().submit(fn, x) for x in seq]
-    wait(futures)
-    return [f.result() for f in futures]
+    futures: list[Future] = []
+    try:
+        pool = get_pool()
+        for x in seq:
+            futures.append(pool.submit(fn, x))
+        wait(futures)
+    except BaseException:
+        _settle(futures)
+        raise
+    error = next((f.exception() for f in futures if f.exception() is not None), None)
+    if error is None:
+        return [f.result() for f in futures]
+    try:
+        raise error
+    finally:
+        # This frame holds the futures and the error holds this frame: break the cycle, so
+        # the error and the frames its traceback keeps die by reference count.
+        error = futures = None  # type: ignore[assignment]
+
+
+def _settle(futures: list[Future]) -> None:
+    """Cancel tasks not started and wait for the running ones, through further interrupts."""
+    for f in futures:
+        f.cancel()
+    while True:
+        try:
+            wait(futures)
+            return
+        # A second Ctrl-C: the tasks still write into the caller's buffers.
+        except BaseException:  # noqa: BLE001, S112
+            continue

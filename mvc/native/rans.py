@@ -11,6 +11,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mvc.native._lib import ffi, lib
+from mvc.native.buffers import borrow, nbytes
 from mvc.native.status import ERR_ARG, ERR_CAPACITY, BytesLike, check_decode, check_encode
 
 MODE = 4
@@ -38,19 +39,21 @@ def encode(data: np.ndarray) -> bytes:
     arr = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
     if arr.size == 0:
         return b""
-    ptr = ffi.from_buffer("uint8_t[]", arr)
-    block = encode_block(ptr, arr.size)
-    if block is None:
-        block = huffman.encode_block(ptr, arr.size, 1)
+    with borrow(arr) as ptr:
+        block = encode_block(ptr, arr.size)
+        if block is None:
+            block = huffman.encode_block(ptr, arr.size, 1)
     return block.tobytes()
 
 
 def decode(data: BytesLike, n: int) -> np.ndarray:
     """Inverse of `encode`: n bytes; `CodecError` if the block is corrupt."""
     out = np.empty(n, dtype=np.uint8)
-    if n == 0 and len(data) == 0:
+    length = nbytes(data)
+    if n == 0 and length == 0:
         return out
-    src = ffi.from_buffer("uint8_t[]", data) if len(data) else ffi.NULL
-    dst = ffi.from_buffer("uint8_t[]", out, require_writable=True) if n else ffi.NULL
-    decode_block(src, len(data), dst, n)
+    # Released before a corrupt block's error leaves: see mvc.native.buffers.
+    with borrow(data) as src, borrow(out, writable=True) as dst:
+        rc = lib.mvc_rans_decode(src, length, dst, n)
+    check_decode(rc, "rANS block")
     return out

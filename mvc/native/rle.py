@@ -34,6 +34,7 @@ import numpy as np
 from mvc.native import huffman
 from mvc.native._lib import ffi, lib
 from mvc.native._varint import get_varint, put_varint
+from mvc.native.buffers import borrow
 from mvc.native.status import (BytesLike, NativeArgumentError, check_decode, check_encode,
                                codec_error)
 
@@ -69,7 +70,7 @@ def encode(values: Any) -> np.ndarray:
     if arr.size == 0:
         return out
     rc = lib.mvc_rle_encode(ffi.from_buffer("uint8_t[]", arr), arr.size, kind,
-                            ffi.cast("int32_t *", ffi.from_buffer("uint8_t[]", out)), out.size)
+                            ffi.from_buffer("int32_t[]", out, require_writable=True), out.size)
     return out[: check_encode(rc, "RLE encode")].copy()
 
 
@@ -82,9 +83,9 @@ def decode(encoded: Any, n: int, dtype: Any = np.int32) -> np.ndarray:
     if n < 0:
         raise NativeArgumentError(f"negative value count {n}")
     out = np.empty(n, dtype=dtype)
-    tp = ffi.cast("int32_t *", ffi.from_buffer("uint8_t[]", tok)) if tok.size else ffi.NULL
-    dp = ffi.from_buffer("uint8_t[]", out, require_writable=True) if n else ffi.NULL
-    check_decode(lib.mvc_rle_decode(tp, tok.size, kind, dp, n), "RLE stream")
+    with borrow(tok, "int32_t[]") as tp, borrow(out, writable=True) as dp:
+        rc = lib.mvc_rle_decode(tp, tok.size, kind, dp, n)
+    check_decode(rc, "RLE stream")
     return out
 
 
@@ -94,16 +95,16 @@ def encode_huffman(values: Any, threads: int | None = None) -> bytes:
     n = arr.size
     if n == 0:
         return b""
-    src = ffi.from_buffer("uint8_t[]", arr)
     counts = ffi.new("uint64_t[3]")
-    check_encode(lib.mvc_rle_sym_scan(src, n, kind, counts), "RLE encode")
-    bound, modulus = int(counts[0]), int(counts[1]) + 1
-    sym = np.empty((2, bound), dtype=np.uint16)
-    extra = np.empty(4 * bound + 8, dtype=np.uint8)
-    base = ffi.cast("uint16_t *", ffi.from_buffer("uint8_t[]", sym))
-    check_encode(lib.mvc_rle_sym_encode(src, n, kind, modulus, base, base + bound, bound,
-                                        ffi.from_buffer("uint8_t[]", extra), extra.size, counts),
-                 "RLE encode")
+    with borrow(arr) as src:
+        check_encode(lib.mvc_rle_sym_scan(src, n, kind, counts), "RLE encode")
+        bound, modulus = int(counts[0]), int(counts[1]) + 1
+        sym = np.empty((2, bound), dtype=np.uint16)
+        extra = np.empty(4 * bound + 8, dtype=np.uint8)
+        with borrow(sym, "uint16_t[]", writable=True) as base:
+            rc = lib.mvc_rle_sym_encode(src, n, kind, modulus, base, base + bound, bound,
+                                        ffi.from_buffer("uint8_t[]", extra), extra.size, counts)
+    check_encode(rc, "RLE encode")
     n0, n1, xlen = int(counts[0]), int(counts[1]), int(counts[2])
     body0 = huffman.encode(sym[0, :n0], threads=threads)
     body1 = huffman.encode(sym[1, :n1], threads=threads)
@@ -138,12 +139,9 @@ def decode_huffman(data: BytesLike, n: int, dtype: Any = np.int32, threads: int 
     pos += xlen
     sym0 = huffman.decode(buf[pos:pos + len0], n0, np.uint16, threads=threads)
     sym1 = huffman.decode(buf[pos + len0:], n1, np.uint16, threads=threads)
-
-    def ptr(a: np.ndarray) -> Any:
-        return ffi.cast("uint16_t *", ffi.from_buffer("uint8_t[]", a)) if a.size else ffi.NULL
-
-    xp = ffi.from_buffer("uint8_t[]", extra) if xlen else ffi.NULL
-    check_decode(lib.mvc_rle_sym_decode(ptr(sym0), n0, ptr(sym1), n1, xp, xlen, modulus, kind,
-                                        ffi.from_buffer("uint8_t[]", out, require_writable=True), n),
-                 what)
+    # Every pointer released before a corrupt stream's error leaves: see mvc.native.buffers.
+    with (borrow(sym0, "uint16_t[]") as p0, borrow(sym1, "uint16_t[]") as p1,
+          borrow(extra) as xp, borrow(out, writable=True) as dst):
+        rc = lib.mvc_rle_sym_decode(p0, n0, p1, n1, xp, xlen, modulus, kind, dst, n)
+    check_decode(rc, what)
     return out
