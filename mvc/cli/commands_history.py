@@ -186,7 +186,8 @@ def stats(as_json: bool) -> None:
     echo()
     echo(f"total: {len(s.commits)} commits, {human_bytes(s.raw_bytes)} raw, "
          f"{human_bytes(s.stored_bytes)} stored ({ratio(s.ratio)}); "
-         f"{human_bytes(s.disk_bytes)} on disk")
+         f"{human_bytes(s.total_disk_bytes)} on disk ({human_bytes(s.disk_bytes)} store, "
+         f"{human_bytes(s.cache_bytes)} level cache)")
 
 
 COMMANDS = [log, show, diff, stats]

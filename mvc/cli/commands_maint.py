@@ -35,12 +35,26 @@ def gc(dry_run: bool, shrink: bool, max_chain: int | None) -> None:
 
 
 @click.command()
-def fsck() -> None:
-    """Verify every object against its id and every reference; exit non-zero on problems."""
+@click.option("--prune-cache", is_flag=True,
+              help="Delete the level-cache files fsck warns about (the cache is disposable).")
+def fsck(prune_cache: bool) -> None:
+    """Verify every object against its id and every reference; exit non-zero on problems.
+
+    Unusable level-cache entries and a recounted store counter are warnings: they never
+    reach a checkout and do not change the exit status."""
+    from mvc.repo.levelcache import check_level_cache
+
     repo = Repo.discover()
     r = repo.fsck()
     for p in r.problems:
         echo(p)
+    for w in r.warnings:
+        echo(f"warning: {w}")
+    if prune_cache and r.warnings:
+        check_level_cache(repo, remove=True)
+        echo("fsck: unusable level-cache files deleted")
+    elif any(w.startswith("level cache") for w in r.warnings):
+        echo("fsck: level-cache entries are skipped on read; `mvc fsck --prune-cache` deletes them")
     if r.problems:
         raise FsckFailed(f"fsck found {len(r.problems)} problem(s) in {r.objects_checked} objects")
     echo(f"fsck: {r.objects_checked} objects, {r.commits_checked} commits: ok")

@@ -38,10 +38,20 @@ from mvc.errors import DataError, MvcError, UsageError
 from mvc.io.remainder import decode_leaf, encode_leaf, unsupported
 
 SKELETON_FORMAT = 1
+#: Deepest container nesting `unflatten` rebuilds. `flatten` cannot produce more than ~330
+#: (it recurses three frames a level under Python's default limit of 1000); a stored skeleton
+#: nested deeper is hostile, and is refused before recursing into it.
+MAX_SKELETON_DEPTH = 400
 _ROOT_NAME = "tensor"  # name of a tensor that is the whole state
 # Integer dtypes per element size: layout copies go through them so that every
 # dtype (even those without copy kernels, like uint4) moves bit-exactly.
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class SkeletonTooDeepError(DataError):
+    """A stored state skeleton nests containers deeper than any checkpoint `flatten` accepts."""
+
+    exit_code = 97
 
 
 @dataclass
@@ -94,6 +104,8 @@ def unflatten(
         return builder.decode(skeleton["root"])
     except MvcError:
         raise
+    except RecursionError:  # within MAX_SKELETON_DEPTH, but called from an already deep stack
+        raise SkeletonTooDeepError("state skeleton is nested too deeply to rebuild") from None
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise DataError(f"malformed state skeleton: {type(exc).__name__}: {exc}") from None
 
@@ -332,25 +344,28 @@ class _Builder:
         self.built: dict[int, torch.Tensor] = {}
         self.bases: dict[str, torch.Tensor] = {}  # entry name -> prepared tensor on target device
 
-    def decode(self, node: Any) -> Any:
+    def decode(self, node: Any, depth: int = 0) -> Any:
+        if depth > MAX_SKELETON_DEPTH:
+            raise SkeletonTooDeepError(f"state skeleton nests containers deeper than {MAX_SKELETON_DEPTH} levels")
+        inner = depth + 1
         if isinstance(node, list):
-            return [self.decode(item) for item in node]
+            return [self.decode(item, inner) for item in node]
         if not isinstance(node, dict):
             return decode_leaf(node)
         tag = node.get("t")
         if tag == "tensor":
             return self._object(int(node["o"]))
         if tag == "tuple":
-            return tuple(self.decode(item) for item in node["v"])
+            return tuple(self.decode(item, inner) for item in node["v"])
         if tag in ("set", "frozenset"):
-            return (set if tag == "set" else frozenset)(self.decode(item) for item in node["v"])
+            return (set if tag == "set" else frozenset)(self.decode(item, inner) for item in node["v"])
         if tag in ("dict", "odict"):
-            pairs = [(self.decode(key), self.decode(item)) for key, item in node["items"]]
+            pairs = [(self.decode(key, inner), self.decode(item, inner)) for key, item in node["items"]]
             if tag == "dict":
                 return dict(pairs)
             result = OrderedDict(pairs)
             if "meta" in node:
-                result._metadata = self.decode(node["meta"])  # type: ignore[attr-defined]
+                result._metadata = self.decode(node["meta"], inner)  # type: ignore[attr-defined]
             return result
         return decode_leaf(node)
 
@@ -425,6 +440,40 @@ class _Builder:
             raise DataError(f"malformed state skeleton: a view of {name!r} lies outside its stored span")
         view = torch.empty(0, dtype=dtype, device=base.device)
         return view.set_(base.untyped_storage(), offset // size, shape, stride)
+
+
+def skeleton_depth(root: Any, limit: int = MAX_SKELETON_DEPTH) -> int:
+    """How deep `unflatten` would recurse into the skeleton node `root` (0: a leaf), counted
+    without recursion; stops counting once past `limit`, so hostile input costs little."""
+    deepest = 0
+    stack = [(root, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                break
+        stack.extend((child, depth + 1) for child in _children(node))
+    return deepest
+
+
+def _children(node: Any) -> list:
+    """The nodes `_Builder.decode` recurses into from `node` (malformed parts: none)."""
+    if isinstance(node, list):
+        return node
+    if not isinstance(node, dict):
+        return []
+    tag = node.get("t")
+    if tag in ("tuple", "set", "frozenset"):
+        items = node.get("v")
+        return items if isinstance(items, list) else []
+    if tag in ("dict", "odict"):
+        items = node.get("items")
+        out = [x for pair in items if isinstance(pair, list) for x in pair] if isinstance(items, list) else []
+        if "meta" in node:
+            out.append(node["meta"])
+        return out
+    return []
 
 
 def _dtype(name: str) -> torch.dtype:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mvc.repo.levelcache import cache_bytes
 from mvc.repo.lossy import read_any
 
 if TYPE_CHECKING:
@@ -45,7 +46,15 @@ class CommitStats:
 class RepoStats:
     commits: list[CommitStats] = field(default_factory=list)
     object_bytes: int = 0
+    #: The store file's size.
     disk_bytes: int = 0
+    #: Files under `.mvc/cache/` (the level cache): disposable, so counted apart from the store.
+    cache_bytes: int = 0
+
+    @property
+    def total_disk_bytes(self) -> int:
+        """Everything the repository occupies on disk: the store plus its caches."""
+        return self.disk_bytes + self.cache_bytes
 
     @property
     def raw_bytes(self) -> int:
@@ -64,6 +73,7 @@ class RepoStats:
             "commits": [dict(asdict(c), ratio=c.ratio) for c in self.commits],
             "raw_bytes": self.raw_bytes, "stored_bytes": self.stored_bytes, "ratio": self.ratio,
             "object_bytes": self.object_bytes, "disk_bytes": self.disk_bytes,
+            "cache_bytes": self.cache_bytes, "total_disk_bytes": self.total_disk_bytes,
         }
 
 
@@ -143,4 +153,5 @@ def stats(repo: "Repo") -> RepoStats:
         out.commits.append(CommitStats(c.id, c.summary, snap.raw_bytes, added))
     out.object_bytes = repo.store.object_bytes()
     out.disk_bytes = repo.store.disk_usage()
+    out.cache_bytes = cache_bytes(repo)
     return out

@@ -11,12 +11,9 @@ gc's replacements, so a parent later re-encoded as a base still serves.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 import threading
 from collections import OrderedDict
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,6 +22,7 @@ from mvc.codecs.base import Encoded
 from mvc.codecs.quantized import decode_base, decode_chain, encode_base, encode_delta
 from mvc.errors import DataError
 from mvc.quant import QuantizedTensor
+from mvc.repo.levelcache import DiskLevelCache  # noqa: F401  (Repo builds it as lossy.DiskLevelCache)
 from mvc.repo.objects import TensorRecord
 from mvc.repo.tensors import dtype_name, parse_dtype, read_payload
 
@@ -180,60 +178,6 @@ def choose_encoding(q: QuantizedTensor, parent: tuple[str, TensorRecord, Quantiz
     return QDELTA, delta, extra, depth, base
 
 
-class DiskLevelCache:
-    """Base encodings of the newest snapshots' quantized tensors, as files under `.mvc/cache/`.
-
-    A fresh process (a CLI commit) then deltas against its parent by decoding
-    one base instead of walking the whole chain. Purely a cache: every entry
-    is checksummed by its codec, any problem is a miss, and deleting the
-    directory is always safe.
-    """
-
-    def __init__(self, directory: Path, keep: int = 4):
-        self.dir = directory
-        self.keep = keep
-
-    def save(self, sid: str, entries: dict[str, tuple[Encoded, torch.dtype, tuple[int, ...]]]) -> None:
-        if not entries:
-            return
-        self.dir.mkdir(parents=True, exist_ok=True)
-        index, blobs, off = {}, [], 0
-        for name, (enc, dtype, shape) in entries.items():
-            data = b"".join(bytes(memoryview(p).cast("B")) for p in enc.parts)
-            index[name] = {"meta": enc.meta, "dtype": dtype_name(dtype), "shape": list(shape),
-                           "offset": off, "length": len(data)}
-            blobs.append(data)
-            off += len(data)
-        header = json.dumps(index).encode()
-        tmp = self.dir / f".{sid}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(len(header).to_bytes(8, "little"))
-            fh.write(header)
-            for b in blobs:
-                fh.write(b)
-        os.replace(tmp, self.dir / f"{sid}.levels")
-        files = sorted(self.dir.glob("*.levels"), key=lambda p: p.stat().st_mtime, reverse=True)
-        for old in files[self.keep:]:
-            old.unlink(missing_ok=True)
-
-    def load(self, sid: str, name: str) -> QuantizedTensor | None:
-        path = self.dir / f"{sid}.levels"
-        if not path.exists():
-            return None
-        try:
-            with open(path, "rb") as fh:
-                n = int.from_bytes(fh.read(8), "little")
-                index = json.loads(fh.read(n))
-                e = index.get(name)
-                if e is None:
-                    return None
-                fh.seek(8 + n + e["offset"])
-                data = bytearray(fh.read(e["length"]))
-            return decode_base(e["meta"], data, parse_dtype(e["dtype"]), tuple(e["shape"]))
-        except (OSError, ValueError, KeyError, TypeError, DataError):
-            return None
-
-
 def read_quantized(repo: "Repo", snapshot_id: str, rec: TensorRecord,
                    snapshots: dict[str, Any] | None = None) -> QuantizedTensor:
     """Materialize a quantized tensor, walking its delta chain back to the nearest base or cache hit.
@@ -249,7 +193,7 @@ def read_quantized(repo: "Repo", snapshot_id: str, rec: TensorRecord,
     def cached(sid: str, rec: TensorRecord) -> QuantizedTensor | None:
         hit = cache.get((sid, rec.name))
         if hit is None and rec.codec == QDELTA and disk is not None:
-            hit = disk.load(sid, rec.name)
+            hit = disk.load(sid, rec)
             if hit is not None:
                 cache.put((sid, rec.name), hit)
         return hit

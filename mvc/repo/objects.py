@@ -12,17 +12,25 @@ as bare bytes and are only ever reached through a snapshot.
 from __future__ import annotations
 
 import json
+import math
 import zlib
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, NoReturn
 
 from mvc.errors import DataError
+from mvc.io.state import MAX_SKELETON_DEPTH, skeleton_depth
+from mvc.store.base import InvalidIdError, check_oid
 
 COMMIT_HEADER = b"mvc-commit 1\n"
 SNAPSHOT_HEADER = b"mvc-snapshot 2\n"    # + zlib(canonical JSON)
 SNAPSHOT_HEADER_V1 = b"mvc-snapshot 1\n"  # + canonical JSON; read, no longer written
 # A snapshot's JSON is ~400 bytes per tensor: anything inflating past this is hostile.
 _MAX_SNAPSHOT_JSON = 1 << 30
+#: Largest element count a record may claim (2^48: beyond any real tensor, and small enough
+#: that shape products and byte counts stay exact in every integer type that meets them).
+MAX_NUMEL = 1 << 48
+#: Largest byte count or depth a record may claim.
+_MAX_COUNT = 1 << 62
 
 
 class MalformedObjectError(DataError):
@@ -46,6 +54,8 @@ def _parse(data: bytes, header: bytes, oid: str, kind: str, inflate: bool = Fals
         obj = json.loads(bytes(body) if isinstance(body, memoryview) else body)
     except ValueError as exc:
         raise MalformedObjectError(f"{kind} {oid} is not valid JSON: {exc}") from None
+    except RecursionError:  # the C parser's own guard: thousands of nested brackets
+        raise MalformedObjectError(f"{kind} {oid} is nested too deeply to be an mvc object") from None
     if not isinstance(obj, dict):
         raise MalformedObjectError(f"{kind} {oid} is not a JSON object")
     return obj
@@ -83,11 +93,18 @@ class Snapshot:
         v1 = data.startswith(SNAPSHOT_HEADER_V1)
         obj = _parse(data, SNAPSHOT_HEADER_V1 if v1 else SNAPSHOT_HEADER, oid, "snapshot",
                      inflate=not v1)
-        try:
-            tensors = [TensorRecord(**t) for t in obj["tensors"]]
-            return cls(tensors=tensors, skeleton=obj["skeleton"])
-        except (KeyError, TypeError) as exc:
-            raise MalformedObjectError(f"snapshot {oid} is malformed: {exc}") from None
+        check = _Checker("snapshot", oid)
+        check.keys(obj, {"tensors", "skeleton"}, "")
+        tensors_raw = check.typed(obj["tensors"], list, "tensors")
+        skeleton = check.typed(obj["skeleton"], dict, "skeleton")
+        depth = skeleton_depth(skeleton.get("root"), MAX_SKELETON_DEPTH)
+        if depth > MAX_SKELETON_DEPTH:
+            check.fail(f"skeleton is nested deeper than {MAX_SKELETON_DEPTH} levels")
+        tensors = [_record(check, t, i) for i, t in enumerate(tensors_raw)]
+        names = [t.name for t in tensors]
+        if len(set(names)) != len(names):
+            check.fail("two tensor records share a name")
+        return cls(tensors=tensors, skeleton=skeleton)
 
     @property
     def raw_bytes(self) -> int:
@@ -127,16 +144,127 @@ class Commit:
     @classmethod
     def decode(cls, data: bytes, oid: str) -> "Commit":
         obj = _parse(data, COMMIT_HEADER, oid, "commit")
-        try:
-            c = cls(**obj)
-        except TypeError as exc:
-            raise MalformedObjectError(f"commit {oid} is malformed: {exc}") from None
+        check = _Checker("commit", oid)
+        names = {f.name for f in fields(cls)} - {"id"}
+        check.keys(obj, {"parents", "snapshot", "message", "time", "author"}, "", allowed=names)
+        for i, p in enumerate(check.typed(obj["parents"], list, "parents")):
+            check.object_id(p, f"parents[{i}]")
+        check.object_id(obj["snapshot"], "snapshot")
+        for key in ("message", "time", "author"):
+            check.typed(obj[key], str, key)
+        if obj.get("step") is not None:
+            check.integer(obj["step"], "step", lo=-_MAX_COUNT)
+        for k, v in check.typed(obj.get("metrics", {}), dict, "metrics").items():
+            check.number(v, f"metrics[{k!r}]")
+        for key in ("provenance", "quant", "quality"):
+            if obj.get(key) is not None:
+                check.typed(obj[key], dict, key)
+        check.integer(obj.get("chain_depth", 0), "chain_depth")
+        check.typed(obj.get("extra", {}), dict, "extra")
+        c = cls(**obj)
         c.id = oid
         return c
 
     @property
     def summary(self) -> str:
         return self.message.splitlines()[0] if self.message else ""
+
+
+class _Checker:
+    """Field-by-field validation of a decoded object: every failure is a
+    `MalformedObjectError` naming the object and the field."""
+
+    def __init__(self, kind: str, oid: str) -> None:
+        self.kind, self.oid = kind, oid
+
+    def fail(self, what: str) -> NoReturn:
+        raise MalformedObjectError(f"{self.kind} {self.oid} is malformed: {what}")
+
+    def keys(self, obj: dict, required: set[str], where: str, allowed: set[str] | None = None) -> None:
+        missing = required - obj.keys()
+        unknown = obj.keys() - (allowed if allowed is not None else required)
+        if missing:
+            self.fail(f"{where or 'object'} lacks {sorted(missing)}")
+        if unknown:
+            self.fail(f"{where or 'object'} has unknown fields {sorted(map(str, unknown))[:5]}")
+
+    def typed(self, value: Any, kind: type, where: str) -> Any:
+        if not isinstance(value, kind):
+            self.fail(f"{where} is a {type(value).__name__}, not a {kind.__name__}")
+        return value
+
+    def integer(self, value: Any, where: str, lo: int = 0, hi: int = _MAX_COUNT) -> int:
+        if type(value) is not int or not lo <= value <= hi:
+            self.fail(f"{where} = {_short(value)} is not an integer in [{lo}, {hi}]")
+        return value
+
+    def number(self, value: Any, where: str) -> float:
+        if type(value) not in (int, float) or not math.isfinite(value):
+            self.fail(f"{where} = {_short(value)} is not a finite number")
+        return value
+
+    def object_id(self, value: Any, where: str) -> str:
+        try:
+            return check_oid(value)
+        except InvalidIdError:
+            self.fail(f"{where} = {_short(value)} is not an object id")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_RECORD_FIELDS = {"name", "dtype", "shape", "codec", "chunks", "stored_bytes", "raw_bytes", "meta", "depth"}
+
+
+def _record(check: _Checker, t: Any, i: int) -> TensorRecord:
+    """One tensor record, every field checked for type and range before anything trusts it."""
+    where = f"tensors[{i}]"
+    check.typed(t, dict, where)
+    check.keys(t, _RECORD_FIELDS - {"meta", "depth"}, where, allowed=_RECORD_FIELDS)
+    name = check.typed(t["name"], str, f"{where}.name")
+    where = f"tensor {_short(name)}"
+    check.typed(t["dtype"], str, f"{where}: dtype")
+    check.typed(t["codec"], str, f"{where}: codec")
+    shape = check.typed(t["shape"], list, f"{where}: shape")
+    numel = 1
+    for d in shape:
+        # capped, so a long hostile shape cannot build a huge integer
+        numel = min(numel * check.integer(d, f"{where}: shape dimension", hi=MAX_NUMEL), MAX_NUMEL + 1)
+    if numel > MAX_NUMEL:
+        check.fail(f"{where}: shape {_short(shape)} claims more than {MAX_NUMEL} elements")
+    for c in check.typed(t["chunks"], list, f"{where}: chunks"):
+        check.object_id(c, f"{where}: chunk")
+    check.integer(t["stored_bytes"], f"{where}: stored_bytes")
+    check.integer(t["raw_bytes"], f"{where}: raw_bytes")
+    depth = check.integer(t.get("depth", 0), f"{where}: depth")
+    meta = check.typed(t.get("meta", {}), dict, f"{where}: meta")
+    _check_lossy_meta(check, meta, where)
+    return TensorRecord(name=name, dtype=t["dtype"], shape=shape, codec=t["codec"],
+                        chunks=t["chunks"], stored_bytes=t["stored_bytes"],
+                        raw_bytes=t["raw_bytes"], meta=meta, depth=depth)
+
+
+def _check_lossy_meta(check: _Checker, meta: dict, where: str) -> None:
+    """The meta keys the repository itself reads (delta parents, gc references, moments);
+    codec-specific keys are checked by the codec that decodes the payload."""
+    if "refs" in meta:
+        for r in check.typed(meta["refs"], list, f"{where}: meta.refs"):
+            check.object_id(r, f"{where}: meta.refs")
+    if "parent" in meta:
+        p = check.typed(meta["parent"], dict, f"{where}: meta.parent")
+        check.object_id(p.get("snapshot"), f"{where}: meta.parent.snapshot")
+        check.typed(p.get("name"), str, f"{where}: meta.parent.name")
+    if "chain_cost" in meta and check.number(meta["chain_cost"], f"{where}: meta.chain_cost") < 0:
+        check.fail(f"{where}: meta.chain_cost is negative")
+    if "domain" in meta:
+        check.typed(meta["domain"], str, f"{where}: meta.domain")
+    if "moment" in meta:
+        m = check.typed(meta["moment"], dict, f"{where}: meta.moment")
+        check.typed(m.get("partner"), str, f"{where}: meta.moment.partner")
+        if check.number(m.get("ratio_bound"), f"{where}: meta.moment.ratio_bound") < 0:
+            check.fail(f"{where}: meta.moment.ratio_bound is negative")
 
 
 def _inflate(body: memoryview, oid: str) -> bytes:

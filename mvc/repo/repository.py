@@ -59,7 +59,7 @@ class Repo:
         #: (a resume after a failure, the next CLI commit): `cache.levels_keep` newest commits.
         keep = int(self.config.get("cache.levels_keep"))
         self.disk_levels: lossy.DiskLevelCache | None = (
-            lossy.DiskLevelCache(self.mvc_dir / "cache" / "levels", keep) if keep > 0 else None)
+            lossy.DiskLevelCache(self.mvc_dir / "cache" / "levels", keep, store) if keep > 0 else None)
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod

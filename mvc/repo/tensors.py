@@ -111,16 +111,45 @@ def _contiguous_bits(t: torch.Tensor) -> torch.Tensor:
         return t.view(ints).contiguous().view(t.dtype)
 
 
+class PayloadSizeError(DataError):
+    """A tensor record's `stored_bytes` disagrees with what its chunks actually hold."""
+
+    exit_code = 96
+
+
 def read_payload(store, rec: TensorRecord) -> bytearray:
-    """The concatenated, verified payload of one tensor record."""
-    buf = bytearray(rec.stored_bytes)
+    """The concatenated, verified payload of one tensor record.
+
+    The buffer is sized by the chunks' stored lengths, checked against the
+    record before anything is allocated: a snapshot claiming 3 GB for a
+    1 kB chunk is an error, not a 3 GB allocation.
+    """
+    held = sum(store.size(oid) for oid in rec.chunks)
+    if held != rec.stored_bytes:
+        raise PayloadSizeError(f"tensor {rec.name!r}: chunks hold {held} bytes, "
+                               f"snapshot says {rec.stored_bytes}")
+    buf = bytearray(held)
     view = memoryview(buf)
     off = 0
     for oid in rec.chunks:
         off += store.get_into(oid, view[off:])
-    if off != rec.stored_bytes:
-        raise DataError(f"tensor {rec.name!r}: chunks hold {off} bytes, snapshot says {rec.stored_bytes}")
+    if off != held:  # get_into verifies each chunk's id, so this only trips on a racing writer
+        raise PayloadSizeError(f"tensor {rec.name!r}: chunks hold {off} bytes, snapshot says {held}")
     return buf
+
+
+def payload_size_problems(store, rec: TensorRecord, present: set[str]) -> list[str]:
+    """For fsck: the record's `stored_bytes` against its chunks' sizes (missing chunks are
+    reported by the caller)."""
+    if not all(oid in present for oid in rec.chunks):
+        return []
+    try:
+        held = sum(store.size(oid) for oid in rec.chunks)
+    except DataError:  # removed meanwhile: the caller's presence check reports it next run
+        return []
+    if held == rec.stored_bytes:
+        return []
+    return [f"tensor {rec.name!r}: chunks hold {held} bytes, snapshot says {rec.stored_bytes}"]
 
 
 def read_tensor(store, rec: TensorRecord) -> torch.Tensor:

@@ -325,6 +325,11 @@ class ObjectStore(abc.ABC):
     def set_meta(self, key: str, value: bytes) -> None:
         """Set metadata `key`."""
 
+    def check_meta(self, repair: bool = True) -> list[str]:
+        """Check metadata derived from the objects (counters) against them; one line per
+        mismatch, fixed when `repair`. Stores that keep nothing derived on disk find nothing."""
+        return []
+
     # --- maintenance
     @abc.abstractmethod
     def write_lock(self, timeout: float = 60.0) -> AbstractContextManager[None]:

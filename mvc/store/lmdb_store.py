@@ -18,6 +18,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from contextlib import AbstractContextManager
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -33,6 +34,9 @@ from mvc.store.lock import FileLock
 SUPPORTED_FORMAT = 1
 _FORMAT_KEY = b"format_version"
 _OBJECT_BYTES_KEY = b"store.object_bytes"
+#: Meta key of the repository id (32 hex digits), written when the store is created; the
+#: level cache binds its entries to it (`mvc.repo.levelcache`).
+REPO_ID_KEY = "repo.id"
 _ITER_BATCH = 4096
 _DELETE_BATCH = 4096
 
@@ -43,6 +47,24 @@ def _view(data: BytesLike) -> memoryview:
     if mv.format != "B" or mv.ndim != 1:
         mv = mv.cast("B")
     return mv
+
+
+def _parse_count(raw: Any) -> int | None:
+    """The object-bytes counter as stored (ASCII digits), or None if it is missing or garbled."""
+    if raw is None:
+        return None
+    b = bytes(raw)
+    return int(b) if 0 < len(b) <= 20 and b.isdigit() else None
+
+
+def _count_object_bytes(txn: Any, h: EnvHandle) -> int:
+    """Sum of every object's length, read in `txn` (lengths only: values stay in the map)."""
+    cur = txn.cursor(db=h.dbs["objects"])
+    return sum(len(v) for v in cur.iternext(keys=False, values=True))
+
+
+def _printable(raw: bytes | None) -> str:
+    return "missing" if raw is None else repr(bytes(raw[:40]))
 
 
 def _reflog_key(name_b: bytes, seq: int) -> bytes:
@@ -84,6 +106,7 @@ class LmdbStore(ObjectStore):
             meta = store._db("meta")
             txn.put(_FORMAT_KEY, str(SUPPORTED_FORMAT).encode(), db=meta, overwrite=False)
             txn.put(_OBJECT_BYTES_KEY, b"0", db=meta, overwrite=False)
+            txn.put(REPO_ID_KEY.encode(), uuid.uuid4().hex.encode(), db=meta, overwrite=False)
         store._h().write(init)
         return store
 
@@ -191,10 +214,13 @@ class LmdbStore(ObjectStore):
 
     @staticmethod
     def _add_object_bytes(txn: Any, h: EnvHandle, delta: int) -> None:
+        """Move the object-bytes counter by `delta` (called after the objects changed in `txn`).
+        An unreadable counter is recounted from the objects themselves, never an error: it is
+        derived data, and a flipped byte in it must not block every later commit."""
         meta = h.dbs["meta"]
-        raw = txn.get(_OBJECT_BYTES_KEY, db=meta)
-        total = int(bytes(raw)) if raw is not None else 0
-        txn.put(_OBJECT_BYTES_KEY, str(max(total + delta, 0)).encode(), db=meta)
+        total = _parse_count(txn.get(_OBJECT_BYTES_KEY, db=meta))
+        total = _count_object_bytes(txn, h) if total is None else max(total + delta, 0)
+        txn.put(_OBJECT_BYTES_KEY, str(total).encode(), db=meta)
 
     def get(self, oid: str) -> bytes:
         """Return the verified content of `oid`."""
@@ -477,9 +503,33 @@ class LmdbStore(ObjectStore):
         return os.path.getsize(os.path.join(self.path, STORE_DIR, DATA_FILE))
 
     def object_bytes(self) -> int:
-        """Sum of stored object lengths (a counter kept in meta)."""
-        raw = self.get_meta(_OBJECT_BYTES_KEY.decode())
-        return int(raw) if raw is not None else 0
+        """Sum of stored object lengths (a counter kept in meta; recounted if unreadable)."""
+        h = self._h()
+
+        def fn(txn: Any) -> int:
+            total = _parse_count(txn.get(_OBJECT_BYTES_KEY, db=h.dbs["meta"]))
+            return _count_object_bytes(txn, h) if total is None else total
+        return h.read(fn, buffers=True)
+
+    def check_meta(self, repair: bool = True) -> list[str]:
+        """Recount the object-bytes counter; one line if it was wrong (and, with `repair`, fixed)."""
+        h = self._h()
+
+        def fn(txn: Any) -> tuple[bytes | None, int]:
+            raw = txn.get(_OBJECT_BYTES_KEY, db=h.dbs["meta"])
+            return (None if raw is None else bytes(raw)), _count_object_bytes(txn, h)
+
+        def fix(txn: Any) -> tuple[bytes | None, int]:
+            found = fn(txn)
+            txn.put(_OBJECT_BYTES_KEY, str(found[1]).encode(), db=h.dbs["meta"])
+            return found
+        raw, actual = h.read(fn, buffers=True)
+        if _parse_count(raw) == actual:
+            return []
+        if repair:
+            raw, actual = h.write(fix)
+        what = "repaired" if repair else "not repaired"
+        return [f"store metadata: object byte counter {_printable(raw)} != {actual} stored ({what})"]
 
     def map_size(self) -> int:
         """Current LMDB map size of this process (for diagnostics and tests)."""
