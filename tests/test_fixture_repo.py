@@ -1,0 +1,67 @@
+"""A repository written by an earlier mvc (tests/fixtures/repo_v1) keeps reading bit-identically.
+
+The fixture was made by tests/fixtures/make_repo_v1.py before the repository layer was
+restructured: lossy commits with delta chains and Adam moments, a lossless commit on a
+branch, a tag, and a gc replacement (refs/replace/).  `restores.json` holds the SHA-256 of
+every tensor each commit restored then.  Change it only with a format migration.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from mvc.io.state import flatten
+from mvc.repo.repository import Repo
+
+FIXTURE = Path(__file__).with_name("fixtures") / "repo_v1"
+
+
+@pytest.fixture
+def old_repo(tmp_path):
+    root = tmp_path / "repo"
+    root.mkdir()
+    shutil.copytree(FIXTURE / "mvc", root / ".mvc")  # stored without the dot: .gitignore skips .mvc/
+    repo = Repo(root)
+    yield repo
+    repo.close()
+
+
+def _digest(t: torch.Tensor) -> str:
+    data = t.contiguous().view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_every_commit_restores_bit_identically(old_repo):
+    expected = json.loads((FIXTURE / "restores.json").read_text())
+    assert len(expected) == 5
+    for cid, want in expected.items():
+        flat = flatten(old_repo.read_state(cid))
+        skeleton = json.dumps(flat.skeleton, sort_keys=True, default=str).encode()
+        assert hashlib.sha256(skeleton).hexdigest() == want["skeleton"], want["name"]
+        got = {k: [str(t.dtype), list(t.shape), _digest(t)] for k, t in flat.tensors.items()}
+        assert got == want["tensors"], want["name"]
+
+
+def test_history_refs_and_fsck(old_repo):
+    assert [c.message for c in old_repo.log("main")] == [f"epoch {i}" for i in (3, 2, 1, 0)]
+    assert old_repo.log("side")[0].message == "exact"
+    assert old_repo.resolve("v1") == old_repo.resolve("main~2")
+    assert list(old_repo.store.iter_refs("refs/replace/"))  # gc's re-encoding is followed
+    assert not old_repo.fsck().problems
+
+
+def test_new_commits_continue_an_old_history(old_repo):
+    from mvc.quant import QuantConfig
+
+    state = old_repo.read_state("main")
+    cid = old_repo.commit(state, "continued", quant=QuantConfig(bins=16, prune=0.1, protect=0.01))
+    assert old_repo.read_commit(cid).parents == [old_repo.resolve("main~1")]
+    again = flatten(old_repo.read_state(cid))
+    assert again.tensors.keys() == flatten(state).tensors.keys()
+    old_repo.gc()
+    assert not old_repo.fsck().problems
