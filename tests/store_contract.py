@@ -460,5 +460,6 @@ class StoreContract:
         classes = [getattr(st, n) for n in st.__all__
                    if isinstance(getattr(st, n), type) and issubclass(getattr(st, n), MvcError)]
         all_codes = [c.exit_code for c in classes]
-        assert len(set(all_codes)) == len(all_codes) == 14
-        assert all(c in (7, 8, 9, 10, 11) or 60 <= c <= 69 for c in all_codes)
+        assert len(set(all_codes)) == len(all_codes) == 16
+        # 90-91: unreadable ref / reflog records (CorruptRefError, CorruptReflogError)
+        assert all(c in (7, 8, 9, 10, 11, 90, 91) or 60 <= c <= 69 for c in all_codes)

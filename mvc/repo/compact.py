@@ -23,8 +23,8 @@ from mvc.codecs.quantized import encode_base
 from mvc.errors import InternalError
 from mvc.repo import lossy
 from mvc.repo.objects import Snapshot, TensorRecord
+from mvc.repo.replace import publish_replacement
 from mvc.repo.tensors import ChunkWriter
-from mvc.store import ANY, RefUpdate
 
 if TYPE_CHECKING:
     from mvc.repo.repository import Repo
@@ -135,9 +135,7 @@ def _rewrite(repo: Repo, sid: str, snap: Snapshot, rebase: list[int], chunk_size
     new_sid = writer.add(Snapshot(records, snap.skeleton).encode())
     writer.flush()
     _verify(repo, sid, snap, new_sid, [snap.tensors[i].name for i in rebase])
-    from mvc.repo.repository import REPLACE
-
-    repo.store.update_refs([RefUpdate(REPLACE + sid, ANY, new_sid)], "gc: compact delta chains")
+    publish_replacement(repo.store, sid, new_sid, "gc: compact delta chains")
 
 
 def _verify(repo: Repo, sid: str, snap: Snapshot, new_sid: str, rebased: list[str]) -> None:

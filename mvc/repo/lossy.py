@@ -199,7 +199,13 @@ def read_quantized(repo: "Repo", snapshot_id: str, rec: TensorRecord,
         return hit
 
     q = cached(sid, cur)
+    seen: set[tuple[str, str]] = set()
     while q is None and cur.codec == QDELTA:
+        # Content ids make the committed chain acyclic; only a bogus replacement can
+        # close a loop, and that must be an error, not a walk that never ends.
+        if (sid, cur.name) in seen:
+            raise BrokenChainError(f"tensor {cur.name!r}: delta chain loops back to snapshot {sid}")
+        seen.add((sid, cur.name))
         chain.append((sid, cur))
         psid, pname = parent_ref(cur)
         snap = snapshots.get(psid) if snapshots is not None else None

@@ -10,9 +10,11 @@ from mvc.repo import refs as R
 from mvc.repo.objects import Commit, Snapshot, object_kind
 from mvc.repo.tensors import payload_size_problems
 from mvc.store import RefUpdate
+from mvc.store.base import CorruptRefError, OnCorrupt, ReflogEntry
 
 if TYPE_CHECKING:
     from mvc.repo.repository import Repo
+    from mvc.store import ObjectStore
 
 
 class UnsafeGcError(MvcError):
@@ -49,19 +51,23 @@ class FsckReport:
         return not self.problems
 
 
-def root_ids(repo: "Repo") -> set[str]:
-    """Every commit id a ref or a reflog entry names: what gc must keep."""
+def root_ids(repo: "Repo", on_corrupt: OnCorrupt | None = None) -> set[str]:
+    """Every commit id a ref or a reflog entry names: what gc must keep.
+
+    An unreadable ref or reflog record raises (gc must not guess), unless
+    `on_corrupt` takes it (fsck reports it and goes on).
+    """
     from mvc.repo.repository import REPLACE
 
     roots: set[str] = set()
     store = repo.store
-    for name, value in store.iter_refs(""):
+    for name, value in store.iter_refs("", on_corrupt=on_corrupt):
         if value and not R.is_symbolic(value) and not name.startswith(REPLACE):
             roots.add(value)
-    for name in store.reflog_names():
+    for name in store.reflog_names(on_corrupt=on_corrupt):
         if name.startswith(REPLACE):
             continue
-        for entry in store.reflog(name):
+        for entry in store.reflog(name, on_corrupt=on_corrupt):
             for v in (entry.old, entry.new):
                 if v and not R.is_symbolic(v):
                     roots.add(v)
@@ -151,9 +157,23 @@ def gc(repo: "Repo", *, dry_run: bool = False, max_chain: int | None = None,
 
 
 def fsck(repo: "Repo") -> FsckReport:
-    """Verify every stored object against its id, and every ref, reflog entry and snapshot link."""
+    """Verify every stored object against its id, and every ref, reflog entry and snapshot link.
+
+    Never stops at the first damage: every unreadable record (object, ref,
+    reflog entry, commit, snapshot) is one problem in the report.
+    """
+    from mvc.repo.lossy import QUANT_CODECS
+    from mvc.repo.replace import check_replacements
+
     store = repo.store
     problems: list[str] = []
+    unreadable: set[str] = set()  # names of refs whose record could not be decoded
+
+    def corrupt(exc: MvcError) -> None:
+        problems.append(str(exc))
+        if isinstance(exc, CorruptRefError):
+            unreadable.add(exc.name)
+
     n_objects = 0
     present: set[str] = set()
     for oid in store.iter_ids():
@@ -161,23 +181,28 @@ def fsck(repo: "Repo") -> FsckReport:
         present.add(oid)
         try:
             store.verify(oid)
-        except DataError as exc:
+        except MvcError as exc:
             problems.append(f"object {oid}: {exc}")
-    for name, value in store.iter_refs(""):
+    refs = dict(store.iter_refs("", on_corrupt=corrupt))
+    for name, value in refs.items():
         if R.is_symbolic(value):
             target = R.symbolic_target(value)
-            if store.read_ref(target) is None and name != R.HEAD:
-                problems.append(f"ref {name}: points to missing ref {target}")
+            try:
+                if store.read_ref(target) is None and name != R.HEAD:
+                    problems.append(f"ref {name}: points to missing ref {target}")
+            except MvcError as exc:
+                corrupt(exc)
         elif value not in present:
             problems.append(f"ref {name}: points to missing object {value}")
-    from mvc.repo.lossy import QUANT_CODECS
+    _check_reflogs(store, refs, corrupt, unreadable, problems)
 
     known = set(registered()) | set(QUANT_CODECS)
     commits = 0
-    roots = root_ids(repo)
+    roots = root_ids(repo, on_corrupt=corrupt)
     problems.extend(f"reflog: names missing commit {cid}" for cid in sorted(roots)
                     if cid not in present)
     seen: set[str] = set()
+    named: set[str] = set()  # snapshot ids that reachable commits name
     stack = [c for c in roots if c in present]
     while stack:
         cid = stack.pop()
@@ -190,10 +215,11 @@ def fsck(repo: "Repo") -> FsckReport:
                 problems.append(f"{cid}: referenced as a commit but is a {object_kind(data)}")
                 continue
             commit = Commit.decode(data, cid)
-        except DataError as exc:
+        except MvcError as exc:
             problems.append(f"commit {cid}: {exc}")
             continue
         commits += 1
+        named.add(commit.snapshot)
         for p in commit.parents:
             if p not in present:
                 problems.append(f"commit {cid}: parent {p} is missing")
@@ -201,7 +227,7 @@ def fsck(repo: "Repo") -> FsckReport:
                 stack.append(p)
         try:
             snap = repo.read_snapshot(commit.snapshot)
-        except DataError as exc:
+        except MvcError as exc:
             problems.append(f"commit {cid}: snapshot {commit.snapshot}: {exc}")
             continue
         for rec in snap.tensors:
@@ -212,17 +238,64 @@ def fsck(repo: "Repo") -> FsckReport:
                     problems.append(f"commit {cid}: tensor {rec.name!r}: chunk {oid} is missing")
             problems.extend(f"commit {cid}: {p}" for p in payload_size_problems(store, rec, present))
             problems.extend(f"commit {cid}: {p}" for p in _check_delta_parent(repo, rec))
-    from mvc.repo.repository import REPLACE
-
-    for name, value in store.iter_refs(REPLACE):
-        if value not in present:
-            problems.append(f"ref {name}: replacement snapshot {value} is missing")
+    problems.extend(check_replacements(repo, present, named, corrupt))
     from mvc.repo.levelcache import check_level_cache
 
     warnings = store.check_meta(repair=True) + check_level_cache(repo)
     # One line per problem object, however many commits share it.
     return FsckReport(objects_checked=n_objects, commits_checked=commits,
                       problems=list(dict.fromkeys(problems)), warnings=warnings)
+
+
+def _ref_and_log(store: "ObjectStore", name: str,
+                 on_corrupt: OnCorrupt) -> tuple[str | None, list[ReflogEntry] | None]:
+    """(value of ref `name`, its reflog) read consistently, or (.., None) if the log is damaged.
+
+    Ref and reflog move in one transaction but are read in two: read the ref on
+    both sides of the log and retry while a concurrent commit moves it.
+    """
+    errors: list[MvcError] = []
+    for _ in range(3):
+        errors.clear()
+        value = store.read_ref(name)
+        log = store.reflog(name, on_corrupt=errors.append)
+        if store.read_ref(name) == value:
+            break
+    for exc in errors:
+        on_corrupt(exc)
+    return value, (None if errors else log)
+
+
+def _check_reflogs(store: "ObjectStore", refs: dict[str, str], on_corrupt: OnCorrupt,
+                   unreadable: set[str], problems: list[str]) -> None:
+    """Every ref and its reflog agree: `update_refs` moves a ref and appends its entry, which
+    records the value it found, in one transaction. So a reflog starts from nothing, each
+    entry starts where the previous one ended, and the last one holds the ref's value (None
+    once deleted). A renamed, reordered or rewritten record breaks that, even where every
+    record still decodes."""
+    names = set(store.reflog_names(on_corrupt=on_corrupt))
+    for name in sorted(names | refs.keys()):
+        if name in unreadable:
+            continue  # reported already
+        try:
+            value, log = _ref_and_log(store, name, on_corrupt)
+        except MvcError as exc:
+            on_corrupt(exc)
+            continue
+        if log is None:
+            continue
+        before = None
+        for i, entry in enumerate(log):
+            if entry.old != before:
+                problems.append(f"reflog of {name}: entry {i} moves it from {entry.old}, "
+                                f"but it was {before}")
+            before = entry.new
+        last = log[-1].new if log else None
+        if not log and value is not None:
+            problems.append(f"ref {name}: has no reflog (every ref move is logged)")
+        elif last != value:
+            now = "is missing" if value is None else f"is {value}"
+            problems.append(f"ref {name}: {now}, but its reflog's last entry set it to {last}")
 
 
 def _check_delta_parent(repo: "Repo", rec) -> list[str]:

@@ -19,18 +19,17 @@ from mvc.errors import MvcError, MvcWarning, UsageError
 from mvc.io.state import flatten, unflatten
 from mvc.repo import refs as R
 from mvc.repo.config import Config
-from mvc.repo.objects import Commit, Snapshot, TensorRecord
+from mvc.repo.objects import Commit, Snapshot, TensorRecord, object_kind
 from mvc.repo import lossy
 from mvc.repo.provenance import author, code_provenance
+from mvc.repo.replace import REPLACE, ReplacementError, follow_replacement
 from mvc.repo.revparse import (UnknownRevisionError, check_spelling, resolve_base,
                                 split_suffixes)
 from mvc.repo.tensors import ChunkWriter
-from mvc.store import ANY, InvalidRefError, LmdbStore, RefUpdate
+from mvc.store import ANY, InvalidRefError, LmdbStore, ObjectMissingError, RefUpdate
 
 MVC_DIR = ".mvc"
 DEFAULT_BRANCH = "main"
-#: gc's re-encodings: refs/replace/<snapshot id> names a snapshot that restores identically.
-REPLACE = "refs/replace/"
 #: Tensors this small are stored raw: a codec header would cost more than it saves.
 RAW_BELOW_BYTES = 64
 
@@ -101,20 +100,29 @@ class Repo:
         return Commit.decode(self.store.get(oid), oid)
 
     def resolve_snapshot_id(self, oid: str) -> str:
-        """The snapshot actually read for `oid`: gc may have replaced it by an identical re-encoding."""
-        return self.store.read_ref(REPLACE + oid) or oid
+        """The snapshot actually read for `oid`: gc may have replaced it by an identical re-encoding.
+
+        One step, by the one-level rule of `mvc.repo.replace` (ReplacementError otherwise).
+        """
+        return follow_replacement(self.store, oid)
 
     def read_snapshot(self, oid: str) -> Snapshot:
         """The snapshot a commit names (following gc's replacement, if any)."""
         real = self.resolve_snapshot_id(oid)
-        return Snapshot.decode(self.store.get(real), real)
+        data = self.store.get(real)
+        if real != oid and object_kind(data) != "snapshot":
+            raise ReplacementError(f"ref {REPLACE}{oid} names {real}, which is a "
+                                   f"{object_kind(data)}, not a snapshot")
+        return Snapshot.decode(data, real)
 
     def _is_commit(self, oid: str) -> bool:
+        # A missing object (removed by a concurrent gc) is simply no commit; a corrupt one
+        # raises IntegrityError naming it, instead of reading as an unknown revision.
         try:
             if self.store.size(oid) > (1 << 20):
                 return False
             return self.store.get(oid).startswith(b"mvc-commit ")
-        except MvcError:
+        except ObjectMissingError:
             return False
 
     # ------------------------------------------------------------------ refs

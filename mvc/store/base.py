@@ -18,7 +18,7 @@ import abc
 import re
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence, Union
+from typing import Callable, Iterable, Iterator, Sequence, Union
 
 import xxhash
 
@@ -129,6 +129,38 @@ class StoreClosedError(InternalError):
     """The store was used after `close()` (a bug in the caller)."""
 
     exit_code = 65
+
+
+class CorruptRefError(DataError):
+    """A stored ref record (its name or its value) cannot be decoded: the ref store is corrupt."""
+
+    exit_code = 90
+
+    def __init__(self, name: str, detail: str) -> None:
+        self.name = name
+        self.detail = detail
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        return f"ref {self.name}: corrupt record ({self.detail})"
+
+
+class CorruptReflogError(CorruptRefError):
+    """A stored reflog entry (its key or its value) cannot be decoded."""
+
+    exit_code = 91
+
+    def __init__(self, name: str, detail: str, seq: int | None = None) -> None:
+        self.seq = seq
+        super().__init__(name, detail)
+
+    def _message(self) -> str:
+        where = f" entry {self.seq}" if self.seq is not None else ""
+        return f"reflog of {self.name}:{where} corrupt record ({self.detail})"
+
+
+#: Receives each unreadable ref / reflog record when a caller (fsck) wants to go on past it.
+OnCorrupt = Callable[[CorruptRefError], None]
 
 
 # ------------------------------------------------------------ refs and reflog
@@ -289,11 +321,19 @@ class ObjectStore(abc.ABC):
     # --- refs
     @abc.abstractmethod
     def read_ref(self, name: str) -> str | None:
-        """The raw value of ref `name` (symbolic refs are not resolved), or None."""
+        """The raw value of ref `name` (symbolic refs are not resolved), or None.
+
+        A stored value that is not a valid ref value raises `CorruptRefError`.
+        """
 
     @abc.abstractmethod
-    def iter_refs(self, prefix: str = "") -> Iterator[tuple[str, str]]:
-        """(name, value) for every ref whose name starts with `prefix`, sorted by name."""
+    def iter_refs(self, prefix: str = "", *,
+                  on_corrupt: OnCorrupt | None = None) -> Iterator[tuple[str, str]]:
+        """(name, value) for every ref whose name starts with `prefix`, sorted by name.
+
+        An unreadable record raises `CorruptRefError`; with `on_corrupt` it is
+        handed to that callback instead and skipped (fsck reports every one).
+        """
 
     @abc.abstractmethod
     def update_refs(self, updates: Sequence[RefUpdate], reason: str) -> None:
@@ -305,12 +345,16 @@ class ObjectStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def reflog(self, name: str) -> list[ReflogEntry]:
-        """Every recorded move of ref `name`, oldest first."""
+    def reflog(self, name: str, *, on_corrupt: OnCorrupt | None = None) -> list[ReflogEntry]:
+        """Every recorded move of ref `name`, oldest first.
+
+        An unreadable entry raises `CorruptReflogError`; with `on_corrupt` it is
+        handed to that callback instead and skipped.
+        """
 
     @abc.abstractmethod
-    def reflog_names(self) -> list[str]:
-        """Sorted names of refs that have reflog entries."""
+    def reflog_names(self, *, on_corrupt: OnCorrupt | None = None) -> list[str]:
+        """Sorted names of refs that have reflog entries (unreadable keys: as in `reflog`)."""
 
     @abc.abstractmethod
     def delete_reflog(self, name: str) -> None:

@@ -23,10 +23,11 @@ from contextlib import AbstractContextManager
 from typing import Any, Iterable, Iterator, Sequence
 
 from mvc.store.base import (
-    ANY, BufferTooSmallError, BytesLike, IntegrityError, LockError, ObjectMissingError,
-    ObjectStore, RefConflictError, RefUpdate, ReflogEntry, StoreClosedError, StoreExistsError,
-    StoreFormatError, StoreNotFoundError, FormatTooNewError, check_oid, check_prefix,
-    check_ref_name, check_update, object_id)
+    ANY, BufferTooSmallError, BytesLike, CorruptRefError, CorruptReflogError, IntegrityError,
+    InvalidRefError, LockError, ObjectMissingError, ObjectStore, OnCorrupt, RefConflictError,
+    RefUpdate, ReflogEntry, StoreClosedError, StoreExistsError, StoreFormatError,
+    StoreNotFoundError, FormatTooNewError, check_oid, check_prefix, check_ref_name,
+    check_ref_value, check_update, object_id)
 from mvc.store.lmdb_env import (
     DATA_FILE, LOCK_FILE, STORE_DIR, STORE_OLD, EnvHandle, MiB, acquire_handle, release_handle)
 from mvc.store.lock import FileLock
@@ -69,6 +70,72 @@ def _printable(raw: bytes | None) -> str:
 
 def _reflog_key(name_b: bytes, seq: int) -> bytes:
     return name_b + b"\x00" + seq.to_bytes(8, "big")
+
+
+# ------------------------------------------------- ref and reflog records
+# Every record is decoded and validated here, so a flipped byte in the ref or reflog
+# database surfaces as one typed error naming the ref, never as a UnicodeDecodeError,
+# a JSONDecodeError or a KeyError further up.
+def _shown(raw: bytes, limit: int = 80) -> str:
+    """A key or value as printable text: undecodable bytes and control characters escaped."""
+    text = bytes(raw[:limit]).decode("utf-8", "backslashreplace")
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+    return text + ("..." if len(raw) > limit else "")
+
+
+def _decode_ref_name(key: bytes) -> str:
+    try:
+        return check_ref_name(bytes(key).decode("utf-8"))
+    except (UnicodeDecodeError, InvalidRefError):
+        raise CorruptRefError(_shown(key), "the name is not a valid ref name") from None
+
+
+def _decode_ref_value(name: str, raw: bytes) -> str:
+    try:
+        return check_ref_value(bytes(raw).decode("utf-8"))
+    except (UnicodeDecodeError, InvalidRefError):
+        raise CorruptRefError(
+            name, f"value {_shown(raw)!r} is not an object id or 'ref: <name>'") from None
+
+
+def _encode_reflog_entry(old: str | None, new: str | None, when: float, reason: str) -> bytes:
+    return json.dumps({"old": old, "new": new, "time": when, "reason": reason},
+                      separators=(",", ":")).encode("utf-8")
+
+
+def _decode_reflog_entry(name: str, seq: int, raw: bytes) -> ReflogEntry:
+    def bad(detail: str) -> CorruptReflogError:
+        return CorruptReflogError(name, detail, seq)
+
+    try:
+        d = json.loads(bytes(raw).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise bad(f"not a JSON entry: {_shown(raw)!r}") from None
+    if not isinstance(d, dict) or not {"old", "new", "time", "reason"} <= d.keys():
+        raise bad(f"fields missing: {_shown(raw)!r}")
+    try:
+        old, new = (check_ref_value(v) if v is not None else None for v in (d["old"], d["new"]))
+    except InvalidRefError as exc:
+        raise bad(str(exc)) from None
+    when, reason = d["time"], d["reason"]
+    if isinstance(when, bool) or not isinstance(when, (int, float)):
+        raise bad(f"time {when!r} is not a number")
+    if not isinstance(reason, str):
+        raise bad(f"reason {reason!r} is not a string")
+    try:
+        reason.encode("utf-8")  # a lone surrogate (from a \u escape) cannot be printed
+    except UnicodeEncodeError:
+        raise bad("reason is not valid text") from None
+    return ReflogEntry(old, new, float(when), reason)
+
+
+def _deliver(errors: list[CorruptRefError], on_corrupt: OnCorrupt | None) -> None:
+    """Hand every error to `on_corrupt`, or raise the first when there is none."""
+    if errors and on_corrupt is None:
+        raise errors[0]
+    for exc in errors:
+        on_corrupt(exc)  # type: ignore[misc]
 
 
 class LmdbStore(ObjectStore):
@@ -298,7 +365,9 @@ class LmdbStore(ObjectStore):
                 return keys
             keys = h.read(fn)
             for k in keys:
-                yield k.decode("ascii")
+                # A damaged key still comes out (as text that is no object id), so that
+                # fsck reports it instead of failing on the decode.
+                yield k.decode("ascii", "backslashreplace")
             if len(keys) < _ITER_BATCH:
                 return
             last = keys[-1]
@@ -368,27 +437,36 @@ class LmdbStore(ObjectStore):
 
     # ------------------------------------------------------------------ refs
     def read_ref(self, name: str) -> str | None:
-        """Raw value of ref `name`, or None."""
+        """Raw value of ref `name`, or None (CorruptRefError if the stored value is unreadable)."""
         key = check_ref_name(name).encode("utf-8")
         h = self._h()
         raw = h.read(lambda txn: txn.get(key, db=h.dbs["refs"]))
-        return None if raw is None else raw.decode("utf-8")
+        return None if raw is None else _decode_ref_value(name, raw)
 
-    def iter_refs(self, prefix: str = "") -> Iterator[tuple[str, str]]:
+    def iter_refs(self, prefix: str = "", *,
+                  on_corrupt: OnCorrupt | None = None) -> Iterator[tuple[str, str]]:
         """(name, value) of refs whose name starts with `prefix`, sorted by name."""
         p = prefix.encode("utf-8")
         h = self._h()
 
-        def fn(txn: Any) -> list[tuple[str, str]]:
+        def fn(txn: Any) -> list[tuple[bytes, bytes]]:
             cur = txn.cursor(db=h.dbs["refs"])
-            out = []
+            rows = []
             if cur.set_range(p):
                 for k, v in cur.iternext():
                     if not k.startswith(p):
                         break
-                    out.append((k.decode("utf-8"), v.decode("utf-8")))
-            return out
-        return iter(h.read(fn))
+                    rows.append((k, v))
+            return rows
+        out, errors = [], []
+        for k, v in h.read(fn):
+            try:
+                name = _decode_ref_name(k)
+                out.append((name, _decode_ref_value(name, v)))
+            except CorruptRefError as exc:
+                errors.append(exc)
+        _deliver(errors, on_corrupt)
+        return iter(out)
 
     def update_refs(self, updates: Sequence[RefUpdate], reason: str) -> None:
         """Atomic compare-and-swap of several refs plus their reflog entries, in one txn."""
@@ -403,7 +481,7 @@ class LmdbStore(ObjectStore):
             for u in updates:
                 key = u.name.encode("utf-8")
                 raw = txn.get(key, db=refs)
-                current = None if raw is None else bytes(raw).decode("utf-8")
+                current = None if raw is None else _decode_ref_value(u.name, raw)
                 if u.old is not ANY and current != u.old:
                     raise RefConflictError(u.name, u.old, current)
                 if u.new is None:
@@ -411,61 +489,90 @@ class LmdbStore(ObjectStore):
                         txn.delete(key, db=refs)
                 else:
                     txn.put(key, u.new.encode("utf-8"), db=refs)
-                entry = json.dumps({"old": current, "new": u.new, "time": now,
-                                    "reason": reason}, separators=(",", ":"))
-                txn.put(_reflog_key(key, self._next_seq(txn, reflog, key)),
-                        entry.encode("utf-8"), db=reflog)
+                txn.put(_reflog_key(key, self._next_seq(txn, reflog, key, u.name)),
+                        _encode_reflog_entry(current, u.new, now, reason), db=reflog)
         h.write(fn)
 
     @staticmethod
-    def _next_seq(txn: Any, reflog: Any, name_b: bytes) -> int:
+    def _next_seq(txn: Any, reflog: Any, name_b: bytes, name: str) -> int:
         # Names hold no control characters, so b"\x01" sorts after every
         # "name\0<seq>" key of this name and before any longer name.
         cur = txn.cursor(db=reflog)
         ok = cur.set_range(name_b + b"\x01")
         ok = cur.prev() if ok else cur.last()
-        if ok:
+        start = name_b + b"\x00"
+        while ok:
             k = bytes(cur.key())
-            if k.startswith(name_b + b"\x00") and len(k) == len(name_b) + 9:
-                return int.from_bytes(k[-8:], "big") + 1
+            if not k.startswith(start):
+                break
+            if len(k) == len(start) + 8:  # skip a corrupt key of another length
+                seq = int.from_bytes(k[-8:], "big") + 1
+                if seq >= 1 << 64:
+                    raise CorruptReflogError(name, "sequence number out of range")
+                return seq
+            ok = cur.prev()
         return 0
 
     def _reflog_keys_values(self, txn: Any, name_b: bytes) -> list[tuple[bytes, bytes]]:
+        """Every reflog record under `name_b`, corrupt keys of the wrong length included."""
         cur = txn.cursor(db=self._h().dbs["reflog"])
         start = name_b + b"\x00"
         out = []
         if cur.set_range(start):
             for k, v in cur.iternext():
                 k = bytes(k)  # write txns hand out memoryviews
-                if not k.startswith(start) or len(k) != len(start) + 8:
+                if not k.startswith(start):
                     break
                 out.append((k, bytes(v)))
         return out
 
-    def reflog(self, name: str) -> list[ReflogEntry]:
+    def reflog(self, name: str, *, on_corrupt: OnCorrupt | None = None) -> list[ReflogEntry]:
         """Every recorded move of `name`, oldest first."""
         key = check_ref_name(name).encode("utf-8")
         rows = self._h().read(lambda txn: self._reflog_keys_values(txn, key))
-        out = []
-        for _, v in rows:
-            d = json.loads(v)
-            out.append(ReflogEntry(d["old"], d["new"], float(d["time"]), d["reason"]))
+        out, errors = [], []
+        for k, v in rows:
+            tail = k[len(key) + 1:]
+            if len(tail) != 8:
+                errors.append(CorruptReflogError(name, f"malformed key {_shown(k)!r}"))
+                continue
+            try:
+                out.append(_decode_reflog_entry(name, int.from_bytes(tail, "big"), v))
+            except CorruptRefError as exc:
+                errors.append(exc)
+        _deliver(errors, on_corrupt)
         return out
 
-    def reflog_names(self) -> list[str]:
+    def reflog_names(self, *, on_corrupt: OnCorrupt | None = None) -> list[str]:
         """Sorted names that have reflog entries (skips from one name to the next)."""
         h = self._h()
 
-        def fn(txn: Any) -> list[str]:
+        def fn(txn: Any) -> list[tuple[bytes, bool]]:
             cur = txn.cursor(db=h.dbs["reflog"])
-            names = []
+            found = []
             ok = cur.first()
             while ok:
-                name_b = bytes(cur.key()).split(b"\x00", 1)[0]
-                names.append(name_b.decode("utf-8"))
+                k = bytes(cur.key())
+                if b"\x00" not in k:  # no "name NUL seq" structure at all
+                    found.append((k, False))
+                    ok = cur.next()
+                    continue
+                name_b = k.split(b"\x00", 1)[0]
+                found.append((name_b, True))
                 ok = cur.set_range(name_b + b"\x01")
-            return names
-        return h.read(fn)
+            return found
+        names, errors = [], []
+        for raw, keyed in h.read(fn):
+            try:
+                if not keyed:
+                    raise CorruptReflogError(_shown(raw), "malformed key")
+                names.append(_decode_ref_name(raw))
+            except CorruptRefError as exc:
+                if not isinstance(exc, CorruptReflogError):
+                    exc = CorruptReflogError(exc.name, "the name is not a valid ref name")
+                errors.append(exc)
+        _deliver(errors, on_corrupt)
+        return names
 
     def delete_reflog(self, name: str) -> None:
         """Forget the reflog of `name`."""

@@ -12,7 +12,7 @@ from typing import Iterable, Iterator, Sequence
 
 from mvc.store.base import (
     ANY, BufferTooSmallError, BytesLike, IntegrityError, ObjectMissingError, ObjectStore,
-    RefConflictError, RefUpdate, ReflogEntry, StoreClosedError, check_oid, check_prefix,
+    OnCorrupt, RefConflictError, RefUpdate, ReflogEntry, StoreClosedError, check_oid, check_prefix,
     check_ref_name, check_update, object_id)
 from mvc.store.lock import ThreadLock
 
@@ -142,8 +142,13 @@ class MemoryStore(ObjectStore):
         with self._mutex:
             return self._refs.get(name)
 
-    def iter_refs(self, prefix: str = "") -> Iterator[tuple[str, str]]:
-        """(name, value) of refs starting with `prefix`, sorted."""
+    def iter_refs(self, prefix: str = "", *,
+                  on_corrupt: OnCorrupt | None = None) -> Iterator[tuple[str, str]]:
+        """(name, value) of refs starting with `prefix`, sorted.
+
+        Values are kept as validated Python strings, so nothing here can be
+        unreadable and `on_corrupt` is never called (it is accepted for the contract).
+        """
         self._check_open()
         with self._mutex:
             items = sorted((k, v) for k, v in self._refs.items() if k.startswith(prefix))
@@ -172,14 +177,14 @@ class MemoryStore(ObjectStore):
             for name, entry in log:
                 self._reflog.setdefault(name, []).append(entry)
 
-    def reflog(self, name: str) -> list[ReflogEntry]:
-        """Moves of `name`, oldest first."""
+    def reflog(self, name: str, *, on_corrupt: OnCorrupt | None = None) -> list[ReflogEntry]:
+        """Moves of `name`, oldest first (entries are kept decoded: never corrupt)."""
         check_ref_name(name)
         self._check_open()
         with self._mutex:
             return list(self._reflog.get(name, ()))
 
-    def reflog_names(self) -> list[str]:
+    def reflog_names(self, *, on_corrupt: OnCorrupt | None = None) -> list[str]:
         """Names with reflog entries, sorted."""
         self._check_open()
         with self._mutex:
