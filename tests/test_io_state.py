@@ -465,3 +465,20 @@ def test_unflatten_rejects_missing_or_mismatched_tensors() -> None:
     with pytest.raises(DataError):
         unflatten({"format": 1, "root": {"t": "tensor", "o": 5}, "entries": {}, "objects": []}, {})
 
+
+
+@pytest.mark.parametrize("stride", [[1, 1 << 40], [-1, 4], [1, 5], "x", [1]])
+def test_hostile_dense_layout_is_a_data_error_without_allocating(stride):
+    import copy
+
+    from mvc.errors import DataError
+    from mvc.io.state import flatten, unflatten
+
+    x = torch.randn(3, 4).t()
+    flat = flatten({"x": x})
+    skeleton = copy.deepcopy(flat.skeleton)
+    skeleton["objects"][0]["stride"] = stride
+    with pytest.raises(DataError, match="malformed state skeleton"):
+        unflatten(skeleton, flat.tensors)
+    good = unflatten(flat.skeleton, flat.tensors)["x"]  # the untouched skeleton still rebuilds
+    assert torch.equal(good, x) and good.stride() == x.stride()

@@ -400,7 +400,7 @@ class _Builder:
         record = self.records[index]
         base = self._base(record["entry"])
         dtype = _dtype(record["dtype"])
-        shape, stride = tuple(record["shape"]), tuple(record["stride"])
+        shape, stride = _layout(record)
         if record["kind"] == "dense":
             tensor = self._dense(record["entry"], base, shape, stride)
         elif record["kind"] == "view":
@@ -420,6 +420,9 @@ class _Builder:
         if tuple(base.stride()) != stride:
             if base.is_contiguous() and _same_addressing(shape, stride, base.stride()):
                 base = base.as_strided(shape, stride)  # only size-1 dims differ: no copy
+            elif math.prod(shape) and not _is_dense(shape, stride):
+                # A hostile stride would make empty_strided allocate its whole claimed span.
+                raise DataError(f"malformed state skeleton: tensor {name!r} has a non-dense layout")
             else:
                 out = torch.empty_strided(shape, stride, dtype=base.dtype, device=base.device)
                 _bits(out).copy_(_bits(base))
@@ -440,6 +443,15 @@ class _Builder:
             raise DataError(f"malformed state skeleton: a view of {name!r} lies outside its stored span")
         view = torch.empty(0, dtype=dtype, device=base.device)
         return view.set_(base.untyped_storage(), offset // size, shape, stride)
+
+
+def _layout(record: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A tensor record's shape and stride, checked: stored skeletons are untrusted."""
+    shape, stride = record.get("shape"), record.get("stride")
+    if (not isinstance(shape, list) or not isinstance(stride, list) or len(shape) != len(stride)
+            or not all(type(v) is int and v >= 0 for v in shape + stride)):
+        raise DataError(f"malformed state skeleton: bad shape/stride {shape!r}/{stride!r}")
+    return tuple(shape), tuple(stride)
 
 
 def skeleton_depth(root: Any, limit: int = MAX_SKELETON_DEPTH) -> int:
