@@ -148,6 +148,7 @@ def _sweep(pristine, tmp_path, trials: int, seed: int) -> None:
         worker.close()
     assert not failures, "\n".join(failures)
     assert outcomes["detected"] > 0  # the sweep did damage something
+    print(f"corruption sweep: {trials} flips, {outcomes}")
 
 
 def test_random_byte_flips_are_detected_or_harmless(pristine, tmp_path):
