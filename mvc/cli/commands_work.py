@@ -122,7 +122,7 @@ def _remember_source(repo: Repo, cid: str, path: Path, st: os.stat_result) -> No
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Where to write the checkpoint (default: checkpoint.path).")
 @click.option("--format", "fmt", type=click.Choice(["pt", "safetensors"]), default=None,
-              help="File format (default: from the extension, else pt).")
+              help="File format (default: from the extension, else checkpoint.format, pt unless set).")
 def checkout(rev: str, output: str | None, fmt: str | None) -> None:
     """Write the checkpoint of REV to a file and move HEAD to it."""
     from mvc.io.files import save_checkpoint
@@ -133,12 +133,23 @@ def checkout(rev: str, output: str | None, fmt: str | None) -> None:
     # branch that resolution went through.
     cid, branch_ref = repo._resolve_rev(rev)
     state = repo._read_state_at(cid)
-    save_checkpoint(state, path, fmt)
+    save_checkpoint(state, path, _output_format(repo, path, fmt))
     repo._move_head(cid, branch_ref, rev)
     _remember_source(repo, cid, path, path.stat())
     branch = repo.current_branch()
     where = f"on branch {branch}" if branch else f"HEAD detached at {cid[:12]}"
     echo(f"Wrote {path} ({human_bytes(path.stat().st_size)}); {where}")
+
+
+def _output_format(repo: Repo, path: Path, given: str | None) -> str | None:
+    """--format, else None when the extension decides, else the configured `checkpoint.format`."""
+    from mvc.io.files import SAFETENSORS_SUFFIXES, TORCH_SUFFIXES
+
+    if given is not None:
+        return given
+    if path.suffix.lower() in TORCH_SUFFIXES | SAFETENSORS_SUFFIXES:
+        return None
+    return str(repo.config.get("checkpoint.format"))
 
 
 @click.command()
