@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mvc.codecs.base import BytesLike, CodecError, Encoded, register, tensor_bytes
+from mvc.codecs.base import BytesLike, CodecError, Encoded, on_device, register, tensor_bytes
 from mvc.native import byteplane
 from mvc.native._lib import ffi, lib
 from mvc.native.buffers import borrow
@@ -75,6 +75,8 @@ class LosslessCodec:
 
     name = "lossless/1"
     lossless = True
+    is_quantized = False
+    has_parent = False
 
     def __init__(self, segment: int = SEGMENT, rans_saving: float = RANS_SAVING) -> None:
         if not 1 <= segment <= _MAX_SEGMENT:
@@ -123,8 +125,13 @@ class LosslessCodec:
         return Encoded(meta=meta, parts=parts)
 
     def decode(self, meta: dict[str, Any], payload: BytesLike, dtype: torch.dtype,
-               shape: tuple[int, ...]) -> torch.Tensor:
-        """Rebuild the tensor exactly; `CodecError` on any inconsistency in meta or payload."""
+               shape: tuple[int, ...], device: torch.device | str | None = None) -> torch.Tensor:
+        """Rebuild the tensor exactly, on `device` (None: the CPU); `CodecError` on any
+        inconsistency in meta or payload."""
+        return on_device(self._decode(meta, payload, dtype, shape), device)
+
+    def _decode(self, meta: dict[str, Any], payload: BytesLike, dtype: torch.dtype,
+                shape: tuple[int, ...]) -> torch.Tensor:
         layout, item, per = _layout_of(dtype)
         seg = meta.get("seg") if isinstance(meta, dict) else None
         if (not isinstance(meta, dict) or meta.get("layout") != byteplane.NAMES[layout]

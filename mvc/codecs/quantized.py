@@ -36,7 +36,8 @@ import numpy as np
 import torch
 import xxhash
 
-from mvc.codecs.base import BytesLike, CodecError, Encoded, get_codec
+from mvc.codecs.base import (BytesLike, ChainStep, CodecError, Encoded, on_device, register,
+                             tensor_codec)
 from mvc.codecs import delta_groups as dg
 from mvc.errors import InternalError, MvcError, UsageError
 from mvc.native import huffman, rle
@@ -47,7 +48,8 @@ __all__ = [
     "QuantPayloadError", "QuantChecksumError", "DeltaParentError", "DeltaShapeError",
     "QuantInputError",
     "encode_base", "decode_base", "encode_delta", "encode_delta_rle", "encode_delta_he",
-    "decode_delta", "decode_chain", "encoded_size",
+    "decode_delta", "decode_chain", "encoded_size", "QBaseCodec", "QDeltaCodec", "QBASE_CODEC",
+    "QDELTA_CODEC", "DeltaParentMissingError",
 ]
 
 QBASE = "qbase/1"
@@ -150,7 +152,7 @@ def _encode_protected(prot: torch.Tensor) -> tuple[bytes, dict[str, Any]]:
     """Protected values through the lossless codec; (section, meta entries)."""
     if prot.numel() == 0:
         return b"", {}
-    enc = get_codec(_LOSSLESS).encode(prot)
+    enc = tensor_codec(_LOSSLESS).encode(prot)
     return b"".join(bytes(p) for p in enc.parts), {"protected": enc.meta}
 
 
@@ -257,7 +259,7 @@ def _decode_protected(sec: memoryview, n_prot: int, dtype: torch.dtype,
     if not isinstance(pmeta, dict):
         raise QuantPayloadError("meta lacks the protected values' codec meta")
     try:
-        prot = get_codec(_LOSSLESS).decode(pmeta, sec, dtype, (n_prot,))
+        prot = tensor_codec(_LOSSLESS).decode(pmeta, sec, dtype, (n_prot,))
     except CodecError:
         raise
     except (MvcError, ValueError, OverflowError, TypeError) as exc:
@@ -491,3 +493,79 @@ def decode_chain(base: QuantizedTensor,
                 raise QuantPayloadError(f"{top} protected levels but {pt.n_prot} protected values stored")
         levels = walker.levels()
     return pt.assemble(levels, top)
+
+
+# --------------------------------------------------------------------------- registered codecs
+
+class DeltaParentMissingError(InternalError):
+    """A delta codec was asked to encode or decode without the parent it needs (a bug)."""
+
+    exit_code = 116
+
+
+def _quantized_on(q: QuantizedTensor, device: torch.device | str | None) -> QuantizedTensor:
+    if device is None:
+        return q
+    return QuantizedTensor(on_device(q.levels, device), on_device(q.centroids, device),
+                           on_device(q.protected, device), q.dtype, q.bins)
+
+
+class QBaseCodec:
+    """`qbase/1`: a quantized tensor on its own."""
+
+    name = QBASE
+    lossless = False
+    is_quantized = True
+    has_parent = False
+
+    def encode_quantized(self, q: QuantizedTensor, parent: QuantizedTensor | None = None
+                         ) -> Encoded:
+        """`encode_base(q)`; `parent` is ignored (a base stands alone)."""
+        return encode_base(q)
+
+    def decode_quantized(self, meta: dict[str, Any], payload: BytesLike, dtype: torch.dtype,
+                         shape: tuple[int, ...], *, parent: QuantizedTensor | None = None,
+                         device: torch.device | str | None = None) -> QuantizedTensor:
+        """`decode_base`, the result on `device`."""
+        return _quantized_on(decode_base(meta, payload, dtype, shape), device)
+
+    def decode_chain(self, base: QuantizedTensor, deltas: Sequence[ChainStep],
+                     dtype: torch.dtype, shape: tuple[int, ...], *,
+                     device: torch.device | str | None = None) -> QuantizedTensor:
+        if deltas:
+            raise DeltaParentMissingError(f"{QBASE} has no deltas to walk")
+        return _quantized_on(base, device)
+
+
+class QDeltaCodec:
+    """`qdelta/1`: a quantized tensor as grouped deltas against its parent's levels."""
+
+    name = QDELTA
+    lossless = False
+    is_quantized = True
+    has_parent = True
+
+    def encode_quantized(self, q: QuantizedTensor, parent: QuantizedTensor | None = None
+                         ) -> Encoded:
+        """`encode_delta(q, parent.levels, parent.n_levels)`."""
+        if parent is None:
+            raise DeltaParentMissingError(f"{QDELTA} encodes against a parent; none given")
+        return encode_delta(q, parent.levels, parent.n_levels)
+
+    def decode_quantized(self, meta: dict[str, Any], payload: BytesLike, dtype: torch.dtype,
+                         shape: tuple[int, ...], *, parent: QuantizedTensor | None = None,
+                         device: torch.device | str | None = None) -> QuantizedTensor:
+        """`decode_delta` against `parent`'s levels, the result on `device`."""
+        if parent is None:
+            raise DeltaParentMissingError(f"{QDELTA} decodes against a parent; none given")
+        return _quantized_on(decode_delta(meta, payload, dtype, shape, parent.levels), device)
+
+    def decode_chain(self, base: QuantizedTensor, deltas: Sequence[ChainStep],
+                     dtype: torch.dtype, shape: tuple[int, ...], *,
+                     device: torch.device | str | None = None) -> QuantizedTensor:
+        """`decode_chain` (walked in place by the native chain walker), the result on `device`."""
+        return _quantized_on(decode_chain(base, deltas, dtype, shape), device)
+
+
+QBASE_CODEC = register(QBaseCodec())
+QDELTA_CODEC = register(QDeltaCodec())

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from mvc.codecs.base import registered
+from mvc.codecs.base import exact_codecs
 from mvc.errors import UsageError
 
 #: Every known key with its default. Unknown keys are refused so typos surface.
@@ -85,7 +85,7 @@ _CHOICES: dict[str, Callable[[], list[str]]] = {
     "commit.mode": lambda: ["search", "fixed", "lossless"],
     "commit.optimizer": lambda: ["exact", "compressed"],
     "checkpoint.format": lambda: ["pt", "safetensors"],
-    "commit.lossless_codec": registered,
+    "commit.lossless_codec": exact_codecs,  # a quantized codec cannot store a tensor exactly
 }
 
 
