@@ -7,12 +7,19 @@ import json
 import numpy as np
 import pytest
 import torch
+from test_codec_quantized import assert_same, evolve, make_q, payload
 
-from mvc.codecs import (CodecKindError, exact_codecs, find_codec, get_codec, quantized_codec,
-                        registered, tensor_codec)
+from mvc.codecs import (
+    CodecKindError,
+    exact_codecs,
+    find_codec,
+    get_codec,
+    quantized_codec,
+    registered,
+    tensor_codec,
+)
 from mvc.codecs.quantized import DeltaParentMissingError
 from mvc.repo.config import Config, ConfigError
-from test_codec_quantized import assert_same, evolve, make_q, payload
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

@@ -98,25 +98,25 @@ ChainStep = tuple[dict[str, Any], Callable[[], BytesLike]]
 class QuantizedCodec(Codec, Protocol):
     """A codec of quantized tensors; `has_parent` says whether it needs the parent's levels."""
 
-    def encode_quantized(self, q: "QuantizedTensor", parent: "QuantizedTensor | None" = None
+    def encode_quantized(self, q: QuantizedTensor, parent: QuantizedTensor | None = None
                          ) -> Encoded:
         """Encode `q`; `parent` (the same tensor in the parent commit) is required exactly when
         `has_parent` is true."""
 
     def decode_quantized(self, meta: dict[str, Any], payload: BytesLike, dtype: torch.dtype,
-                         shape: tuple[int, ...], *, parent: "QuantizedTensor | None" = None,
-                         device: torch.device | str | None = None) -> "QuantizedTensor":
+                         shape: tuple[int, ...], *, parent: QuantizedTensor | None = None,
+                         device: torch.device | str | None = None) -> QuantizedTensor:
         """Rebuild the `QuantizedTensor` (levels bit-exact) on `device`; `parent` as for
         `encode_quantized`."""
 
-    def decode_chain(self, base: "QuantizedTensor", deltas: Sequence[ChainStep],
+    def decode_chain(self, base: QuantizedTensor, deltas: Sequence[ChainStep],
                      dtype: torch.dtype, shape: tuple[int, ...], *,
-                     device: torch.device | str | None = None) -> "QuantizedTensor":
+                     device: torch.device | str | None = None) -> QuantizedTensor:
         """The tensor at the end of a chain of this codec's deltas from `base`, oldest first
         (a codec without a parent takes an empty chain only)."""
 
 
-AnyCodec = Union[TensorCodec, QuantizedCodec]
+AnyCodec = TensorCodec | QuantizedCodec
 
 _REGISTRY: dict[str, AnyCodec] = {}
 
