@@ -61,9 +61,21 @@ static void merge64(uint8_t **pl, size_t n, uint8_t *dst) {
     }
 }
 
-int mvc_bp_split(const uint8_t *src, size_t n, int layout, int itemsize, uint8_t **pl) {
+/* The plane count of the layout if the caller's table has that many non-NULL planes. */
+static int table_planes(uint8_t **pl, int count, size_t n, int layout, int itemsize) {
     int np = mvc_bp_nplanes(layout, itemsize);
     if (np < 0) return np;
+    if (count != np || !pl) return MVC_ERR_ARG;
+    for (int b = 0; b < np && n; b++)
+        if (!pl[b]) return MVC_ERR_ARG;
+    return np;
+}
+
+int mvc_bp_split(const uint8_t *src, size_t n, int layout, int itemsize, uint8_t **pl,
+                 int count) {
+    int np = table_planes(pl, count, n, layout, itemsize);
+    if (np < 0) return np;
+    if (n && !src) return MVC_ERR_ARG;
     switch (layout) {
     case MVC_BP_F16: case MVC_BP_BF16: split16(src, n, pl[0], pl[1]); break;
     case MVC_BP_F32: split32(src, n, pl[0], pl[1], pl[2], pl[3]); break;
@@ -78,9 +90,10 @@ int mvc_bp_split(const uint8_t *src, size_t n, int layout, int itemsize, uint8_t
     return MVC_OK;
 }
 
-int mvc_bp_merge(uint8_t **pl, size_t n, int layout, int itemsize, uint8_t *dst) {
-    int np = mvc_bp_nplanes(layout, itemsize);
+int mvc_bp_merge(uint8_t **pl, int count, size_t n, int layout, int itemsize, uint8_t *dst) {
+    int np = table_planes(pl, count, n, layout, itemsize);
     if (np < 0) return np;
+    if (n && !dst) return MVC_ERR_ARG;
     switch (layout) {
     case MVC_BP_F16: case MVC_BP_BF16: merge16(pl[0], pl[1], n, dst); break;
     case MVC_BP_F32: merge32(pl[0], pl[1], pl[2], pl[3], n, dst); break;

@@ -19,10 +19,13 @@ enum mvc_bp_layout {
 /* Number of planes (bytes per element) of a layout; < 0 if invalid. */
 int mvc_bp_nplanes(int layout, int itemsize);
 
-/* Split n elements at src into planes[0..nplanes-1], n bytes each. */
-int mvc_bp_split(const uint8_t *src, size_t n, int layout, int itemsize, uint8_t **planes);
+/* Split n elements at src into planes[0..nplanes-1], n bytes each.  `nplanes`
+ * is the length of the caller's pointer table: MVC_ERR_ARG unless it is the
+ * layout's plane count. */
+int mvc_bp_split(const uint8_t *src, size_t n, int layout, int itemsize, uint8_t **planes,
+                 int nplanes);
 
 /* Inverse of mvc_bp_split: interleave the planes back into n elements at dst. */
-int mvc_bp_merge(uint8_t **planes, size_t n, int layout, int itemsize, uint8_t *dst);
+int mvc_bp_merge(uint8_t **planes, int nplanes, size_t n, int layout, int itemsize, uint8_t *dst);
 
 #endif

@@ -196,9 +196,11 @@ static int step_sparse(mvc_chain *c, qd_groups *gs, uint32_t modulus, uint32_t n
 }
 
 int mvc_chain_step(mvc_chain *c, uint32_t n_prev, uint32_t modulus, uint32_t n_cur,
-                   const uint8_t *sec, const uint64_t *sec_len, uint32_t nsec, uint64_t *n_top) {
+                   const uint8_t *sec, size_t sec_total, const uint64_t *sec_len, uint32_t nsec,
+                   uint64_t *n_top) {
     if (!c || c->broken || modulus == 0 || modulus > NLEV || n_prev == 0 || n_prev > modulus
-        || n_cur == 0 || n_cur > modulus || nsec != n_prev || !sec_len || !n_top)
+        || n_cur == 0 || n_cur > modulus || nsec != n_prev || !n_top
+        || qd_sections_fit(sec, sec_total, sec_len, nsec) != MVC_OK)
         return MVC_ERR_ARG;
     for (uint32_t g = n_prev; g < NLEV; g++)
         if (c->tot[g]) return MVC_ERR_RANGE; /* not the levels this delta was made against */

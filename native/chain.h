@@ -18,11 +18,13 @@ mvc_chain *mvc_chain_new(const uint8_t *levels, size_t n);
 void mvc_chain_free(mvc_chain *c);
 
 /* Apply one delta step in place (arguments as mvc_qdelta_levels with grouped
- * RLE+Huffman sections: nsec == n_prev, modulus <= 256).  *n_top = levels
- * equal to n_cur - 1 afterwards.  On failure the walker is left unusable
- * (every later call fails). */
+ * RLE+Huffman sections: nsec == n_prev, modulus <= 256, the section lengths
+ * adding up to sec_total).  *n_top = levels equal to n_cur - 1 afterwards.
+ * MVC_ERR_ARG (bad arguments) leaves the walker as it was; any other failure
+ * leaves it unusable (every later call fails). */
 int mvc_chain_step(mvc_chain *c, uint32_t n_prev, uint32_t modulus, uint32_t n_cur,
-                   const uint8_t *sec, const uint64_t *sec_len, uint32_t nsec, uint64_t *n_top);
+                   const uint8_t *sec, size_t sec_total, const uint64_t *sec_len, uint32_t nsec,
+                   uint64_t *n_top);
 
 /* Copy the current n levels out. */
 int mvc_chain_levels(const mvc_chain *c, uint8_t *out, size_t n);

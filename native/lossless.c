@@ -60,7 +60,7 @@ int64_t mvc_ll_encode_segment(const uint8_t *src, size_t n, int layout, int item
         return MVC_ERR_ARG;
     uint8_t *planes[MAX_PLANES];
     for (int p = 0; p < k; p++) planes[p] = scratch + (size_t)p * n;
-    int r = mvc_bp_split(src, n, layout, itemsize, planes);
+    int r = mvc_bp_split(src, n, layout, itemsize, planes, k);
     if (r) return r;
     const int is_float = layout != MVC_BP_BYTES;
     uint8_t *o = dst + 4 * (size_t)k;
@@ -104,5 +104,5 @@ int mvc_ll_decode_segment(const uint8_t *src, size_t len, size_t n, int layout, 
         p += l;
     }
     if (p != end) return MVC_ERR_TRUNCATED;
-    return mvc_bp_merge(planes, n, layout, itemsize, dst);
+    return mvc_bp_merge(planes, k, n, layout, itemsize, dst);
 }

@@ -102,6 +102,16 @@ int mvc_rlehuf_decode_stream(const uint8_t *src, size_t len, int kind, void *dst
     return rc < 0 ? rc : MVC_OK;
 }
 
+int qd_sections_fit(const uint8_t *sec, size_t total, const uint64_t *sec_len, uint32_t nsec) {
+    if (!sec_len || (total && !sec)) return MVC_ERR_ARG;
+    uint64_t left = (uint64_t)total;
+    for (uint32_t g = 0; g < nsec; g++) {
+        if (sec_len[g] > left) return MVC_ERR_ARG; /* a section runs past the buffer */
+        left -= sec_len[g];
+    }
+    return left == 0 ? MVC_OK : MVC_ERR_ARG;
+}
+
 int qd_groups_open(qd_groups *gs, const uint8_t *sec, const uint64_t *sec_len, uint32_t n_prev,
                    int width, size_t n) {
     memset(gs, 0, sizeof *gs);
@@ -175,11 +185,12 @@ int qd_groups_expand(qd_groups *gs, const int64_t *counts, int width, void *dst)
 
 int mvc_qdelta_levels(const void *parent, size_t n, int width, uint32_t n_prev,
                       uint32_t modulus, uint32_t n_cur, int grouped, int rle,
-                      const uint8_t *sec, const uint64_t *sec_len, uint32_t nsec,
-                      void *out, uint64_t *n_top) {
+                      const uint8_t *sec, size_t sec_total, const uint64_t *sec_len,
+                      uint32_t nsec, void *out, uint64_t *n_top) {
     if ((width != 1 && width != 2) || modulus == 0 || modulus > (width == 1 ? 256u : 65536u)
         || n_prev == 0 || n_prev > modulus || n_cur == 0 || n_cur > modulus || !n_top
-        || !sec_len || nsec != (grouped ? n_prev : 1u) || (n && (!parent || !out)))
+        || nsec != (grouped ? n_prev : 1u) || (n && (!parent || !out))
+        || qd_sections_fit(sec, sec_total, sec_len, nsec) != MVC_OK)
         return MVC_ERR_ARG;
     int64_t one = (int64_t)n, *counts = &one;
     int rc;

@@ -17,16 +17,18 @@ int mvc_rlehuf_decode_stream(const uint8_t *src, size_t len, int kind, void *dst
 
 /* Levels of one qdelta/1 tensor from its parent's levels (Inshrinkerator Alg. 6).
  * parent, out: n levels of `width` bytes (1 or 2), parent[i] < n_prev.
- * sec: the level sections back to back, sec_len[j] bytes each, nsec of them:
+ * sec: the level sections back to back, sec_total bytes in all, sec_len[j]
+ * bytes each, nsec of them (the lengths must add up to sec_total exactly):
  * grouped != 0: one section per parent level (nsec == n_prev, the group's
  * deltas in group order); grouped == 0: one section of n deltas in original
  * order.  rle != 0: sections are RLE+Huffman streams, else Huffman streams;
  * an empty section stands for all-zero deltas.  out[i] = (parent[i] - D) mod
  * modulus, each < n_cur; *n_top = how many equal n_cur - 1.
  * MVC_ERR_RANGE: a parent level >= n_prev (wrong parent); MVC_ERR_CORRUPT /
- * MVC_ERR_TRUNCATED: the delta itself is bad; MVC_ERR_ARG: bad arguments. */
+ * MVC_ERR_TRUNCATED: the delta itself is bad; MVC_ERR_ARG: bad arguments
+ * (section lengths that do not add up to sec_total among them). */
 int mvc_qdelta_levels(const void *parent, size_t n, int width, uint32_t n_prev,
                       uint32_t modulus, uint32_t n_cur, int grouped, int rle,
-                      const uint8_t *sec, const uint64_t *sec_len, uint32_t nsec,
-                      void *out, uint64_t *n_top);
+                      const uint8_t *sec, size_t sec_total, const uint64_t *sec_len,
+                      uint32_t nsec, void *out, uint64_t *n_top);
 #endif

@@ -3,8 +3,9 @@
 # directory (the in-tree extension is not touched) and run the native coder
 # and codec tests against that build, plus hostile payloads through the public
 # read paths (tests/test_hostile_payloads.py runs those in subprocesses, which
-# inherit the sanitizer environment set here).  Exits non-zero on any test
-# failure or sanitizer finding (every finding aborts the process).
+# inherit the sanitizer environment set here).  Exits non-zero on a compiler
+# warning (-Werror), any test failure or sanitizer finding (every finding
+# aborts the process).
 #
 #   native/run_sanitized_tests.sh PYTHON [pytest args...]
 #
@@ -24,7 +25,8 @@ if [ ! -e "$LIBASAN" ]; then
     exit 2
 fi
 
-export MVC_NATIVE_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1"
+# -Werror: the core builds warning-free under -Wall -Wextra (build_native.py) and stays so.
+export MVC_NATIVE_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1 -Werror"
 export MVC_NATIVE_LDFLAGS="-fsanitize=address,undefined"
 
 cd "$ROOT"

@@ -44,3 +44,22 @@ def test_invalid_layouts():
         byteplane.nplanes(99, 4)
     with pytest.raises(ValueError):
         byteplane.split(b"\x00" * 5, byteplane.F32, 4)
+
+
+def test_raw_entry_points_check_the_plane_table_length():
+    # The pointer table's length is an argument: a table one plane short is refused, not
+    # read past its end (ASan would report the read in the sanitizer run).
+    from mvc.native import ffi, lib
+    from mvc.native.status import ERR_ARG
+
+    n = 16
+    src = np.arange(4 * n, dtype=np.uint8)
+    planes = np.zeros((4, n), dtype=np.uint8)
+    with ffi.from_buffer("uint8_t[]", planes, require_writable=True) as base, \
+            ffi.from_buffer("uint8_t[]", src) as sp:
+        short = ffi.new("uint8_t *[]", [base + p * n for p in range(3)])
+        assert lib.mvc_bp_split(sp, n, byteplane.F32, 4, short, 3) == ERR_ARG
+        assert lib.mvc_bp_merge(short, 3, n, byteplane.F32, 4, base) == ERR_ARG
+        full = byteplane.plane_pointers(base, n, 4)
+        assert lib.mvc_bp_split(sp, n, byteplane.F32, 4, full, 5) == ERR_ARG
+        assert lib.mvc_bp_split(sp, n, byteplane.F32, 4, full, 4) == 0

@@ -157,3 +157,55 @@ def test_checkout_errors_stay_codec_errors():
     parent, parts = _walker_inputs(19)
     assert issubclass(dg.GroupedDeltaError, CodecError)
     assert issubclass(qc.QuantPayloadError, CodecError)
+
+
+def _section_args(parts):
+    lengths = list(parts.lengths)
+    return bytes(parts.levels_view), lengths, ffi.new("uint64_t[]", lengths)
+
+
+@pytest.mark.parametrize("short_by", [1, 7, "all"])
+def test_raw_entry_points_check_the_total_section_length(short_by):
+    """Called directly with a buffer shorter than its section lengths claim, the C entry
+    points refuse (MVC_ERR_ARG) instead of reading past the buffer (ASan in the sanitizer run
+    caught the over-read when only the per-section lengths were passed)."""
+    from mvc.native.status import ERR_ARG
+
+    parent, parts = _walker_inputs(23, change=0.3)
+    data, lengths, lens_c = _section_args(parts)
+    cut = len(data) if short_by == "all" else short_by
+    short = np.frombuffer(data[:len(data) - cut] or b"\0", dtype=np.uint8).copy()  # its own heap block
+    total = len(data) - cut
+    out = np.empty(parent.size, dtype=np.uint8)
+    top = ffi.new("uint64_t *")
+    pp = ffi.from_buffer("uint8_t[]", parent)
+    op = ffi.from_buffer("uint8_t[]", out, require_writable=True)
+    sp = ffi.from_buffer("uint8_t[]", short) if total else ffi.NULL
+    args = (parts.n_prev, parts.modulus, parts.k + 2)
+    assert lib.mvc_qdelta_levels(pp, parent.size, 1, *args, 1, 1, sp, total, lens_c, len(lengths),
+                                 op, top) == ERR_ARG
+    # more bytes than the sections: trailing bytes are an argument error too
+    long_ = np.frombuffer(data + b"\0", dtype=np.uint8).copy()
+    lp = ffi.from_buffer("uint8_t[]", long_)
+    assert lib.mvc_qdelta_levels(pp, parent.size, 1, *args, 1, 1, lp, long_.size, lens_c,
+                                 len(lengths), op, top) == ERR_ARG
+    with dg.ChainWalker(parent) as w:
+        assert lib.mvc_chain_step(w._live(), *args, sp, total, lens_c, len(lengths), top) == ERR_ARG
+        # an argument error leaves the walker usable: the right buffer still applies
+        good = np.frombuffer(data, dtype=np.uint8).copy()
+        gp = ffi.from_buffer("uint8_t[]", good)
+        assert lib.mvc_chain_step(w._live(), *args, gp, good.size, lens_c, len(lengths), top) == 0
+        want, _ = dg.decode_levels(parent, *args, grouped=True, rle=True, sections=memoryview(data),
+                                   lengths=lengths)
+        assert np.array_equal(w.levels(), want)
+
+
+def test_bindings_refuse_sections_that_do_not_fit_their_buffer():
+    parent, parts = _walker_inputs(29)
+    data, lengths, _ = _section_args(parts)
+    short = memoryview(data[:-1])
+    with pytest.raises(InternalError):
+        dg.decode_levels(parent, parts.n_prev, parts.modulus, parts.k + 2, grouped=True, rle=True,
+                         sections=short, lengths=lengths)
+    with dg.ChainWalker(parent) as w, pytest.raises(InternalError):
+        w.step(parts.n_prev, parts.modulus, parts.k + 2, short, lengths)

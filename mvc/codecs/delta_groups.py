@@ -24,7 +24,7 @@ import numpy as np
 from mvc.codecs.base import CodecError
 from mvc.errors import InternalError
 from mvc.native import ffi, lib, status
-from mvc.native.buffers import borrow
+from mvc.native.buffers import borrow, nbytes
 
 __all__ = [
     "GroupedDeltaError", "LevelRangeError",
@@ -177,8 +177,8 @@ def decode_levels(parent: np.ndarray, n_prev: int, modulus: int, n_cur: int, *, 
     # sections are corrupt and the error keeps this frame (see mvc.native.buffers).
     with borrow(sections) as src:
         rc = lib.mvc_qdelta_levels(_ptr(p), p.size, dt.itemsize, n_prev, modulus, n_cur,
-                                   int(grouped), int(rle), src, ffi.new("uint64_t[]", lengths),
-                                   len(lengths), _ptr(out), top)
+                                   int(grouped), int(rle), src, nbytes(sections),
+                                   ffi.new("uint64_t[]", lengths), len(lengths), _ptr(out), top)
     _raise_for(rc, f"delta level sections (parent levels < {n_prev})")
     return out, int(top[0])
 
@@ -215,7 +215,7 @@ class ChainWalker:
             raise InternalError("section lengths do not match the sections or the group count")
         top = ffi.new("uint64_t *")
         with borrow(sections) as src:  # released before a corrupt step's error leaves
-            rc = lib.mvc_chain_step(self._live(), n_prev, modulus, n_cur, src,
+            rc = lib.mvc_chain_step(self._live(), n_prev, modulus, n_cur, src, nbytes(sections),
                                     ffi.new("uint64_t[]", lengths), len(lengths), top)
         _raise_for(rc, f"chain step (parent levels < {n_prev})")
         return int(top[0])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from mvc.errors import InternalError
 
-_ABI_VERSION = 1
+_ABI_VERSION = 2
 
 
 class NativeBuildError(InternalError):

@@ -48,7 +48,7 @@ def split(data: Any, layout: int, itemsize: int) -> np.ndarray:
     planes = np.empty((k, n), dtype=np.uint8)
     if n:
         with borrow(planes, writable=True) as base, borrow(raw) as src:
-            rc = lib.mvc_bp_split(src, n, layout, itemsize, plane_pointers(base, n, k))
+            rc = lib.mvc_bp_split(src, n, layout, itemsize, plane_pointers(base, n, k), k)
         check_encode(rc, "byte-plane split")
     return planes
 
@@ -63,6 +63,6 @@ def merge(planes: np.ndarray, layout: int, itemsize: int) -> np.ndarray:
     out = np.empty(n * itemsize, dtype=np.uint8)
     if n:
         with borrow(arr) as base, borrow(out, writable=True) as dst:
-            rc = lib.mvc_bp_merge(plane_pointers(base, n, k), n, layout, itemsize, dst)
+            rc = lib.mvc_bp_merge(plane_pointers(base, n, k), k, n, layout, itemsize, dst)
         check_encode(rc, "byte-plane merge")
     return out

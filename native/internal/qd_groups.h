@@ -19,7 +19,12 @@ typedef struct {
  * (malloc'd; the caller frees it); `bound` caps the value count. */
 int rlehuf_open(const uint8_t *src, size_t len, int kind, size_t bound, rle_iter *it,
                 uint16_t **sym);
-/* Open the n_prev group sections (sec_len[g] bytes each, back to back); empty
+/* MVC_OK when nsec section lengths add up to exactly `total` bytes at `sec`
+ * (checked without overflow), else MVC_ERR_ARG: every entry point taking
+ * per-section lengths checks them against its buffer's size first. */
+int qd_sections_fit(const uint8_t *sec, size_t total, const uint64_t *sec_len, uint32_t nsec);
+/* Open the n_prev group sections (sec_len[g] bytes each, back to back, checked
+ * by qd_sections_fit); empty
  * sections are endless zero runs.  Call qd_groups_close even on failure. */
 int qd_groups_open(qd_groups *gs, const uint8_t *sec, const uint64_t *sec_len, uint32_t n_prev,
                    int width, size_t n);
