@@ -103,7 +103,7 @@ def test_map_grows_for_many_puts(root: Path) -> None:
 
 def test_map_grows_for_one_big_transaction(root: Path) -> None:
     s = SmallMapStore.create(root)
-    s.BATCH_BYTES = 64 * MiB  # one txn far bigger than the initial map
+    s.blobs.batch_bytes = 64 * MiB  # type: ignore[attr-defined]  # one txn far bigger than the initial map
     try:
         ids = s.put_many(blob(MiB, i) for i in range(10))
         assert [s.get(o) for o in ids] == [blob(MiB, i) for i in range(10)]

@@ -26,7 +26,7 @@ from mvc.repo.replace import REPLACE, ReplacementError, follow_replacement
 from mvc.repo.revparse import (UnknownRevisionError, check_spelling, resolve_base,
                                 split_suffixes)
 from mvc.repo.tensors import ChunkWriter
-from mvc.store import ANY, InvalidRefError, LmdbStore, ObjectMissingError, RefUpdate
+from mvc.store import ANY, InvalidRefError, ObjectMissingError, RefUpdate, open_store
 
 MVC_DIR = ".mvc"
 DEFAULT_BRANCH = "main"
@@ -50,7 +50,7 @@ class Repo:
         if store is None:
             if not (self.mvc_dir / "store").is_dir():
                 raise NotARepositoryError(f"not an mvc repository: {self.path} (run `mvc init`)")
-            store = LmdbStore.open(self.mvc_dir)
+            store = open_store(self.mvc_dir)
         self.store = store
         self.config = Config(self.mvc_dir / "config.json")
         self._levels = lossy.LevelCache()
@@ -69,7 +69,7 @@ class Repo:
         if (mvc_dir / "store").is_dir():
             return cls(root)
         mvc_dir.mkdir(parents=True, exist_ok=True)
-        store = LmdbStore.create(mvc_dir)
+        store = open_store(mvc_dir, create=True)
         if store.read_ref(R.HEAD) is None:
             store.update_refs([RefUpdate(R.HEAD, None, R.SYMREF + R.HEADS + DEFAULT_BRANCH)], "init")
         return cls(root, store=store)

@@ -1,30 +1,27 @@
-"""The object-store contract every backend implements, and its errors.
+"""The store's shared vocabulary: errors, ids, ref values, reflog entries, metadata keys.
 
-A store holds three things:
+A store holds three things, each behind its own contract (`mvc.store.contracts`):
 
 * **objects** -- immutable byte strings addressed by the xxh3-128 hex digest of
   their content.  Every read verifies the digest, so corruption surfaces as an
   `IntegrityError` naming the object instead of garbage further up.
 * **refs** -- named pointers (``HEAD``, ``refs/heads/<b>``, ``refs/tags/<t>``)
-  holding either an object id or ``"ref: <name>"`` (symbolic).  They change only
-  through `ObjectStore.update_refs`, a compare-and-swap over a batch of refs in
-  one transaction: this is the repository's single commit point.
-* **reflog and metadata** -- the history of every ref move, and small key/values
-  such as the repository format version.
+  holding either an object id or ``"ref: <name>"`` (symbolic), moved only by
+  compare-and-swap (a `RefUpdate`), each move logged in the ref's reflog.
+* **metadata** -- small key/values of a local store such as the repository
+  format version (`FORMAT_KEY`) and the repository id (`REPO_ID_KEY`).
 """
 from __future__ import annotations
 
-import abc
 import re
-from contextlib import AbstractContextManager
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Sequence, Union
 
 import xxhash
 
 from mvc.errors import DataError, InternalError, MvcError, UsageError
 
-BytesLike = Union[bytes, bytearray, memoryview]
+BytesLike = bytes | bytearray | memoryview
 
 OID_HEX_LEN = 32
 _OID_RE = re.compile(r"[0-9a-f]{32}")
@@ -32,6 +29,13 @@ _HEX_PREFIX_RE = re.compile(r"[0-9a-f]{0,32}")
 SYMREF_PREFIX = "ref: "
 # LMDB keys are at most 511 bytes; the reflog key adds a separator and a counter.
 MAX_REF_NAME_BYTES = 400
+#: The newest repository format version this mvc reads and the one it writes.
+SUPPORTED_FORMAT = 1
+#: Metadata key of the repository format version (ASCII digits).
+FORMAT_KEY = "format_version"
+#: Metadata key of the repository id (32 hex digits), written when a local store is created;
+#: the level cache binds its entries to it (`mvc.repo.levelcache`).
+REPO_ID_KEY = "repo.id"
 
 
 # --------------------------------------------------------------------- errors
@@ -167,9 +171,9 @@ OnCorrupt = Callable[[CorruptRefError], None]
 class _Any:
     """Sentinel type for "do not check the old value" in a `RefUpdate`."""
 
-    _instance: "_Any | None" = None
+    _instance: _Any | None = None
 
-    def __new__(cls) -> "_Any":
+    def __new__(cls) -> _Any:
         if cls._instance is None:
             cls._instance = super().__new__(cls)
         return cls._instance
@@ -182,18 +186,20 @@ class _Any:
 
 
 ANY = _Any()
+#: What a compare-and-swap expects a ref to hold: a value, None (absent) or `ANY` (unchecked).
+RefExpect = str | None | _Any
 
 
 @dataclass(frozen=True)
 class RefUpdate:
-    """One compare-and-swap in `ObjectStore.update_refs`.
+    """One compare-and-swap of a ref (`RefStore.update_ref`, `TransactionalRefStore.update_refs`).
 
     `old` is the value the ref must hold now (``None``: must not exist;
     `ANY`: not checked).  `new` is the value to set (``None``: delete the ref).
     """
 
     name: str
-    old: Union[str, None, _Any]
+    old: RefExpect
     new: str | None
 
 
@@ -211,6 +217,14 @@ class ReflogEntry:
 def object_id(data: BytesLike) -> str:
     """Return the id of `data`: the xxh3-128 hex digest (32 lowercase hex chars)."""
     return xxhash.xxh3_128_hexdigest(data)
+
+
+def byte_view(data: BytesLike) -> memoryview:
+    """A flat byte view of `data` (any C-contiguous buffer) without copying."""
+    mv = data if isinstance(data, memoryview) else memoryview(data)
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    return mv
 
 
 def check_oid(oid: str) -> str:
@@ -263,140 +277,3 @@ def check_update(update: RefUpdate) -> None:
         check_ref_value(update.old)  # type: ignore[arg-type]
     if update.new is not None:
         check_ref_value(update.new)
-
-
-# ---------------------------------------------------------------- contract
-class ObjectStore(abc.ABC):
-    """Content-addressed objects + refs + reflog + metadata.
-
-    Implementations are safe to share between threads: each call is its own
-    short transaction, and no transaction outlives a call (iterators re-open
-    one per batch).
-    """
-
-    # --- objects
-    @abc.abstractmethod
-    def put(self, data: BytesLike) -> str:
-        """Store `data` (idempotent) and return its id."""
-
-    @abc.abstractmethod
-    def put_many(self, items: Iterable[BytesLike]) -> list[str]:
-        """Store many objects in few write transactions; return their ids in order."""
-
-    @abc.abstractmethod
-    def get(self, oid: str) -> bytes:
-        """Return the verified content of `oid` (IntegrityError / ObjectMissingError)."""
-
-    @abc.abstractmethod
-    def get_into(self, oid: str, out: memoryview) -> int:
-        """Copy the verified content of `oid` into the start of `out`; return its length.
-
-        Raises `BufferTooSmallError` (a `ValueError`) if `out` is too small.
-        """
-
-    @abc.abstractmethod
-    def has(self, oid: str) -> bool:
-        """Whether an object with id `oid` is stored (content not verified)."""
-
-    @abc.abstractmethod
-    def size(self, oid: str) -> int:
-        """Stored length of `oid` without verification (ObjectMissingError)."""
-
-    @abc.abstractmethod
-    def iter_ids(self) -> Iterator[str]:
-        """Every stored object id, sorted."""
-
-    @abc.abstractmethod
-    def ids_with_prefix(self, prefix: str) -> list[str]:
-        """Sorted ids starting with the hex string `prefix`."""
-
-    @abc.abstractmethod
-    def delete(self, oids: Iterable[str]) -> int:
-        """Remove objects; return the number of content bytes removed. Missing ids are ignored."""
-
-    @abc.abstractmethod
-    def verify(self, oid: str) -> None:
-        """Check one object against its id (IntegrityError / ObjectMissingError)."""
-
-    # --- refs
-    @abc.abstractmethod
-    def read_ref(self, name: str) -> str | None:
-        """The raw value of ref `name` (symbolic refs are not resolved), or None.
-
-        A stored value that is not a valid ref value raises `CorruptRefError`.
-        """
-
-    @abc.abstractmethod
-    def iter_refs(self, prefix: str = "", *,
-                  on_corrupt: OnCorrupt | None = None) -> Iterator[tuple[str, str]]:
-        """(name, value) for every ref whose name starts with `prefix`, sorted by name.
-
-        An unreadable record raises `CorruptRefError`; with `on_corrupt` it is
-        handed to that callback instead and skipped (fsck reports every one).
-        """
-
-    @abc.abstractmethod
-    def update_refs(self, updates: Sequence[RefUpdate], reason: str) -> None:
-        """Apply compare-and-swap ref updates atomically and log each in the reflog.
-
-        Updates apply in order within one transaction, so a later update of the
-        same name sees the earlier one.  If any check fails, `RefConflictError`
-        is raised and nothing changes.
-        """
-
-    @abc.abstractmethod
-    def reflog(self, name: str, *, on_corrupt: OnCorrupt | None = None) -> list[ReflogEntry]:
-        """Every recorded move of ref `name`, oldest first.
-
-        An unreadable entry raises `CorruptReflogError`; with `on_corrupt` it is
-        handed to that callback instead and skipped.
-        """
-
-    @abc.abstractmethod
-    def reflog_names(self, *, on_corrupt: OnCorrupt | None = None) -> list[str]:
-        """Sorted names of refs that have reflog entries (unreadable keys: as in `reflog`)."""
-
-    @abc.abstractmethod
-    def delete_reflog(self, name: str) -> None:
-        """Forget the reflog of `name` (no error if there is none)."""
-
-    # --- metadata
-    @abc.abstractmethod
-    def get_meta(self, key: str) -> bytes | None:
-        """Value of metadata `key`, or None."""
-
-    @abc.abstractmethod
-    def set_meta(self, key: str, value: bytes) -> None:
-        """Set metadata `key`."""
-
-    def check_meta(self, repair: bool = True) -> list[str]:
-        """Check metadata derived from the objects (counters) against them; one line per
-        mismatch, fixed when `repair`. Stores that keep nothing derived on disk find nothing."""
-        return []
-
-    # --- maintenance
-    @abc.abstractmethod
-    def write_lock(self, timeout: float = 60.0) -> AbstractContextManager[None]:
-        """Context manager holding the repository write lock (reentrant per thread).
-
-        Exclusive across threads and (for on-disk stores) processes; raises
-        `LockError` if it cannot be taken within `timeout` seconds.
-        """
-
-    @abc.abstractmethod
-    def disk_usage(self) -> int:
-        """Bytes the store occupies on disk."""
-
-    @abc.abstractmethod
-    def object_bytes(self) -> int:
-        """Sum of the lengths of all stored objects."""
-
-    @abc.abstractmethod
-    def close(self) -> None:
-        """Release resources; the store must not be used afterwards."""
-
-    def __enter__(self) -> "ObjectStore":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -1,7 +1,7 @@
 """One process's handle on the LMDB environment under ``.mvc/store``.
 
-Everything LMDB-specific about lifetime lives here, so `lmdb_store` only
-deals with keys and values:
+Everything LMDB-specific about lifetime lives here, so the store's parts
+(`lmdb_blobs`, `lmdb_refs`, `lmdb_meta`) only deal with keys and values:
 
 * **One handle per (directory, process).**  LMDB forbids opening the same
   files twice in one process (its fcntl locks are per process), so every
@@ -13,6 +13,8 @@ deals with keys and values:
   beyond our map) the persisted size is adopted.  ``set_mapsize`` needs "no
   transaction of this process open", which the in-process reader/writer lock
   guarantees: every transaction holds it shared, resizing holds it exclusive.
+* **Per store object.**  An `LmdbConnection` is one store object's reference
+  on the shared handle: attached lazily, re-attached in a forked child.
 * **Fork.**  Handles are keyed by pid; a child never uses its parent's
   environment.  Before ``fork()`` every handle of the process is quiesced (no
   transaction in flight), so the child inherits no reader slot of the parent.
@@ -29,12 +31,13 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import lmdb
 
 from mvc.errors import DiskFullError, InternalError, MvcError, free_bytes, is_disk_full
-from mvc.store.base import StoreFormatError, StoreNotFoundError
+from mvc.store.base import StoreClosedError, StoreFormatError, StoreNotFoundError
 from mvc.store.lock import SharedExclusiveLock, SharedFileLock
 
 T = TypeVar("T")
@@ -341,6 +344,63 @@ def release_handle(handle: EnvHandle) -> None:
         _HANDLES.pop((handle.root, handle.pid), None)
         with handle.rw.exclusive():
             handle.close_env()
+
+
+class LmdbConnection:
+    """One store object's use of this process's shared `EnvHandle` for a ``.mvc`` directory.
+
+    Attaches lazily, and afresh in a forked child (a handle is per process);
+    refuses use after `close`.  `check` vets an existing store on every attach
+    (its format version) and may raise; the handle is then released again.
+    The parts of one `LmdbStore` share one connection, so they share its lifetime.
+    """
+
+    def __init__(self, root: str, initial_map_size: int,
+                 check: Callable[[EnvHandle], None]) -> None:
+        self.root = root
+        self.initial_map_size = initial_map_size
+        self._check = check
+        self._handle: EnvHandle | None = None
+        self._handle_pid = -1
+        self._mutex = threading.Lock()
+        self._mutex_pid = os.getpid()
+        self.closed = False
+
+    def attach(self, create: bool = False) -> EnvHandle:
+        """Take a reference on the shared handle (creating the environment with `create`)."""
+        handle = acquire_handle(self.root, self.initial_map_size, create=create)
+        if not create:
+            try:
+                self._check(handle)
+            except BaseException:
+                release_handle(handle)
+                raise
+        self._handle, self._handle_pid = handle, os.getpid()
+        return handle
+
+    def handle(self) -> EnvHandle:
+        """This process's handle, attaching (lazily, and afresh after fork) when needed."""
+        if self.closed:
+            raise StoreClosedError("store used after close()")
+        pid = os.getpid()
+        handle = self._handle
+        if handle is not None and self._handle_pid == pid:
+            return handle
+        if self._mutex_pid != pid:  # a lock copied by fork may be held by a dead thread
+            self._mutex, self._mutex_pid = threading.Lock(), pid
+        with self._mutex:
+            if self._handle is not None and self._handle_pid == pid:
+                return self._handle
+            return self.attach()
+
+    def close(self) -> None:
+        """Release this connection's reference to the environment; later use raises."""
+        if self.closed:
+            return
+        self.closed = True
+        handle, self._handle = self._handle, None
+        if handle is not None and self._handle_pid == os.getpid():
+            release_handle(handle)
 
 
 def _abandon_inherited(pid: int) -> None:

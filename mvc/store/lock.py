@@ -24,8 +24,8 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from mvc.store.base import LockError
 
@@ -116,7 +116,7 @@ def _read_holder_pid(path: str) -> str:
 
 
 # Every object holding a lock fd, so the fork handler can close inherited ones.
-_FD_HOLDERS: "weakref.WeakSet[_FdHolder]" = weakref.WeakSet()
+_FD_HOLDERS: weakref.WeakSet[_FdHolder] = weakref.WeakSet()
 
 
 class _FdHolder:

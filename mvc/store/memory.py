@@ -1,42 +1,67 @@
-"""An in-memory `ObjectStore`, for tests and throwaway repositories.
+"""In-memory stores, for tests and throwaway repositories.
 
-Same semantics as the LMDB store (verify on read, CAS refs, reflog), guarded by
-one mutex; the write lock is per store and only excludes threads.
+`MemoryStore` is a full `ObjectStore` composed of three parts that also work
+alone: `MemoryBlobStore`, `MemoryRefStore` (transactional) and
+`MemoryMaintenance`.  Same semantics as the LMDB store (verify on read, CAS
+refs, reflog); each part is guarded by its own mutex, and the write lock only
+excludes threads (nothing is shared across processes).
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from threading import Lock
-from typing import Iterable, Iterator, Sequence
 
 from mvc.store.base import (
-    ANY, BufferTooSmallError, BytesLike, IntegrityError, ObjectMissingError, ObjectStore,
-    OnCorrupt, RefConflictError, RefUpdate, ReflogEntry, StoreClosedError, check_oid, check_prefix,
-    check_ref_name, check_update, object_id)
+    ANY,
+    FORMAT_KEY,
+    SUPPORTED_FORMAT,
+    BytesLike,
+    IntegrityError,
+    ObjectMissingError,
+    OnCorrupt,
+    RefConflictError,
+    ReflogEntry,
+    RefUpdate,
+    StoreClosedError,
+    check_oid,
+    check_prefix,
+    check_ref_name,
+    check_update,
+    object_id,
+)
+from mvc.store.contracts import (
+    BlobStore,
+    ComposedStore,
+    StoreMaintenance,
+    TransactionalRefStore,
+)
 from mvc.store.lock import ThreadLock
 
-FORMAT_VERSION = b"1"
 
+class _Closable:
+    """The closed flag every in-memory part checks before each call."""
 
-class MemoryStore(ObjectStore):
-    """Objects, refs, reflog and metadata held in Python dicts."""
-
-    def __init__(self) -> None:
-        self._mutex = Lock()
-        self._objects: dict[str, bytes] = {}
-        self._refs: dict[str, str] = {}
-        self._reflog: dict[str, list[ReflogEntry]] = {}
-        self._meta: dict[str, bytes] = {"format_version": FORMAT_VERSION}
-        self._object_bytes = 0
-        self._write_lock = ThreadLock()
-        self._closed = False
+    _closed = False
 
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError("store used after close()")
 
-    # --- objects
+    def close(self) -> None:
+        """Later calls raise `StoreClosedError`."""
+        self._closed = True
+
+
+class MemoryBlobStore(_Closable, BlobStore):
+    """Content-addressed objects in a dict, with a running total of their lengths."""
+
+    def __init__(self) -> None:
+        self._mutex = Lock()
+        self._objects: dict[str, bytes] = {}
+        self._object_bytes = 0
+
     def put(self, data: BytesLike) -> str:
         """Store `data` (idempotent) and return its id."""
         return self.put_many([data])[0]
@@ -64,26 +89,13 @@ class MemoryStore(ObjectStore):
             raise ObjectMissingError(oid)
         return blob
 
-    def _verified(self, oid: str) -> bytes:
+    def get(self, oid: str) -> bytes:
+        """Return the verified content of `oid`."""
         blob = self._raw(oid)
         actual = object_id(blob)
         if actual != oid:
             raise IntegrityError(oid, actual)
         return blob
-
-    def get(self, oid: str) -> bytes:
-        """Return the verified content of `oid`."""
-        return self._verified(oid)
-
-    def get_into(self, oid: str, out: memoryview) -> int:
-        """Copy the verified content of `oid` into `out`; return its length."""
-        blob = self._verified(oid)
-        out = memoryview(out).cast("B")
-        if len(out) < len(blob):
-            raise BufferTooSmallError(
-                f"object {oid} has {len(blob)} bytes; buffer holds {len(out)}")
-        out[:len(blob)] = blob
-        return len(blob)
 
     def has(self, oid: str) -> bool:
         """Whether `oid` is stored."""
@@ -123,9 +135,16 @@ class MemoryStore(ObjectStore):
                     self._object_bytes -= len(blob)
         return removed
 
-    def verify(self, oid: str) -> None:
-        """Raise unless `oid` is present and intact."""
-        self._verified(oid)
+    def object_bytes(self) -> int:
+        """Sum of stored object lengths."""
+        with self._mutex:
+            return self._object_bytes
+
+    def compact(self) -> None:
+        """Rebuild the dict: a dict keeps its table size after deletions, a copy does not."""
+        self._check_open()
+        with self._mutex:
+            self._objects = dict(self._objects)
 
     def _corrupt_for_test(self, oid: str, byte_index: int) -> None:
         """Flip one byte of a stored value in place, keeping its key (tests only)."""
@@ -134,7 +153,15 @@ class MemoryStore(ObjectStore):
             blob[byte_index] ^= 0xFF
             self._objects[oid] = bytes(blob)
 
-    # --- refs
+
+class MemoryRefStore(_Closable, TransactionalRefStore):
+    """Refs and reflog in dicts; a batch of updates is applied to a copy and swapped in."""
+
+    def __init__(self) -> None:
+        self._mutex = Lock()
+        self._refs: dict[str, str] = {}
+        self._reflog: dict[str, list[ReflogEntry]] = {}
+
     def read_ref(self, name: str) -> str | None:
         """Raw value of ref `name`, or None."""
         check_ref_name(name)
@@ -197,7 +224,16 @@ class MemoryStore(ObjectStore):
         with self._mutex:
             self._reflog.pop(name, None)
 
-    # --- metadata
+
+class MemoryMaintenance(_Closable, StoreMaintenance):
+    """Metadata in a dict, a thread-only write lock, and shrink as a compaction of `blobs`."""
+
+    def __init__(self, blobs: MemoryBlobStore) -> None:
+        self._mutex = Lock()
+        self._blobs = blobs
+        self._meta: dict[str, bytes] = {FORMAT_KEY: str(SUPPORTED_FORMAT).encode()}
+        self._write_lock = ThreadLock()
+
     def get_meta(self, key: str) -> bytes | None:
         """Metadata value or None."""
         self._check_open()
@@ -210,21 +246,31 @@ class MemoryStore(ObjectStore):
         with self._mutex:
             self._meta[key] = bytes(value)
 
-    # --- maintenance
     def write_lock(self, timeout: float = 60.0) -> AbstractContextManager[None]:
         """Hold this store's write lock (threads only: nothing is shared across processes)."""
         self._check_open()
         return self._write_lock.hold(timeout)
 
     def disk_usage(self) -> int:
-        """In-memory: the object bytes stand in for the footprint."""
-        return self.object_bytes()
+        """In memory: the object bytes stand in for the footprint."""
+        return self._blobs.object_bytes()
 
-    def object_bytes(self) -> int:
-        """Sum of stored object lengths."""
-        with self._mutex:
-            return self._object_bytes
+    def shrink(self, timeout: float = 60.0) -> tuple[int, int]:
+        """Compact the object dict under the write lock; return (usage before, after)."""
+        with self.write_lock(timeout):
+            before = self.disk_usage()
+            self._blobs.compact()
+            return before, self.disk_usage()
 
-    def close(self) -> None:
-        """Drop the contents; later calls raise `StoreClosedError`."""
-        self._closed = True
+
+class MemoryStore(ComposedStore):
+    """Objects, refs, reflog and metadata held in Python dicts (`memory:` in `open_store`)."""
+
+    def __init__(self) -> None:
+        blobs = MemoryBlobStore()
+        super().__init__(blobs, MemoryRefStore(), MemoryMaintenance(blobs))
+        self._memory_blobs = blobs
+
+    def _corrupt_for_test(self, oid: str, byte_index: int) -> None:
+        """Flip one byte of a stored value in place, keeping its key (tests only)."""
+        self._memory_blobs._corrupt_for_test(oid, byte_index)
