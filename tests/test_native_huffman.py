@@ -7,9 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reference_coders as ref
-from mvc.codecs.base import CodecError
 from mvc.native import ffi, huffman, lib
-from mvc.native.status import NativeArgumentError
+from mvc.native.status import NativeArgumentError, NativeDecodeError
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -113,7 +112,7 @@ def test_size_close_to_entropy():
 def test_empty_and_bad_arguments():
     assert huffman.encode(np.zeros(0, np.uint8)) == b""
     assert huffman.decode(b"", 0, np.uint8).size == 0
-    with pytest.raises(CodecError):
+    with pytest.raises(NativeDecodeError):
         huffman.decode(b"\x01", 0, np.uint8)
     with pytest.raises(NativeArgumentError):
         huffman.encode(np.zeros(3, np.int32))
@@ -127,7 +126,7 @@ def test_empty_and_bad_arguments():
 def _decode_or_codec_error(data: bytes, n: int, dtype) -> None:
     try:
         out = huffman.decode(data, n, dtype)
-    except CodecError:
+    except NativeDecodeError:
         return
     assert out.size == n
 
@@ -148,7 +147,7 @@ def test_truncation_and_bit_flips(data, draw):
     if not enc:
         return
     cut = draw.draw(st.integers(0, len(enc) - 1))
-    with pytest.raises(CodecError):
+    with pytest.raises(NativeDecodeError):
         huffman.decode(enc[:cut], data.size, data.dtype)
     flipped = bytearray(enc)
     bit = draw.draw(st.integers(0, 8 * len(enc) - 1))
@@ -158,9 +157,9 @@ def test_truncation_and_bit_flips(data, draw):
 
 def test_hostile_header_does_not_allocate_per_declared_block():
     # block size 1 with a declared count of 10**12 symbols: refused before any loop.
-    with pytest.raises(CodecError):
+    with pytest.raises(NativeDecodeError):
         huffman.decode(b"\x01\x05", 10**6, np.uint8)
-    with pytest.raises(CodecError):
+    with pytest.raises(NativeDecodeError):
         huffman.decode(b"\x00", 10, np.uint8)  # block size 0
 
 
@@ -229,7 +228,7 @@ def test_ctx_truncation_flips_and_random_input(pair, draw):
     if not block:
         return
     cut = draw.draw(st.integers(0, len(block) - 1))
-    with pytest.raises(CodecError):
+    with pytest.raises(NativeDecodeError):
         ctx_decode(block[:cut], ctx)
     flipped = bytearray(block)
     bit = draw.draw(st.integers(0, 8 * len(block) - 1))
@@ -237,7 +236,7 @@ def test_ctx_truncation_flips_and_random_input(pair, draw):
     for candidate in (bytes(flipped), draw.draw(st.binary(max_size=200))):
         try:
             out = ctx_decode(candidate, ctx)
-        except CodecError:
+        except NativeDecodeError:
             continue
         assert out.size == ctx.size
 
@@ -256,12 +255,12 @@ def test_pmap_waits_for_every_task_before_raising():
 
     def task(i: int) -> int:
         if i == 0:
-            raise CodecError("bad block")
+            raise NativeDecodeError("bad block")
         _time.sleep(0.01)
         with lock:
             finished.append(i)
         return i
 
-    with pytest.raises(CodecError):
+    with pytest.raises(NativeDecodeError):
         pmap(task, range(8), threads=2)
     assert sorted(finished) == list(range(1, 8))

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reference_coders as ref
-from mvc.codecs.base import CodecError
 from mvc.native import huffman, rans
+from mvc.native.status import NativeDecodeError
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -49,7 +49,7 @@ def test_falls_back_for_constant_input():
 def _decode_or_codec_error(block: bytes, n: int) -> None:
     try:
         out = rans.decode(block, n)
-    except CodecError:
+    except NativeDecodeError:
         return
     assert out.size == n
 
@@ -61,7 +61,7 @@ def test_truncation_flips_and_random_input(data, draw):
     if not enc:
         return
     cut = draw.draw(st.integers(0, len(enc) - 1))
-    with pytest.raises(CodecError):
+    with pytest.raises(NativeDecodeError):
         rans.decode(enc[:cut], data.size)
     flipped = bytearray(enc)
     bit = draw.draw(st.integers(0, 8 * len(enc) - 1))
@@ -72,7 +72,7 @@ def test_truncation_flips_and_random_input(data, draw):
 
 def test_hostile_tables_are_rejected():
     for block in [b"\x04\x01", b"\x04\x02\x00\xff\x1f\x00\xff\x1f", b"\x04\x02\x00\x00\x00\x00"]:
-        with pytest.raises(CodecError):
+        with pytest.raises(NativeDecodeError):
             rans.decode(block, 10)
-    with pytest.raises(CodecError):
+    with pytest.raises(NativeDecodeError):
         rans.decode(b"\x04" + bytes(100), 10**6)

@@ -7,9 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reference_coders as ref
-from mvc.codecs.base import CodecError
 from mvc.native import rle
-from mvc.native.status import NativeArgumentError
+from mvc.native.status import NativeArgumentError, NativeDecodeError
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DTYPES = [np.uint8, np.uint16, np.int32]
@@ -76,22 +75,22 @@ def test_other_integer_dtypes_and_errors():
         rle.encode_huffman(np.array([0.5]))
     with pytest.raises(NativeArgumentError):
         rle.decode_huffman(b"", 1, np.float32)
-    with pytest.raises(CodecError):  # values do not fit the requested dtype
+    with pytest.raises(NativeDecodeError):  # values do not fit the requested dtype
         rle.decode_huffman(rle.encode_huffman(np.array([300], np.uint16)), 1, np.uint8)
-    with pytest.raises(CodecError):
+    with pytest.raises(NativeDecodeError):
         rle.decode(np.array([5], np.int32), 5)  # run with no value before it
-    with pytest.raises(CodecError):
+    with pytest.raises(NativeDecodeError):
         rle.decode(np.array([0, 1], np.int32), 1)  # run length 1 is never written
-    with pytest.raises(CodecError):
+    with pytest.raises(NativeDecodeError):
         rle.decode(np.array([0, 2], np.int32), 1)  # overflows the declared count
-    with pytest.raises(CodecError):
+    with pytest.raises(NativeDecodeError):
         rle.decode(np.array([-300], np.int32), 1, np.uint8)
 
 
 def _decode_or_codec_error(data: bytes, n: int, dtype) -> None:
     try:
         out = rle.decode_huffman(data, n, dtype)
-    except CodecError:
+    except NativeDecodeError:
         return
     assert out.size == n
 
@@ -107,7 +106,7 @@ def test_random_input_never_crashes(data, n, dtype):
 def test_random_tokens_never_crash(tokens, n):
     try:
         out = rle.decode(np.array(tokens, np.int32), n, np.uint16)
-    except CodecError:
+    except NativeDecodeError:
         return
     assert out.size == n
 
@@ -119,7 +118,7 @@ def test_truncation_and_bit_flips(values, draw):
     if not enc:
         return
     cut = draw.draw(st.integers(0, len(enc) - 1))
-    with pytest.raises(CodecError):
+    with pytest.raises(NativeDecodeError):
         rle.decode_huffman(enc[:cut], values.size, values.dtype)
     flipped = bytearray(enc)
     bit = draw.draw(st.integers(0, 8 * len(enc) - 1))
@@ -130,5 +129,5 @@ def test_truncation_and_bit_flips(values, draw):
 def test_hostile_counts_are_bounded_by_n():
     # header claims 10**9 symbols for a 10-value array: refused before allocating.
     hostile = b"\x02" + b"\x80\x94\xeb\xdc\x03" + b"\x00\x00\x00"
-    with pytest.raises(CodecError):
+    with pytest.raises(NativeDecodeError):
         rle.decode_huffman(hostile, 10, np.uint8)

@@ -38,7 +38,7 @@ from mvc.native import byteplane
 from mvc.native._lib import ffi, lib
 from mvc.native.buffers import borrow
 from mvc.native.parallel import pmap, scratch
-from mvc.native.status import NativeArgumentError, check_decode, check_encode
+from mvc.native.status import NativeArgumentError, NativeDecodeError, check_decode, check_encode
 
 SEGMENT = 1 << 18  # plane blocks of 256 KiB: enough blocks per tensor to keep every core busy
 # Mantissa planes are coded only when that saves this much: a smaller gain
@@ -154,15 +154,18 @@ class LosslessCodec:
         out = torch.empty(n * item, dtype=torch.uint8)
         # Both released before a corrupt segment's error leaves this frame (see
         # mvc.native.buffers); pmap returns or raises only once every task is done.
-        with borrow(buf) as src, borrow(out.numpy(), writable=True) as dst:
-            def one(job: tuple[int, int, int, int]) -> None:
-                start, cnt, off, length = job
-                rc = lib.mvc_ll_decode_segment(src + off, length, cnt, layout, item,
-                                               dst + start * item,
-                                               ffi.from_buffer("uint8_t[]", scratch(cnt * item)))
-                check_decode(rc, "lossless/1 segment")
+        try:
+            with borrow(buf) as src, borrow(out.numpy(), writable=True) as dst:
+                def one(job: tuple[int, int, int, int]) -> None:
+                    start, cnt, off, length = job
+                    rc = lib.mvc_ll_decode_segment(src + off, length, cnt, layout, item,
+                                                   dst + start * item,
+                                                   ffi.from_buffer("uint8_t[]", scratch(cnt * item)))
+                    check_decode(rc, "lossless/1 segment")
 
-            pmap(one, jobs)
+                pmap(one, jobs)
+        except NativeDecodeError as exc:
+            raise CodecError(str(exc)) from exc
         return out.view(dtype).reshape(shape)
 
 

@@ -41,6 +41,7 @@ from mvc.codecs.base import (BytesLike, ChainStep, CodecError, Encoded, on_devic
 from mvc.codecs import delta_groups as dg
 from mvc.errors import InternalError, MvcError, UsageError
 from mvc.native import huffman, rle
+from mvc.native.status import NativeDecodeError
 from mvc.quant import QuantizedTensor, level_dtype
 
 __all__ = [
@@ -170,6 +171,8 @@ def _decode_with(fn, data: BytesLike, n: int, dtype: np.dtype, what: str) -> np.
         out = fn(data, n, dtype)
     except CodecError:
         raise
+    except NativeDecodeError as exc:  # the native layer's own error, as the codec's
+        raise CodecError(str(exc)) from exc
     except (MvcError, ValueError, OverflowError, IndexError, TypeError, MemoryError) as exc:
         raise QuantPayloadError(f"{what}: {exc}") from exc
     out = np.asarray(out).reshape(-1)

@@ -1,7 +1,7 @@
 """LEB128 varints for the small headers of the native stream formats."""
 from __future__ import annotations
 
-from mvc.native.status import codec_error
+from mvc.native.status import NativeDecodeError
 
 
 def put_varint(value: int) -> bytes:
@@ -20,7 +20,7 @@ def get_varint(buf: memoryview, pos: int, what: str) -> tuple[int, int]:
     end = len(buf)
     while True:
         if pos >= end or shift > 63:
-            raise codec_error(f"{what}: truncated or overlong varint")
+            raise NativeDecodeError(f"{what}: truncated or overlong varint")
         b = buf[pos]
         pos += 1
         value |= (b & 0x7F) << shift

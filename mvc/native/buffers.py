@@ -7,7 +7,7 @@ traceback keeps the frame, errors easily end up in reference cycles, and when
 the collector clears such a cycle it may clear an exported memoryview first.
 CPython then drops the memoryview's managed buffer although it is still
 exported, and releasing the export afterwards writes through NULL: a segfault
-at some later collection, after a perfectly clean `CodecError` (issue 12).
+at some later collection, after a perfectly clean decode error (issue 12).
 
 So every binding in `mvc.native` and `mvc.codecs` follows three rules:
 

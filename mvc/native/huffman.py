@@ -11,7 +11,7 @@ passes it to `decode`; n == 0 encodes to b""):
 Each block is self-contained (mode byte raw / constant / Huffman, its own
 code table): see docs/native-formats.md.  Blocks are coded on the shared
 thread pool (`mvc.native.parallel`); a corrupt block is reported as
-`CodecError` without touching the others.
+`NativeDecodeError` without touching the others.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from mvc.native._varint import get_varint, put_varint
 from mvc.native.buffers import borrow
 from mvc.native.parallel import pmap
 from mvc.native.status import (BytesLike, NativeArgumentError, check_decode, check_encode,
-                               codec_error)
+                               NativeDecodeError)
 
 BLOCK_BYTES = 256 * 1024
 MODE_RAW, MODE_CONST, MODE_HUFFMAN, MODE_CONTEXT = 0, 1, 2, 3  # first byte of a block
@@ -94,7 +94,7 @@ def encode(symbols: np.ndarray, block_bytes: int = BLOCK_BYTES, threads: int | N
 
 
 def decode(data: BytesLike, n: int, dtype: Any = np.uint8, threads: int | None = None) -> np.ndarray:
-    """Inverse of `encode`: n symbols of `dtype` (uint8 or uint16); `CodecError` if corrupt."""
+    """Inverse of `encode`: n symbols of `dtype` (uint8 or uint16); `NativeDecodeError` if corrupt."""
     width = _width(dtype)
     if n < 0:
         raise NativeArgumentError(f"negative symbol count {n}")
@@ -102,14 +102,14 @@ def decode(data: BytesLike, n: int, dtype: Any = np.uint8, threads: int | None =
     buf = memoryview(data).cast("B") if len(data) else memoryview(b"")
     if n == 0:
         if len(buf):
-            raise codec_error("Huffman stream: data for an empty array")
+            raise NativeDecodeError("Huffman stream: data for an empty array")
         return out
     bs, pos = get_varint(buf, 0, "Huffman stream")
     if not 1 <= bs <= MAX_BLOCK:
-        raise codec_error(f"Huffman stream: bad block size {bs}")
+        raise NativeDecodeError(f"Huffman stream: bad block size {bs}")
     nblocks = -(-n // bs)
     if nblocks - 1 > len(buf) - pos:  # each length takes >= 1 byte: refuse before looping
-        raise codec_error("Huffman stream: truncated block table")
+        raise NativeDecodeError("Huffman stream: truncated block table")
     lengths = []
     for _ in range(nblocks - 1):
         length, pos = get_varint(buf, pos, "Huffman stream")
@@ -119,7 +119,7 @@ def decode(data: BytesLike, n: int, dtype: Any = np.uint8, threads: int | None =
         spans.append((pos, length))
         pos += length
     if pos > len(buf):
-        raise codec_error("Huffman stream: truncated")
+        raise NativeDecodeError("Huffman stream: truncated")
     spans.append((pos, len(buf) - pos))
     # Released before a corrupt block's error leaves: see mvc.native.buffers.
     with borrow(buf) as src, borrow(out, writable=True) as dst:

@@ -47,7 +47,7 @@ def encode(data: np.ndarray) -> bytes:
 
 
 def decode(data: BytesLike, n: int) -> np.ndarray:
-    """Inverse of `encode`: n bytes; `CodecError` if the block is corrupt."""
+    """Inverse of `encode`: n bytes; `NativeDecodeError` if the block is corrupt."""
     out = np.empty(n, dtype=np.uint8)
     length = nbytes(data)
     if n == 0 and length == 0:

@@ -36,7 +36,7 @@ from mvc.native._lib import ffi, lib
 from mvc.native._varint import get_varint, put_varint
 from mvc.native.buffers import borrow
 from mvc.native.status import (BytesLike, NativeArgumentError, check_decode, check_encode,
-                               codec_error)
+                               NativeDecodeError)
 
 _KIND = {np.dtype(np.uint8): 1, np.dtype(np.uint16): 2, np.dtype(np.int32): 4}
 _LIMIT = {1: 1 << 8, 2: 1 << 16, 4: 1 << 31}
@@ -113,7 +113,7 @@ def encode_huffman(values: Any, threads: int | None = None) -> bytes:
 
 
 def decode_huffman(data: BytesLike, n: int, dtype: Any = np.int32, threads: int | None = None) -> np.ndarray:
-    """Inverse of `encode_huffman`: exactly n values of `dtype`; `CodecError` if corrupt."""
+    """Inverse of `encode_huffman`: exactly n values of `dtype`; `NativeDecodeError` if corrupt."""
     kind = _out_kind(dtype)
     if n < 0:
         raise NativeArgumentError(f"negative value count {n}")
@@ -121,7 +121,7 @@ def decode_huffman(data: BytesLike, n: int, dtype: Any = np.int32, threads: int 
     buf = memoryview(data).cast("B") if len(data) else memoryview(b"")
     if n == 0:
         if len(buf):
-            raise codec_error("RLE+Huffman stream: data for an empty array")
+            raise NativeDecodeError("RLE+Huffman stream: data for an empty array")
         return out
     what = "RLE+Huffman stream"
     modulus, pos = get_varint(buf, 0, what)
@@ -130,11 +130,11 @@ def decode_huffman(data: BytesLike, n: int, dtype: Any = np.int32, threads: int 
     xlen, pos = get_varint(buf, pos, what)
     len0, pos = get_varint(buf, pos, what)
     if not 1 <= modulus <= _LIMIT[kind]:
-        raise codec_error(f"{what}: modulus {modulus} does not fit {np.dtype(dtype)}")
+        raise NativeDecodeError(f"{what}: modulus {modulus} does not fit {np.dtype(dtype)}")
     # Every symbol yields >= 1 value except run symbols, which follow a value:
     # n0 + n1 <= 2n bounds the allocations by the caller's n.
     if n0 + n1 < 1 or n0 + n1 > 2 * n or xlen + len0 > len(buf) - pos:
-        raise codec_error(f"{what}: bad header")
+        raise NativeDecodeError(f"{what}: bad header")
     extra = buf[pos:pos + xlen]
     pos += xlen
     sym0 = huffman.decode(buf[pos:pos + len0], n0, np.uint16, threads=threads)

@@ -1,14 +1,16 @@
 """Map the native coders' status codes (native/status.h) to mvc errors.
 
-Decoders turn every failure into `CodecError`: the bytes are corrupt,
+Decoders turn every failure into `NativeDecodeError`: the bytes are corrupt,
 truncated or hostile.  Encoders fail only on bad arguments (`NativeArgumentError`),
-memory exhaustion (`MemoryError`) or a bug (`NativeCoderError`).
+memory exhaustion (`MemoryError`) or a bug (`NativeCoderError`).  These are
+the bottom layer's own errors: the codecs above catch `NativeDecodeError` where
+they call a decoder and raise their `CodecError` from it.
 """
 from __future__ import annotations
 
 from typing import Union
 
-from mvc.errors import InternalError, UsageError
+from mvc.errors import DataError, InternalError, UsageError
 
 BytesLike = Union[bytes, bytearray, memoryview]
 
@@ -44,11 +46,10 @@ class NativeCoderError(InternalError):
     exit_code = 51
 
 
-def codec_error(message: str) -> Exception:
-    """A `mvc.codecs.base.CodecError`, imported late: mvc.codecs imports this package."""
-    from mvc.codecs.base import CodecError
+class NativeDecodeError(DataError):
+    """Bytes handed to a native decoder are corrupt, truncated or hostile."""
 
-    return CodecError(message)
+    exit_code = 125
 
 
 def describe(rc: int) -> str:
@@ -57,11 +58,11 @@ def describe(rc: int) -> str:
 
 
 def check_decode(rc: int, what: str) -> int:
-    """Return `rc` if it is a success, else raise `CodecError` naming `what`."""
+    """Return `rc` if it is a success, else raise `NativeDecodeError` naming `what`."""
     if rc < 0:
         if rc == ERR_NOMEM:
             raise MemoryError(f"{what}: out of memory")
-        raise codec_error(f"{what}: {describe(rc)}")
+        raise NativeDecodeError(f"{what}: {describe(rc)}")
     return rc
 
 
