@@ -85,29 +85,12 @@ void huf_canonical_codes(int k, const uint8_t *len, uint32_t *code) {
     for (int j = 0; j < k; j++) code[j] = reverse_bits(next[len[j]]++, len[j]);
 }
 
-size_t huf_varint_size(uint32_t v) { size_t s = 1; while (v >= 0x80) { v >>= 7; s++; } return s; }
-uint8_t *huf_put_varint(uint8_t *p, uint32_t v) {
-    while (v >= 0x80) { *p++ = (uint8_t)(v | 0x80); v >>= 7; }
-    *p++ = (uint8_t)v;
-    return p;
-}
-int huf_get_varint(const uint8_t **p, const uint8_t *end, uint32_t *out) {
-    uint32_t v = 0;
-    for (int shift = 0; shift < 35; shift += 7) {
-        if (*p >= end) return MVC_ERR_TRUNCATED;
-        uint8_t b = *(*p)++;
-        if (shift == 28 && (b & 0xf0)) return MVC_ERR_CORRUPT;
-        v |= (uint32_t)(b & 0x7f) << shift;
-        if (!(b & 0x80)) { *out = v; return MVC_OK; }
-    }
-    return MVC_ERR_CORRUPT;
-}
 
 /* Serialized size of a code table; *dense says which form is smaller. */
 size_t huf_table_size(int k, const uint32_t *sym, const uint8_t *len, int w, int *dense) {
     (void)len;
-    size_t sparse = huf_varint_size((uint32_t)k) + ((size_t)k + 1) / 2;
-    for (int j = 0; j < k; j++) sparse += huf_varint_size(sym[j] - (j ? sym[j - 1] + 1 : 0));
+    size_t sparse = varint_size((uint32_t)k) + ((size_t)k + 1) / 2;
+    for (int j = 0; j < k; j++) sparse += varint_size(sym[j] - (j ? sym[j - 1] + 1 : 0));
     /* Dense tables (a length nibble for every symbol of a range) suit 8-bit
      * planes that use most byte values, such as mantissa bytes. */
     const uint32_t span = sym[k - 1] - sym[0] + 1;
@@ -130,8 +113,8 @@ uint8_t *huf_write_table(uint8_t *o, int k, const uint32_t *sym, const uint8_t *
         }
         return o + (span + 1) / 2;
     }
-    o = huf_put_varint(o, (uint32_t)k);
-    for (int j = 0; j < k; j++) o = huf_put_varint(o, sym[j] - (j ? sym[j - 1] + 1 : 0));
+    o = varint_put(o, (uint32_t)k);
+    for (int j = 0; j < k; j++) o = varint_put(o, sym[j] - (j ? sym[j - 1] + 1 : 0));
     for (int j = 0; j < k; j += 2)
         *o++ = (uint8_t)((len[j] - 1) | (j + 1 < k ? (len[j + 1] - 1) << 4 : 0));
     return o;
@@ -144,7 +127,7 @@ int64_t huf_read_table(const uint8_t **pp, const uint8_t *end, int w, uint32_t *
     const uint32_t alpha = w == 1 ? 256u : 65536u;
     const int lmax = w == 1 ? LMAX1 : LMAX2;
     uint32_t k, gap;
-    int r = huf_get_varint(&p, end, &k);
+    int r = varint_get32(&p, end, &k);
     if (r) return r;
     if (k == 0 && w == 1) { /* dense: lo, span - 1, a nibble per symbol */
         if (end - p < 2) return MVC_ERR_TRUNCATED;
@@ -160,7 +143,7 @@ int64_t huf_read_table(const uint8_t **pp, const uint8_t *end, int w, uint32_t *
     } else {
         if (k > alpha) return MVC_ERR_CORRUPT;
         for (uint32_t j = 0, prev = 0; j < k; j++) {
-            if ((r = huf_get_varint(&p, end, &gap))) return r;
+            if ((r = varint_get32(&p, end, &gap))) return r;
             if (gap >= alpha || prev + gap >= alpha) return MVC_ERR_CORRUPT;
             sym[j] = prev + gap; prev = sym[j] + 1;
         }

@@ -285,7 +285,7 @@ static int decode_huf(const uint8_t *p, const uint8_t *end, uint8_t *dst, size_t
     uint32_t alpha = 256;
     if (w == 2) {
         const uint8_t *q = p;
-        if ((r = huf_get_varint(&q, end, &alpha))) return r;
+        if ((r = varint_get32(&q, end, &alpha))) return r;
         if (alpha < 2 || alpha > 65536u) return MVC_ERR_CORRUPT;
     }
     uint32_t *sym = malloc(alpha * sizeof *sym), *code = malloc(alpha * sizeof *code);

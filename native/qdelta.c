@@ -9,27 +9,16 @@
 #include "rle.h"
 #include "internal/rle_iter.h"
 #include "internal/qd_groups.h"
+#include "internal/varint.h"
 #include "qdelta.h"
 
-/* LEB128, at most 10 bytes (as mvc.native._varint.get_varint). */
-static int get_varint64(const uint8_t **pp, const uint8_t *end, uint64_t *out) {
-    const uint8_t *p = *pp;
-    uint64_t v = 0;
-    for (unsigned shift = 0; shift <= 63; shift += 7) {
-        if (p >= end) return MVC_ERR_TRUNCATED;
-        uint8_t b = *p++;
-        v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80)) { *pp = p; *out = v; return MVC_OK; }
-    }
-    return MVC_ERR_CORRUPT;
-}
 
 int mvc_huf_decode_stream(const uint8_t *src, size_t len, void *dst, size_t n, int width) {
     if ((width != 1 && width != 2) || (len && !src) || (n && !dst)) return MVC_ERR_ARG;
     if (n == 0) return len == 0 ? MVC_OK : MVC_ERR_CORRUPT;
     const uint8_t *p = src, *end = src + len;
     uint64_t bs;
-    int rc = get_varint64(&p, end, &bs);
+    int rc = varint_get(&p, end, 64, &bs);
     if (rc) return rc;
     if (bs < 1 || bs > mvc_huf_max_block()) return MVC_ERR_CORRUPT;
     size_t nblocks = (size_t)((n - 1) / bs + 1);
@@ -38,12 +27,12 @@ int mvc_huf_decode_stream(const uint8_t *src, size_t len, void *dst, size_t n, i
     const uint8_t *data = p;
     for (size_t i = 0; i + 1 < nblocks; i++) {
         uint64_t ln;
-        if ((rc = get_varint64(&data, end, &ln))) return rc;
+        if ((rc = varint_get(&data, end, 64, &ln))) return rc;
     }
     for (size_t i = 0; i < nblocks; i++) {
         uint64_t ln;
         if (i + 1 < nblocks) {
-            if ((rc = get_varint64(&p, end, &ln))) return rc;
+            if ((rc = varint_get(&p, end, 64, &ln))) return rc;
         } else {
             ln = (uint64_t)(end - data);
         }
@@ -66,9 +55,9 @@ int rlehuf_open(const uint8_t *src, size_t len, int kind, size_t bound, rle_iter
     uint64_t modulus, n0, n1, xlen, len0;
     int rc;
     *sym_out = NULL;
-    if ((rc = get_varint64(&p, end, &modulus)) || (rc = get_varint64(&p, end, &n0))
-        || (rc = get_varint64(&p, end, &n1)) || (rc = get_varint64(&p, end, &xlen))
-        || (rc = get_varint64(&p, end, &len0)))
+    if ((rc = varint_get(&p, end, 64, &modulus)) || (rc = varint_get(&p, end, 64, &n0))
+        || (rc = varint_get(&p, end, 64, &n1)) || (rc = varint_get(&p, end, 64, &xlen))
+        || (rc = varint_get(&p, end, 64, &len0)))
         return rc;
     size_t left = (size_t)(end - p);
     if (modulus < 1 || modulus > (kind == 1 ? 256u : 65536u)) return MVC_ERR_CORRUPT;

@@ -69,9 +69,9 @@ static void normalize(const uint64_t *cnt, uint64_t n, uint32_t *freq) {
 static size_t table_size(const uint32_t *freq, int *k_out) {
     size_t s = 0; int k = 0, prev = 0;
     for (int v = 0; v < 256; v++)
-        if (freq[v]) { s += huf_varint_size((uint32_t)(v - prev)) + huf_varint_size(freq[v] - 1); prev = v + 1; k++; }
+        if (freq[v]) { s += varint_size((uint32_t)(v - prev)) + varint_size(freq[v] - 1); prev = v + 1; k++; }
     *k_out = k;
-    return s + huf_varint_size((uint32_t)k);
+    return s + varint_size((uint32_t)k);
 }
 
 int64_t mvc_rans_encode(const uint8_t *src, size_t n, uint8_t *dst, size_t cap) {
@@ -106,9 +106,9 @@ int64_t mvc_rans_encode(const uint8_t *src, size_t n, uint8_t *dst, size_t cap) 
     size_t wbytes = (size_t)(end - ptr);
     uint8_t *o = dst;
     *o++ = MODE_RANS;
-    o = huf_put_varint(o, (uint32_t)k);
+    o = varint_put(o, (uint32_t)k);
     for (int v = 0, prev = 0; v < 256; v++)
-        if (freq[v]) { o = huf_put_varint(o, (uint32_t)(v - prev)); o = huf_put_varint(o, freq[v] - 1); prev = v + 1; }
+        if (freq[v]) { o = varint_put(o, (uint32_t)(v - prev)); o = varint_put(o, freq[v] - 1); prev = v + 1; }
     for (int s = 0; s < NST; s++) { memcpy(o, &x[s], 8); o += 8; }
     memmove(o, ptr, wbytes);
     return (int64_t)(o - dst) + (int64_t)wbytes;
@@ -147,13 +147,13 @@ int mvc_rans_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n) {
     if (n == 0 || len == 0 || src[0] != MODE_RANS) return mvc_huf_decode_block(src, len, dst, n, 1);
     const uint8_t *p = src + 1, *end = src + len;
     uint32_t k, gap, fm1;
-    int r = huf_get_varint(&p, end, &k);
+    int r = varint_get32(&p, end, &k);
     if (r) return r;
     if (k < 2 || k > 256) return MVC_ERR_CORRUPT;
     uint32_t freq[256] = {0};
     uint32_t total = 0;
     for (uint32_t j = 0, v = 0; j < k; j++) {
-        if ((r = huf_get_varint(&p, end, &gap)) || (r = huf_get_varint(&p, end, &fm1))) return r;
+        if ((r = varint_get32(&p, end, &gap)) || (r = varint_get32(&p, end, &fm1))) return r;
         if (gap >= 256 || v + gap >= 256 || fm1 >= TOTAL) return MVC_ERR_CORRUPT;
         v += gap;
         freq[v] = fm1 + 1;

@@ -264,3 +264,31 @@ def test_pmap_waits_for_every_task_before_raising():
     with pytest.raises(NativeDecodeError):
         pmap(task, range(8), threads=2)
     assert sorted(finished) == list(range(1, 8))
+
+
+def test_one_varint_rule_in_python_and_c():
+    """The Python and C varint readers share one rule (issue 13): a header varint is at most
+    64 bits wide.  The C reader used to drop the bits past 64, so an overlong block size
+    that wraps to 1 was read as 1 in C and refused in Python."""
+    from mvc.native._varint import get_varint, put_varint
+
+    for v in (0, 1, 127, 128, 2**32 - 1, 2**63, 2**64 - 1):
+        assert get_varint(memoryview(put_varint(v) + b"\x00"), 0, "t") == (v, len(put_varint(v)))
+    with pytest.raises(ValueError):
+        put_varint(2**64)
+    wraps_to_one = b"\x81" + b"\x80" * 8 + b"\x02"  # 1 + 2**64
+    for bad in (wraps_to_one, b"\x80" * 10 + b"\x00", b"\x80\x80"):
+        with pytest.raises(NativeDecodeError):
+            get_varint(memoryview(bad), 0, "t")
+    stream = wraps_to_one + bytes([huffman.MODE_RAW, 42])  # one block of one raw symbol
+    with pytest.raises(NativeDecodeError):
+        huffman.decode(stream, 1)
+    out = np.zeros(1, dtype=np.uint8)
+    rc = lib.mvc_huf_decode_stream(ffi.from_buffer("uint8_t[]", stream), len(stream),
+                                   ffi.from_buffer("uint8_t[]", out, require_writable=True), 1, 1)
+    assert rc < 0
+    good = put_varint(1) + bytes([huffman.MODE_RAW, 42])
+    assert huffman.decode(good, 1).tolist() == [42]
+    rc = lib.mvc_huf_decode_stream(ffi.from_buffer("uint8_t[]", good), len(good),
+                                   ffi.from_buffer("uint8_t[]", out, require_writable=True), 1, 1)
+    assert rc == 0 and out.tolist() == [42]

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include "varint.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "mvc's native coders assume a little-endian host"
@@ -28,9 +29,6 @@ static inline void st16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 int huf_build_lengths(int k, const uint32_t *cnt, int lmax, uint8_t *len);
 /* Canonical codes (deflate order: by length, then symbol), bit-reversed. */
 void huf_canonical_codes(int k, const uint8_t *len, uint32_t *code);
-size_t huf_varint_size(uint32_t v);
-uint8_t *huf_put_varint(uint8_t *p, uint32_t v);
-int huf_get_varint(const uint8_t **p, const uint8_t *end, uint32_t *out);
 /* Serialized size of the table of k symbols (ascending sym[]); sets *dense. */
 size_t huf_table_size(int k, const uint32_t *sym, const uint8_t *len, int w, int *dense);
 uint8_t *huf_write_table(uint8_t *o, int k, const uint32_t *sym, const uint8_t *len, int w, int dense);
