@@ -25,7 +25,7 @@ from mvc.store import (
     FormatTooNewError, LmdbStore, LockError, ObjectStore, RefUpdate, StoreExistsError,
     StoreFormatError, StoreNotFoundError)
 from mvc.store.lmdb_env import STORE_NEW, STORE_OLD
-from store_contract import StoreContract, blob
+from store_contract import ObjectStoreTests, blob
 
 MiB = 1 << 20
 
@@ -37,7 +37,7 @@ class SmallMapStore(LmdbStore):
     BATCH_BYTES = 3 * MiB
 
 
-class TestLmdbStore(StoreContract):
+class TestLmdbStore(ObjectStoreTests):
     def make_store(self) -> ObjectStore:
         self._dirs = getattr(self, "_dirs", [])
         d = tempfile.mkdtemp(prefix="mvc-store-")
@@ -50,7 +50,7 @@ class TestLmdbStore(StoreContract):
             shutil.rmtree(d, ignore_errors=True)
 
 
-class TestLmdbSmallMap(StoreContract):
+class TestLmdbSmallMap(ObjectStoreTests):
     """The whole contract again with a map that must grow during the tests."""
 
     def make_store(self) -> ObjectStore:
