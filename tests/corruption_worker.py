@@ -15,7 +15,7 @@ import traceback
 import torch
 
 from mvc.errors import MvcError
-from mvc.io.state import flatten
+from mvc.state import flatten
 from mvc.repo.repository import Repo
 
 

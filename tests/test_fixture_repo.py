@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mvc.io.state import flatten
+from mvc.state import flatten
 from mvc.repo.repository import Repo
 
 FIXTURE = Path(__file__).with_name("fixtures") / "repo_v1"

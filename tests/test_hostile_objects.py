@@ -15,7 +15,7 @@ import torch
 from test_cli import run
 
 from mvc.errors import DataError, InternalError, MvcError
-from mvc.io.state import MAX_SKELETON_DEPTH, SkeletonTooDeepError, flatten, unflatten
+from mvc.state import MAX_SKELETON_DEPTH, SkeletonTooDeepError, flatten, unflatten
 from mvc.repo.objects import COMMIT_HEADER, SNAPSHOT_HEADER, MalformedObjectError
 from mvc.repo.repository import Repo
 from mvc.repo.tensors import PayloadSizeError

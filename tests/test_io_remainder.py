@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from mvc.errors import DataError
 from mvc.io import UnsupportedStateError, flatten, unflatten
-from mvc.io.remainder import decode_leaf, encode_leaf, render_path
+from mvc.state.leaves import decode_leaf, encode_leaf, render_path
 
 
 def json_roundtrip(value: Any) -> Any:

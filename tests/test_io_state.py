@@ -472,7 +472,7 @@ def test_hostile_dense_layout_is_a_data_error_without_allocating(stride):
     import copy
 
     from mvc.errors import DataError
-    from mvc.io.state import flatten, unflatten
+    from mvc.state import flatten, unflatten
 
     x = torch.randn(3, 4).t()
     flat = flatten({"x": x})

@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from mvc.errors import MvcError, UsageError
-from mvc.io.state import flatten
+from mvc.state import flatten
 from mvc.quant import QuantConfig, QuantPolicy
 from mvc.search import SearchSpace, find_config
 from mvc.search.space import short

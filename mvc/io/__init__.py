@@ -1,4 +1,4 @@
-"""Checkpoints in and out of mvc: nested states <-> named tensors, and checkpoint files."""
+"""Checkpoints in and out of mvc: checkpoint files, and (from `mvc.state`) nested states <-> named tensors."""
 from mvc.io.files import (
     CheckpointFileError,
     CheckpointNotFoundError,
@@ -9,8 +9,7 @@ from mvc.io.files import (
     load_checkpoint,
     save_checkpoint,
 )
-from mvc.io.remainder import UnsupportedStateError
-from mvc.io.state import FlatState, flatten, unflatten
+from mvc.state import FlatState, UnsupportedStateError, flatten, unflatten
 
 __all__ = [
     "CheckpointFileError",

@@ -16,7 +16,7 @@ import torch
 
 from mvc.codecs.base import get_codec
 from mvc.errors import MvcError, MvcWarning, UsageError
-from mvc.io.state import flatten, unflatten
+from mvc.state import flatten, unflatten
 from mvc.repo import refs as R
 from mvc.repo.config import Config
 from mvc.repo.objects import Commit, Snapshot, TensorRecord, object_kind

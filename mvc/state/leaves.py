@@ -15,7 +15,7 @@ the same type with the same bits:
   ``torch.save``-d to bytes and accepted only if ``torch.load(weights_only=True)``
   reads it back.  Plain pickle is never used, so decoding can never run code.
 
-Containers and tensors are handled by `mvc.io.state`; this module only sees
+Containers and tensors are handled by `mvc.state.nested`; this module only sees
 leaves.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@
 and returns the tensors to store, each under a stable "/"-joined key-path name
 (``model/layer.0.weight``, ``optimizer/state/0/exp_avg``), plus a skeleton that
 records everything else: container types and key order, leaf values (through
-`mvc.io.remainder`) and, per tensor object, how to rebuild it from the stored
+`mvc.state.leaves`) and, per tensor object, how to rebuild it from the stored
 entries.  `unflatten` inverts it exactly.
 
 Tensors that share storage are stored once.  Tensor objects are grouped by
@@ -35,7 +35,7 @@ from typing import Any, Mapping
 import torch
 
 from mvc.errors import DataError, MvcError, UsageError
-from mvc.io.remainder import decode_leaf, encode_leaf, unsupported
+from mvc.state.leaves import decode_leaf, encode_leaf, unsupported
 
 SKELETON_FORMAT = 1
 #: Deepest container nesting `unflatten` rebuilds. `flatten` cannot produce more than ~330
