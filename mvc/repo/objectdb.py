@@ -25,9 +25,10 @@ This module is the only one that walks the commit graph.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Callable, Collection, Iterable, Iterator, Literal
+from typing import Literal
 
 from mvc.errors import DataError
 from mvc.repo import refs as R

@@ -7,8 +7,14 @@ nothing of storage, so the repository (which stores the tensors and the
 skeleton) and the checkpoint-file and training-loop code above it all use it.
 """
 from mvc.state.leaves import UnsupportedStateError
-from mvc.state.nested import (MAX_SKELETON_DEPTH, FlatState, SkeletonTooDeepError, flatten,
-                              skeleton_depth, unflatten)
+from mvc.state.nested import (
+    MAX_SKELETON_DEPTH,
+    FlatState,
+    SkeletonTooDeepError,
+    flatten,
+    skeleton_depth,
+    unflatten,
+)
 
 __all__ = [
     "MAX_SKELETON_DEPTH",
