@@ -1,14 +1,12 @@
 """cffi calls into native/assign.c, split across threads.
 
-cffi releases the GIL around every call, so a long-lived thread pool gives real
-parallelism.  Work is cut into pieces whose layout depends only on the input size
-(never on the thread count) wherever the result is a floating-point sum.
+cffi releases the GIL around every call, so the process-wide native thread pool
+(`mvc.native.parallel`) gives real parallelism.  Work is cut into pieces whose
+layout depends only on the input size (never on the thread count) wherever the
+result is a floating-point sum.
 """
 from __future__ import annotations
 
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -19,44 +17,25 @@ from mvc.errors import InternalError
 
 # Below this many elements per thread, splitting costs more than it saves.
 MIN_CHUNK = 1 << 18
-_POOL: ThreadPoolExecutor | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _forget_pool_after_fork() -> None:
-    # A forked child inherits the pool object but not its threads: work submitted to it
-    # would never run.  Start afresh instead.
-    global _POOL, _POOL_LOCK
-    _POOL, _POOL_LOCK = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_pool_after_fork)
-
-
-def _pool(threads: int) -> ThreadPoolExecutor:
-    # One long-lived pool: starting threads per call costs more than a small tensor's work.
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL._max_workers < threads:  # noqa: SLF001
-            _POOL = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mvc-quant")
-        return _POOL
 
 
 def parallel_chunks(n: int, fn: Callable[[int, int], None], *,
                     min_chunk: int = MIN_CHUNK) -> None:
-    """Run fn(start, stop) over [0, n) split across torch's intra-op thread count."""
+    """Run fn(start, stop) over [0, n) in up to torch's intra-op thread count of chunks.
+
+    The chunks run on the shared native pool (inline inside one of its tasks) and
+    this returns or raises only once every chunk has finished: they write through
+    raw pointers into the caller's tensors, which must not be written after an
+    error reached the caller.  The first error (in chunk order) propagates.
+    """
     threads = max(1, min(torch.get_num_threads(), n // max(1, min_chunk)))
     if threads == 1:
         fn(0, n)
         return
+    from mvc.native.parallel import pmap  # the extension loads on first use, as in _lib()
+
     step = -(-n // threads)
-    bounds = [(s, min(n, s + step)) for s in range(0, n, step)]
-    pool = _pool(threads)
-    # the caller's thread takes the first chunk itself instead of idling
-    futures = [pool.submit(fn, a, b) for a, b in bounds[1:]]
-    fn(*bounds[0])
-    for f in futures:
-        f.result()
+    pmap(lambda ab: fn(*ab), [(s, min(n, s + step)) for s in range(0, n, step)], threads)
 
 
 def _lib() -> tuple[Any, Any]:
