@@ -8,9 +8,14 @@ measured quality loss stays within epsilon (Inshrinkerator §5).
 
 Modules: `space` (the config cube, its ordering and cost model), `guided`
 (Algorithm 4), `neighbourhood` (the steady-state search), `quality` (relative
-degradation and the proxy metric), `driver` (`find_config`).
+degradation and the proxy metric), `gate` (which gate judges a trial: scalar
+metric, per-example confidence bound, fidelity, proxy; the per-tensor distortion
+cap), `fidelity` (agreement with the exact checkpoint), `driver` (`find_config`).
 """
 from mvc.search.driver import DEFAULT_EXCLUDE, SearchResult, default_policy, find_config
+from mvc.search.fidelity import (DEFAULT_THRESHOLDS, Fidelity, FidelityError, FidelityOutputs,
+                                 fidelity)
+from mvc.search.gate import DEFAULT_CONFIDENCE, DEFAULT_TENSOR_CAP, tensor_distortion
 from mvc.search.guided import MonotoneOracle, diagonal, guided_search
 from mvc.search.neighbourhood import SWITCH_MARGIN, neighbourhood
 from mvc.search.quality import (DEFAULT_EPSILON, PROXY_EPSILON, QualityFunctionError,
@@ -18,8 +23,10 @@ from mvc.search.quality import (DEFAULT_EPSILON, PROXY_EPSILON, QualityFunctionE
 from mvc.search.space import SearchError, SearchSpace, SearchSpaceError
 
 __all__ = [
-    "DEFAULT_EPSILON", "DEFAULT_EXCLUDE", "MonotoneOracle", "PROXY_EPSILON",
-    "QualityFunctionError", "SWITCH_MARGIN", "SearchError", "SearchResult", "SearchSpace",
-    "SearchSpaceError", "default_policy", "degradation", "diagonal", "find_config",
-    "guided_search", "neighbourhood", "proxy_error",
+    "DEFAULT_CONFIDENCE", "DEFAULT_EPSILON", "DEFAULT_EXCLUDE", "DEFAULT_TENSOR_CAP",
+    "DEFAULT_THRESHOLDS", "Fidelity", "FidelityError", "FidelityOutputs", "MonotoneOracle",
+    "PROXY_EPSILON", "QualityFunctionError", "SWITCH_MARGIN", "SearchError", "SearchResult",
+    "SearchSpace", "SearchSpaceError", "default_policy", "degradation", "diagonal",
+    "fidelity", "find_config", "guided_search", "neighbourhood", "proxy_error",
+    "tensor_distortion",
 ]

@@ -30,13 +30,16 @@ from mvc.quant.errors import NonFiniteTensorError
 from mvc.quant.optimizer import OPTIMIZER_STATE_PATTERNS
 from mvc.quant.importance import sensitivity
 from mvc.quant.partition import Thresholds, layer_type, thresholds
+from mvc.search.fidelity import FidelityJudge, FidelityOutputs
+from mvc.search.gate import (DEFAULT_CONFIDENCE, DEFAULT_TENSOR_CAP, MetricJudge,
+                             PerExampleJudge, ProxyJudge, Verdict, as_measurement,
+                             check_tensor_cap, tensor_distortion)
 from mvc.search.guided import MonotoneOracle, guided_search
 from mvc.search.neighbourhood import Outcome, neighbourhood_search
-from mvc.search.quality import (DEFAULT_EPSILON, PROXY_EPSILON, as_loss, check_baseline,
-                                degradation, proxy_error, proxy_name)
+from mvc.search.quality import DEFAULT_EPSILON, PROXY_EPSILON, proxy_error, proxy_name
 from mvc.search.space import Point, SearchError, SearchSpace, short
 
-Evaluate = Callable[[dict[str, torch.Tensor]], float]
+Evaluate = Callable[[dict[str, torch.Tensor]], Any]
 #: Tensors of the optimizer state (``.../state/<param index>/...``) stay out of the search.
 DEFAULT_EXCLUDE = OPTIMIZER_STATE_PATTERNS
 
@@ -55,7 +58,9 @@ class SearchResult:
     qmap:        the winning trial's quantization by tensor name (None = lossless);
                  all None when config is None.
     quality:     JSON-ready record (metric, baseline, value, degradation, epsilon,
-                 evaluations, mode, trials).
+                 evaluations, mode, bits_per_param, trials; the gate that vouched
+                 and its bound: gate, ucb / fidelity, tensor_cap, max_distortion,
+                 worst_tensor — see `mvc.search.gate`).
     evaluations: quality-function calls made, the baseline included.
     """
 
@@ -68,16 +73,29 @@ class SearchResult:
 @dataclass
 class _Trial:
     config: QuantConfig
-    value: float
-    degradation: float
-    feasible: bool
+    verdict: Verdict
+    feasible: bool            # the gate's verdict and the tensor cap
     bits: float
+    worst: float              # the largest per-tensor relative L2 error
+    worst_name: str | None
     qmap: dict[str, QuantizedTensor | None] | None = field(default=None, repr=False)
     keys: dict[tuple, QuantizedTensor] = field(default_factory=dict, repr=False)
+
+    @property
+    def value(self) -> float:
+        return self.verdict.value
+
+    @property
+    def degradation(self) -> float:
+        return self.verdict.degradation
 
 
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
+
+
+def _json_info(info: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _finite(v) if isinstance(v, float) else v for k, v in info.items()}
 
 
 class _Prepared:
@@ -131,24 +149,47 @@ class _Runner:
 
     def __init__(self, prep: _Prepared, space: SearchSpace, evaluate: Evaluate | None,
                  epsilon: float, seed: int,
-                 init: Mapping[str, torch.Tensor] | None = None) -> None:
+                 init: Mapping[str, torch.Tensor] | None = None,
+                 tensor_cap: float = DEFAULT_TENSOR_CAP,
+                 confidence: float = DEFAULT_CONFIDENCE) -> None:
         self.prep, self.space, self.evaluate = prep, space, evaluate
         self.epsilon, self.seed = epsilon, seed
+        self.tensor_cap, self.confidence = tensor_cap, confidence
         self.init = dict(init or {})
         self.evaluations = 0
-        self.baseline = 0.0
+        self.judge: MetricJudge | PerExampleJudge | FidelityJudge = ProxyJudge(epsilon)
+        self.started = False
         self.metric = proxy_name(prep.has_sensitivity)
         self.memo: dict[Point, _Trial] = {}
         self.best: dict[str, Point] = {}          # requested metric -> cheapest feasible point
         self.log: list[dict[str, Any]] = []
         self._last: dict[tuple, QuantizedTensor] = {}
+        self._dist: dict[tuple, float] = {}       # quantization key -> relative L2 error
+
+    @property
+    def baseline(self) -> float:
+        return self.judge.baseline
 
     def start(self, metric_name: str | None) -> None:
-        if self.evaluate is not None:
-            self.baseline = check_baseline(as_loss(self._call(dict(self.prep.tensors)),
-                                                   "the quality function"))
-            self.metric = metric_name or "quality:" + getattr(
-                self.evaluate, "__qualname__", type(self.evaluate).__name__)
+        """Measure the exact tensors once and choose the gate from what came back."""
+        self.started = True
+        if self.evaluate is None:
+            return
+        # The exact state's measurement (a fidelity gate's reference outputs) lives in
+        # the judge for this search only: a new commit measures its own state afresh.
+        raw = self._call(dict(self.prep.tensors))
+        if isinstance(raw, FidelityOutputs):
+            self.judge = FidelityJudge(raw)
+            self.epsilon = self.judge.epsilon
+            self.metric = "fidelity:" + raw.gate.metric
+            return
+        base = as_measurement(raw, "the quality function")
+        if isinstance(base, torch.Tensor):
+            self.judge = PerExampleJudge(base, self.epsilon, self.confidence)
+        else:
+            self.judge = MetricJudge(base, self.epsilon)
+        self.metric = metric_name or "quality:" + getattr(
+            self.evaluate, "__qualname__", type(self.evaluate).__name__)
 
     def _call(self, candidate: dict[str, torch.Tensor]) -> Any:
         self.evaluations += 1
@@ -180,18 +221,24 @@ class _Runner:
                     q = quantize_prepared(t, x, p.sketches[name], sens, tthr, bins,
                                           seed=self.seed, sigma=config.sigma,
                                           init=self.init.get(name))
+                    self._dist[key] = tensor_distortion(q, x)
                 qmap[name] = keys[key] = q
         self._last = keys
         return qmap, keys
 
     # -------------------------------------------------------------- scoring
-    def score(self, qmap: Mapping[str, QuantizedTensor | None]) -> float:
+    def score(self, qmap: Mapping[str, QuantizedTensor | None]) -> Verdict:
         if self.evaluate is None:
             value, self.metric = proxy_error(self.prep.tensors, qmap, self.prep.grads)
-            return value
+            return self.judge.verdict(value, "the proxy")
         cand = {n: (q.dequantize() if q is not None else t)
                 for n, t, q in ((n, t, qmap[n]) for n, t in self.prep.tensors.items())}
-        return as_loss(self._call(cand), "the quality function")
+        return self.judge.verdict(self._call(cand), "the quality function")
+
+    def worst(self, keys: Mapping[tuple, QuantizedTensor]) -> tuple[float, str | None]:
+        """(largest per-tensor relative L2 error, its tensor) of a trial's quantization."""
+        return max(((self._dist[k], k[0]) for k in keys), default=(0.0, None),
+                   key=lambda dn: (dn[0], dn[1] or ""))
 
     @staticmethod
     def bits(qmap: Mapping[str, QuantizedTensor | None]) -> float:
@@ -216,13 +263,20 @@ class _Runner:
         if tr is None:
             config = sp.config(point, emb)
             qmap, keys = self.quantize(config)
-            value = self.score(qmap)
-            deg = degradation(value, self.baseline)
-            tr = _Trial(config, value, deg, deg <= self.epsilon, self.bits(qmap), qmap, keys)
+            verdict = self.score(qmap)
+            worst, worst_name = self.worst(keys)
+            capped = not worst <= self.tensor_cap
+            tr = _Trial(config, verdict, verdict.feasible and not capped, self.bits(qmap),
+                        worst, worst_name, qmap, keys)
             self.memo[point] = tr
-            self.log.append({"config": short(config), "value": _finite(value),
-                             "degradation": _finite(deg), "feasible": tr.feasible,
-                             "bits": round(tr.bits, 4)})
+            entry = {"config": short(config), "value": _finite(verdict.value),
+                     "degradation": _finite(verdict.degradation), "feasible": tr.feasible,
+                     "bits": round(tr.bits, 4), **_json_info(verdict.info),
+                     "distortion": _finite(round(worst, 6))}
+            if capped:
+                entry["refused"] = (f"tensor_cap: {worst_name} has relative L2 error "
+                                    f"{worst:.4g} > {self.tensor_cap:g}")
+            self.log.append(entry)
         if tr.feasible:
             cur = self.best.get(metric)
             if cur is None or self._key(point) < self._key(cur):
@@ -241,7 +295,7 @@ class _Runner:
 
     def outcome(self, metric: str, idx: tuple[int, ...]) -> Outcome:
         tr = self.trial(metric, idx)
-        return Outcome(tr.feasible, tr.degradation)
+        return Outcome(tr.feasible, tr.verdict.preference)
 
     def qmap_of(self, point: Point) -> dict[str, QuantizedTensor | None]:
         tr = self.memo[point]
@@ -276,7 +330,8 @@ def _exhaustive(run: _Runner, metrics: list[str]) -> Point | None:
                 break
     if not winners:
         return None
-    return min(winners, key=lambda p: (cost(p[1]), run.memo[p].bits, run.memo[p].degradation,
+    return min(winners, key=lambda p: (cost(p[1]), run.memo[p].bits,
+                                       run.memo[p].verdict.preference,
                                        metrics.index(p[0]) if p[0] in metrics else 0))
 
 
@@ -289,14 +344,20 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
                 grads: Mapping[str, torch.Tensor] | None = None,
                 policy: QuantPolicy | None = None, space: SearchSpace | None = None,
                 seed: int = 0, radius: int = 1, metric_name: str | None = None,
-                init: Mapping[str, torch.Tensor] | None = None) -> SearchResult:
-    """Search the config cube for the most compressive config whose degradation <= epsilon.
+                init: Mapping[str, torch.Tensor] | None = None,
+                tensor_cap: float | None = None,
+                confidence: float = DEFAULT_CONFIDENCE) -> SearchResult:
+    """Search the config cube for the most compressive config its gate accepts.
 
     tensors:  flat name -> tensor (`mvc.io.flatten(state).tensors`).
-    evaluate: loss of a full candidate tensor dict (quantized tensors replaced by their
-              dequantized values); None uses the proxy (see `mvc.search.quality`).
+    evaluate: quality of a full candidate tensor dict (quantized tensors replaced by their
+              dequantized values): a loss (the scalar gate), per-example losses (a 1-D
+              tensor: the confidence-bound gate), or a fidelity gate's outputs when it
+              is or carries a `mvc.search.fidelity.Fidelity`; None uses the proxy.  The
+              gates are described in `mvc.search.gate`.
     epsilon:  bound on the relative degradation; None means DEFAULT_EPSILON (0.01) with
-              `evaluate`, PROXY_EPSILON with the proxy.
+              `evaluate`, PROXY_EPSILON with the proxy.  A fidelity gate uses its own
+              threshold instead.
     previous: the config chosen at the previous commit: enables the neighbourhood search.
     grads:    gradient (EMA) by tensor name: sensitivity pruning/protection and the
               gradient-weighted proxy.
@@ -305,6 +366,9 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
     metric_name: overrides the metric label recorded for `evaluate`.
     init:     warm-start centroids by name (the parent commit's): trials with the same bin
               count start Lloyd there, which keeps levels, and so deltas, stable.
+    tensor_cap: every trial must keep each quantized tensor's relative L2 error within
+              it, whatever the gate (None: DEFAULT_TENSOR_CAP; math.inf: off).
+    confidence: one-sided confidence of the per-example gate's upper bound.
     """
     space = space or SearchSpace()
     policy = policy or default_policy()
@@ -313,10 +377,14 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon >= 0 \
             or not math.isfinite(epsilon):
         raise SearchError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
+    cap = check_tensor_cap(DEFAULT_TENSOR_CAP if tensor_cap is None else tensor_cap)
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
+            or not 0.5 <= confidence < 1.0:
+        raise SearchError(f"confidence must be in [0.5, 1), got {confidence!r}")
     if previous is not None and not isinstance(previous, QuantConfig):
         raise SearchError(f"previous must be a QuantConfig, got {type(previous).__name__}")
     prep = _Prepared(tensors, dict(grads or {}), policy, space.alpha)
-    run = _Runner(prep, space, evaluate, float(epsilon), seed, init)
+    run = _Runner(prep, space, evaluate, float(epsilon), seed, init, cap, float(confidence))
     if not prep.names:
         return SearchResult(None, {n: None for n in tensors},
                             _record(run, None, "nothing-to-quantize"), 0)
@@ -337,7 +405,7 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
             space.shape(emb), lambda i: space.cost(i, emb, share),
             lambda i: space.axes(emb)[1][i[1]] > 0,
             run.outcome,
-            float(epsilon), radius)
+            run.epsilon, radius)
         if found is not None:
             winner = space.canonical(found, emb)
         else:
@@ -353,11 +421,21 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
 
 def _record(run: _Runner, winner: Point | None, mode: str) -> dict[str, Any]:
     tr = run.memo.get(winner) if winner is not None else None
-    return {
+    rec: dict[str, Any] = {
         "metric": run.metric, "baseline": run.baseline,
         "value": _finite(tr.value) if tr else None,
         "degradation": _finite(tr.degradation) if tr else None,
         "epsilon": run.epsilon, "evaluations": run.evaluations, "mode": mode,
         "bits_per_param": round(tr.bits, 4) if tr else None,
-        "trials": run.log,
     }
+    # Which gate vouched for the winner (or refused every trial), with its bound, and the
+    # guard rail every trial had to pass.
+    rec["gate"] = run.judge.gate if run.started else None
+    if run.started:
+        rec.update(_json_info(run.judge.record(tr.verdict if tr else None)))
+        rec["suspicious_trials"] = sum(t.verdict.suspicious for t in run.memo.values())
+    rec["tensor_cap"] = _finite(run.tensor_cap)
+    rec["max_distortion"] = _finite(round(tr.worst, 6)) if tr else None
+    rec["worst_tensor"] = tr.worst_name if tr else None
+    rec["trials"] = run.log
+    return rec
