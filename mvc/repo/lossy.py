@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mvc.codecs.base import Encoded
-from mvc.codecs.quantized import decode_base, decode_chain, encode_base, encode_delta
+from mvc.codecs.base import Encoded, find_codec, quantized_codec, registered
+from mvc.codecs.quantized import decode_base, decode_chain
 from mvc.errors import DataError
 from mvc.quant import QuantizedTensor
 from mvc.repo.levelcache import DiskLevelCache  # noqa: F401  (Repo builds it as lossy.DiskLevelCache)
@@ -29,9 +29,24 @@ from mvc.repo.tensors import dtype_name, parse_dtype, read_payload
 if TYPE_CHECKING:
     from mvc.repo.repository import Repo
 
+#: The codecs new commits write quantized tensors with (readers ask a record's codec what it
+#: is: `is_quantized`, `is_delta`).
 QBASE = "qbase/1"
 QDELTA = "qdelta/1"
-QUANT_CODECS = (QBASE, QDELTA)
+#: Every quantized codec's name; kept for code not yet asking the codec (`is_quantized`).
+QUANT_CODECS = tuple(registered(quantized=True))
+
+
+def is_quantized(rec: TensorRecord) -> bool:
+    """Whether the record stores a quantized tensor (its codec says so; unknown codec: no)."""
+    codec = find_codec(rec.codec)
+    return codec is not None and codec.is_quantized
+
+
+def is_delta(rec: TensorRecord) -> bool:
+    """Whether the record is encoded against the same tensor in its parent snapshot."""
+    codec = find_codec(rec.codec)
+    return codec is not None and codec.is_quantized and codec.has_parent
 
 
 
@@ -93,7 +108,7 @@ def _encoded_len(enc: Encoded) -> int:
 
 def parent_ref(rec: TensorRecord) -> tuple[str, str] | None:
     """(original snapshot id, name) a delta record is encoded against."""
-    if rec.codec != QDELTA:
+    if not is_delta(rec):
         return None
     p = rec.meta.get("parent") or {}
     if not isinstance(p.get("snapshot"), str) or not isinstance(p.get("name"), str):
@@ -141,7 +156,7 @@ def chain_cost(rec: TensorRecord) -> float:
 
     Records written before the cost was kept count every step as a full pass.
     """
-    if rec.codec != QDELTA:
+    if not is_delta(rec):
         return 0.0
     cost = rec.meta.get("chain_cost")
     return float(cost) if isinstance(cost, (int, float)) else float(rec.depth)
@@ -159,7 +174,8 @@ def choose_encoding(q: QuantizedTensor, parent: tuple[str, TensorRecord, Quantiz
     moment that changes at every commit, out of chains, for faster checkouts
     of old commits); the base encoding is returned too so callers can cache it.
     """
-    base = encode_base(q)
+    base_codec, delta_codec = quantized_codec(QBASE), quantized_codec(QDELTA)
+    base = base_codec.encode_quantized(q)
     if parent is None:
         return QBASE, base, {}, 0, base
     psid, prec, pq = parent
@@ -170,7 +186,7 @@ def choose_encoding(q: QuantizedTensor, parent: tuple[str, TensorRecord, Quantiz
     cost = chain_cost(prec) + step_cost(q, pq)
     if chain_budget and cost > chain_budget:
         return QBASE, base, {}, 0, base
-    delta = encode_delta(q, pq.levels, pq.n_levels)
+    delta = delta_codec.encode_quantized(q, pq)
     if _encoded_len(delta) >= delta_max_ratio * _encoded_len(base):
         return QBASE, base, {}, 0, base
     extra = {"parent": {"snapshot": psid, "name": prec.name}, "refs": [psid],

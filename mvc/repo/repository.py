@@ -5,33 +5,32 @@ Maintenance (gc, fsck) lives in `maintenance.py`, inspection (diff, stats) in
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import os
 import warnings
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from mvc.codecs.base import get_codec
 from mvc.errors import MvcError, MvcWarning, UsageError
 from mvc.state import flatten, unflatten
+from mvc.quant import QuantConfig, QuantPolicy
 from mvc.repo import refs as R
 from mvc.repo.config import Config
-from mvc.repo.objects import Commit, Snapshot, TensorRecord, object_kind
-from mvc.repo import lossy
+from mvc.repo.objects import Commit, Snapshot, object_kind
+from mvc.repo import lossy, pipeline
 from mvc.repo.provenance import author, code_provenance
 from mvc.repo.replace import REPLACE, ReplacementError, follow_replacement
 from mvc.repo.revparse import (UnknownRevisionError, check_spelling, resolve_base,
                                 split_suffixes)
-from mvc.repo.tensors import ChunkWriter
+from mvc.search.space import SearchSpace
 from mvc.store import ANY, InvalidRefError, ObjectMissingError, RefUpdate, open_store
 
 MVC_DIR = ".mvc"
 DEFAULT_BRANCH = "main"
-#: Tensors this small are stored raw: a codec header would cost more than it saves.
-RAW_BELOW_BYTES = 64
 
 
 class NotARepositoryError(MvcError):
@@ -260,15 +259,12 @@ class Repo:
     def _lock_timeout(self) -> float:
         return float(self.config.get("core.lock_timeout"))
 
-    def _lossless_codec(self):
-        return get_codec(self.config.get("commit.lossless_codec"))
-
     def commit(self, state: Any, message: str, *, step: int | None = None,
                metrics: Mapping[str, float] | None = None, lossless: bool | None = None,
-               quant: "QuantConfig | None" = None, policy: "QuantPolicy | None" = None,
+               quant: QuantConfig | None = None, policy: QuantPolicy | None = None,
                grads: Mapping[str, torch.Tensor] | None = None,
-               quality: "Callable[[Any], float] | None" = None,
-               epsilon: float | None = None) -> str:
+               quality: Callable[[Any], float] | None = None,
+               epsilon: float | None = None, space: SearchSpace | None = None) -> str:
         """Store `state` (any nested checkpoint structure) as a new commit on HEAD; returns its id.
 
         Objects are written first, then the snapshot and the commit object, and
@@ -286,84 +282,108 @@ class Repo:
         * "fixed": quantize with `commit.quant`.
         * "lossless": store every tensor exactly.
 
-        `lossless=True` or an explicit `quant=` bypass the search. `policy`
-        chooses which tensors are quantized (default: big float tensors, not
-        biases / norms / optimizer state); `grads` (by flattened tensor name,
-        e.g. an EMA of gradients) enables sensitivity-based protect / prune.
+        `lossless=True` or an explicit `quant=` bypass the search; an explicit
+        `space=` (a `mvc.search.SearchSpace`) searches that cube whatever the
+        mode. `policy` chooses which tensors are quantized (default: big float
+        tensors, not biases / norms / optimizer state); `grads` (by flattened
+        tensor name, e.g. an EMA of gradients) enables sensitivity-based
+        protect / prune.
+
+        The work runs as the pipeline of `mvc.repo.pipeline`: plan (outside the
+        lock: the search is the slow part), then, under the write lock, write
+        and publish against the branch's commit at that moment.
         """
         if not isinstance(message, str) or not message.strip():
             raise UsageError("a commit needs a non-empty message")
         clean_metrics = _check_metrics(metrics)
         if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
             raise UsageError(f"step must be an int, got {step!r}")
-        flat = flatten(state)
-        config, qmap, quality_record, init = self._plan(flat, lossless, quant, policy, grads,
-                                                        quality, epsilon)
-        domains = self._compress_optimizer(flat.tensors, qmap, init) if config is not None else {}
-        bounds = self._moment_bounds(flat.tensors, domains)
-        codec = self._lossless_codec()
-        raw_codec = get_codec("raw/1")
-        chunk_size = int(self.config.get("commit.chunk_mib")) << 20
-        base_every = int(self.config.get("commit.base_every"))
-        delta_max_ratio = float(self.config.get("commit.delta_max_ratio"))
-        chain_budget = float(self.config.get("commit.chain_budget"))
-        prov = code_provenance(os.getcwd())
-        who = author(self.config.get("user.name"), self.config.get("user.email"))
+        how = self._quantization(lossless, quant, policy, quality, epsilon, space)
+        settings = self._commit_settings()
+        read_quantized = functools.partial(lossy.read_quantized, self)
+        lossy_plan = how.mode != "lossless"
+        # HEAD now is only a hint for the plan (warm start, the search's starting config):
+        # the branch may move before the lock is taken, which costs nothing but compression.
+        plan = pipeline.plan(flatten(state), how, self._parent_info(self.head(), lossy_plan),
+                             read_quantized=read_quantized, settings=settings, grads=grads)
+        info = pipeline.CommitInfo(
+            message=message, author=author(self.config.get("user.name"),
+                                           self.config.get("user.email")),
+            step=step, metrics=clean_metrics, provenance=code_provenance(os.getcwd()))
+        bases: pipeline.Bases = {}
         with self.store.write_lock(self._lock_timeout()):
             ref, parent = self._head_update_target()
-            psid, precs = None, {}
-            if parent is not None and qmap:
-                psid = self.read_commit(parent).snapshot
-                precs = {r.name: r for r in self.read_snapshot(psid).tensors}
-            writer = ChunkWriter(self.store, chunk_size)
-            records: list[TensorRecord] = []
-            bases: dict[str, tuple] = {}
-            for name, t in flat.tensors.items():
-                q = qmap.get(name)
-                if q is None:
-                    small = t.numel() * t.element_size() < RAW_BELOW_BYTES
-                    records.append(writer.write(t, raw_codec if small else codec, name))
-                    continue
-                prec = precs.get(name)
-                pinfo = None
-                domain = domains.get(name, "linear")
-                if (prec is not None and prec.codec in lossy.QUANT_CODECS
-                        and prec.meta.get("domain", "linear") == domain):
-                    pq = lossy.read_quantized(self, psid, prec)
-                    if lossy.same_quantization(q, pq):
-                        # Unchanged since the parent: reuse its record (and chunks) as is,
-                        # so an unchanged checkpoint re-commits to an identical snapshot.
-                        records.append(prec)
-                        continue
-                    pinfo = (psid, prec, pq)
-                cname, enc, extra, depth, base = lossy.choose_encoding(q, pinfo, base_every,
-                                                                      delta_max_ratio, chain_budget)
-                if domain != "linear":
-                    extra = dict(extra, domain=domain)
-                if name in bounds:
-                    extra = dict(extra, moment=bounds[name])
-                bases[name] = (base, q.dtype, tuple(q.shape))
-                records.append(writer.write_encoded(enc, cname, name, q.dtype, tuple(q.shape),
-                                                    extra, depth,
-                                                    raw_bytes=t.numel() * t.element_size()))
-            # Snapshot and commit objects ride in the same transaction as the last chunks:
-            # one fsync for all objects, then one for the ref (the commit point).
-            snap_id = writer.add(Snapshot(records, flat.skeleton).encode())
-            commit = Commit(
-                parents=[parent] if parent else [], snapshot=snap_id, message=message,
-                time=datetime.now(timezone.utc).isoformat(timespec="microseconds"),
-                author=who, step=step, metrics=clean_metrics, provenance=prov,
-                quant=config.to_dict() if config is not None else None, quality=quality_record,
-                chain_depth=max((r.depth for r in records), default=0),
-            )
-            cid = writer.add(commit.encode())
-            writer.flush()
-            self.store.update_refs([RefUpdate(ref, parent, cid)], f"commit: {commit.summary}")
-        # The commit has landed: what follows only speeds up later commits and checkouts,
-        # so a failure here (a full disk) is a warning, never a reported failed commit.
-        for name, q in qmap.items():
-            if q is not None:
-                self._levels.put((snap_id, name), q)
+            if plan.quantized or parent != plan.parent.commit:
+                # Records read under the lock: the deltas are made against them.
+                plan = plan.against(self._parent_info(parent, bool(plan.quantized)))
+            records = pipeline.write(plan, plan.names, blobs=self.store,
+                                     read_quantized=read_quantized, bases=bases)
+            cid, snap_id = pipeline.publish(plan, records, info, blobs=self.store,
+                                            refs=self.store, ref=ref)
+        self._remember_levels(cid, snap_id, plan.quantized, bases)
+        return cid
+
+    def _commit_settings(self) -> pipeline.CommitSettings:
+        get = self.config.get
+        return pipeline.CommitSettings(
+            lossless_codec=str(get("commit.lossless_codec")),
+            chunk_size=int(get("commit.chunk_mib")) << 20,
+            base_every=int(get("commit.base_every")),
+            delta_max_ratio=float(get("commit.delta_max_ratio")),
+            chain_budget=float(get("commit.chain_budget")))
+
+    def _quantization(self, lossless, quant, policy, quality, epsilon, space
+                      ) -> pipeline.Quantization:
+        """How this commit stores tensors, from its arguments and `commit.*` config."""
+        if quant is not None and not isinstance(quant, QuantConfig):
+            raise UsageError(f"quant must be a mvc.quant.QuantConfig, got {type(quant).__name__}")
+        if quality is not None and not callable(quality):
+            raise UsageError("quality must be a callable taking the candidate state")
+        if space is not None:
+            if not isinstance(space, SearchSpace):
+                raise UsageError(f"space must be a mvc.search.SearchSpace, got {type(space).__name__}")
+            if quant is not None or lossless:
+                raise UsageError("space= selects the config search: it cannot be combined with "
+                                 "quant= or lossless=True")
+        mode = self.config.get("commit.mode")
+        if lossless or (quant is None and space is None and mode == "lossless"):
+            return pipeline.Quantization("lossless", policy=policy)
+        optimizer = str(self.config.get("commit.optimizer"))
+        if quant is None and space is None and mode == "fixed":
+            configured = self.config.get("commit.quant")
+            if not configured:
+                raise UsageError("commit.mode is 'fixed' but commit.quant is not set")
+            quant = QuantConfig.from_dict(configured)
+        if quant is not None:
+            return pipeline.Quantization("fixed", config=quant, policy=policy, optimizer=optimizer)
+        if epsilon is None and quality is not None:
+            epsilon = self.config.get("quality.epsilon")
+        return pipeline.Quantization("search", space=space, quality=quality, epsilon=epsilon,
+                                     policy=policy, optimizer=optimizer)
+
+    def _parent_info(self, cid: str | None, records: bool = True) -> pipeline.ParentInfo:
+        """The commit `cid` as a parent (None: an unborn branch); `records=False` skips reading
+        its snapshot (an exact commit needs only the id)."""
+        if cid is None:
+            return pipeline.ParentInfo()
+        if not records:
+            return pipeline.ParentInfo(cid)
+        c = self.read_commit(cid)
+        return pipeline.ParentInfo.of(cid, c, c.snapshot, self.read_snapshot(c.snapshot))
+
+    def _parent_centroids(self) -> dict[str, torch.Tensor]:
+        """HEAD's centroids by tensor name (what a commit warm-starts k-means from)."""
+        return pipeline.parent_centroids(self._parent_info(self.head()),
+                                         functools.partial(lossy.read_quantized, self))
+
+    def _remember_levels(self, cid: str, snap_id: str, quantized: Mapping[str, Any],
+                         bases: pipeline.Bases) -> None:
+        """Keep a landed commit's levels for later commits and checkouts.
+
+        Only a speed-up: a failure here (a full disk) is a warning, never a reported
+        failed commit."""
+        for name, q in quantized.items():
+            self._levels.put((snap_id, name), q)
         if self.disk_levels is not None:
             try:
                 self.disk_levels.save(snap_id, bases)
@@ -371,127 +391,7 @@ class Repo:
                 warnings.warn(MvcWarning(
                     f"commit {cid[:12]} is stored, but its level cache was not written "
                     f"({getattr(exc, 'strerror', None) or exc}); checkouts of it walk its "
-                    "delta chains instead"), stacklevel=2)
-        return cid
-
-    def _plan(self, flat, lossless, quant, policy, grads, quality, epsilon):
-        """(config or None, name -> QuantizedTensor or None, quality record, HEAD's centroids)."""
-        from mvc.quant import QuantConfig
-
-        if quant is not None and not isinstance(quant, QuantConfig):
-            raise UsageError(f"quant must be a mvc.quant.QuantConfig, got {type(quant).__name__}")
-        if quality is not None and not callable(quality):
-            raise UsageError("quality must be a callable taking the candidate state")
-        mode = self.config.get("commit.mode")
-        if lossless or (quant is None and mode == "lossless"):
-            return None, {}, None, {}
-        if quant is None and mode == "fixed":
-            configured = self.config.get("commit.quant")
-            if not configured:
-                raise UsageError("commit.mode is 'fixed' but commit.quant is not set")
-            quant = QuantConfig.from_dict(configured)
-        init = self._parent_centroids()
-        if quant is not None:
-            qmap, record = self._quantize(flat.tensors, quant, policy, grads, init)
-            return quant, qmap, record, init
-        return (*self._search(flat, policy, grads, quality, epsilon, init), init)
-
-    def _parent_centroids(self) -> dict[str, torch.Tensor]:
-        """HEAD's centroids by tensor name: warm starts keep levels (and deltas) stable.
-
-        Only a hint: HEAD may move before the lock is taken, which costs nothing
-        but compression.
-        """
-        head = self.head()
-        if head is None:
-            return {}
-        sid = self.read_commit(head).snapshot
-        out = {}
-        for rec in self.read_snapshot(sid).tensors:
-            if rec.codec in lossy.QUANT_CODECS:
-                out[rec.name] = lossy.read_quantized(self, sid, rec).centroids
-        return out
-
-    def _compress_optimizer(self, tensors, qmap, init) -> dict[str, str]:
-        """Add optimizer moments to `qmap` when `commit.optimizer` is "compressed"; name -> domain.
-
-        `init`: HEAD's centroids by name (`_parent_centroids`), to warm-start the moments' k-means.
-        """
-        policy = self.config.get("commit.optimizer")
-        if policy == "exact":
-            return {}
-        if policy != "compressed":
-            raise UsageError(f"commit.optimizer must be 'exact' or 'compressed', got {policy!r}")
-        from mvc.quant.optimizer import quantize_optimizer_state
-
-        domains = {}
-        for name, oq in quantize_optimizer_state(tensors, qmap, init=init).items():
-            qmap[name] = oq.q
-            domains[name] = oq.domain
-        return domains
-
-    @staticmethod
-    def _moment_bounds(tensors, domains: dict[str, str]) -> dict[str, dict]:
-        """Extra record meta for compressed first moments: their second-moment partner and
-        the largest |m| / sqrt(v) of the exact state, so restore can keep Adam's step bounded."""
-        out = {}
-        for name, domain in domains.items():
-            partner = name + "_sq"
-            if domain != "linear" or not name.endswith("exp_avg") or partner not in tensors:
-                continue
-            m, v = tensors[name].detach().float(), tensors[partner].detach().float()
-            if m.shape != v.shape:
-                continue
-            pos = v > 0
-            ratio = (m[pos].abs() / v[pos].sqrt()).max().item() if bool(pos.any()) else 0.0
-            out[name] = {"partner": partner, "ratio_bound": float(ratio)}
-        return out
-
-    def _search(self, flat, policy, grads, quality, epsilon, init):
-        from mvc.quant import QuantConfig
-        from mvc.search import find_config
-
-        previous = None
-        head = self.head()
-        if head is not None:
-            prev = self.read_commit(head).quant
-            if prev:
-                try:
-                    previous = QuantConfig.from_dict(prev)
-                except MvcError:  # written by another version: start afresh
-                    previous = None
-        evaluate = None
-        if quality is not None:
-            skeleton = flat.skeleton
-
-            def evaluate(candidate: dict[str, torch.Tensor]) -> float:
-                return quality(unflatten(skeleton, candidate))
-        if epsilon is None:
-            epsilon = self.config.get("quality.epsilon") if quality is not None else None
-        result = find_config(flat.tensors, evaluate=evaluate, epsilon=epsilon, previous=previous,
-                             grads=grads, policy=policy or _default_policy(),
-                             metric_name=getattr(quality, "__name__", None) if quality else None,
-                             init=init)
-        if result.config is None:
-            return None, {}, dict(result.quality, stored="lossless: no feasible configuration")
-        return result.config, result.qmap, result.quality
-
-    def _quantize(self, tensors, config, policy, grads, init=None):
-        """(name -> QuantizedTensor or None, quality record) for a fixed config."""
-        from mvc.quant import quantize_state
-
-        qmap = quantize_state(tensors, config, policy or _default_policy(), grads,
-                              nonfinite="lossless", init=init)
-        err = ref = 0.0
-        for name, q in qmap.items():
-            if q is not None:
-                w = tensors[name].detach()
-                err += float(torch.linalg.vector_norm((q.dequantize() - w).float())) ** 2
-                ref += float(torch.linalg.vector_norm(w.float())) ** 2
-        rel = (err / ref) ** 0.5 if ref > 0 else 0.0
-        quality = {"metric": "rel_l2_weights", "value": rel, "baseline": 0.0, "bound": None,
-                   "quantized_tensors": sum(q is not None for q in qmap.values())}
-        return qmap, quality
+                    "delta chains instead"), stacklevel=3)
 
     # ------------------------------------------------------------------ checkout
     def read_state(self, rev: str = "HEAD", *, map_location: str | torch.device | None = None) -> Any:
@@ -581,13 +481,6 @@ def _neg_time(c: Commit) -> float:
         return -datetime.fromisoformat(c.time).timestamp()
     except ValueError:
         return 0.0
-
-
-def _default_policy():
-    # Weights only: optimizer state has its own path (`commit.optimizer`).
-    from mvc.search import default_policy
-
-    return default_policy()
 
 
 def _check_metrics(metrics: Mapping[str, float] | None) -> dict[str, float]:

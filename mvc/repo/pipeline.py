@@ -1,0 +1,436 @@
+"""The commit pipeline in three stages: plan -> write -> publish.
+
+    plan     flatten the state and decide, per tensor, how it is stored: an exact codec, or
+             quantized (a fixed config, the config search, optimizer-moment compression,
+             first-moment bounds).  No store writes.
+    write    encode the tensors a caller names and store their payload chunks; returns the
+             `TensorRecord`s.  Chunks are content-addressed, so writing is idempotent: any
+             number of processes may write disjoint or even overlapping names of one plan at
+             once, and the same name always yields the same record.
+    publish  the snapshot (every record + the skeleton), the commit object and one ref
+             compare-and-swap: the commit point.  Once, by one process.
+
+`Repo.commit` runs the three in one process, holding the repository write lock from
+write to publish so that commits from several processes serialize.  A sharded save (a
+`torch.distributed.checkpoint` StorageWriter) runs `plan` where the whole state is known,
+ships the plan, runs `write(plan.subset(mine), mine, ...)` on every rank and
+`publish(plan, records_of_all_ranks, ...)` once, under the write lock.
+
+A `CommitPlan` is **picklable** (plain dataclasses of tensors, `QuantizedTensor`s, records
+and JSON-able values; no callables, no store handles): ship it to the ranks rather than
+re-deriving it.  Re-deriving is possible -- `plan` is deterministic given the state, the
+parent and the quantization settings (k-means is seeded; the search too, for a
+deterministic quality function) -- but a lossy plan needs the whole state (the search
+evaluates the model, first-moment bounds pair the two Adam moments), so only a process
+holding the whole state can derive it.
+
+The pipeline never sees `Repo`: it takes the blob store (`put` / `put_many` / `has`), a
+`read_quantized(snapshot_id, record)` for the parent's quantized tensors, the ref store
+for the one compare-and-swap and plain configuration values (`CommitSettings`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+import torch
+
+from mvc.codecs.base import BytesLike, tensor_codec
+from mvc.errors import InternalError, MvcError, UsageError
+from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy
+from mvc.repo import lossy
+from mvc.repo.objects import Commit, Snapshot, TensorRecord
+from mvc.repo.tensors import ChunkWriter
+from mvc.search.space import SearchSpace
+from mvc.state import FlatState, unflatten
+from mvc.store import ObjectMissingError, RefUpdate, object_id
+
+#: Tensors this small are stored raw: a codec header would cost more than it saves.
+RAW_BELOW_BYTES = 64
+
+#: read_quantized(snapshot id, record) -> the record's QuantizedTensor (walking its chain).
+ReadQuantized = Callable[[str, TensorRecord], QuantizedTensor]
+
+
+class BlobSink(Protocol):
+    """The part of a blob store the pipeline writes through."""
+
+    def put(self, data: BytesLike) -> str: ...
+
+    def put_many(self, items: Iterable[BytesLike]) -> list[str]: ...
+
+    def has(self, oid: str) -> bool: ...
+
+
+class RefSink(Protocol):
+    """The part of a ref store `publish` moves a ref through (compare-and-swap + reflog)."""
+
+    def update_refs(self, updates: Sequence[RefUpdate], reason: str) -> None: ...
+
+
+class IncompleteCommitError(UsageError):
+    """`publish` was handed records that do not cover the plan exactly (a tensor missing, one
+    the plan does not name, or two different records for one name)."""
+
+    exit_code = 117
+
+
+class MissingChunkError(ObjectMissingError):
+    """A record handed to `publish` names a chunk the store does not hold (never written, or
+    removed by a gc that ran between write and publish): nothing is published."""
+
+    exit_code = 118
+
+
+# ---------------------------------------------------------------------------- inputs
+
+@dataclass(frozen=True)
+class CommitSettings:
+    """The configuration values a commit uses, read once (plain values: picklable)."""
+
+    lossless_codec: str = "lossless/1"
+    chunk_size: int = 32 << 20
+    base_every: int = 64
+    delta_max_ratio: float = 1.0
+    chain_budget: float = 8.0
+    raw_below: int = RAW_BELOW_BYTES
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """How a commit stores its tensors: `mode` "lossless", "fixed" (`config`) or "search"
+    (`space`, judged by `quality(candidate_state) -> loss` within `epsilon`, or by the proxy);
+    `optimizer` "exact" or "compressed" (Adam moments, ExCP-style)."""
+
+    mode: str = "lossless"
+    config: QuantConfig | None = None
+    space: SearchSpace | None = None
+    quality: Callable[[Any], float] | None = None
+    epsilon: float | None = None
+    policy: QuantPolicy | None = None
+    optimizer: str = "exact"
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("lossless", "fixed", "search"):
+            raise UsageError(f"commit mode must be lossless, fixed or search, got {self.mode!r}")
+        if self.mode == "fixed" and not isinstance(self.config, QuantConfig):
+            raise UsageError("a fixed-config commit needs a mvc.quant.QuantConfig")
+        if self.optimizer not in ("exact", "compressed"):
+            raise UsageError(f"commit.optimizer must be 'exact' or 'compressed', "
+                             f"got {self.optimizer!r}")
+
+
+@dataclass(frozen=True)
+class ParentInfo:
+    """The commit a plan is written against: its id (None: the branch is unborn), snapshot,
+    recorded quantization config and quantized records by name (all a delta needs)."""
+
+    commit: str | None = None
+    snapshot: str | None = None
+    quant: dict | None = None
+    records: dict[str, TensorRecord] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, commit_id: str, commit: Commit, snapshot_id: str, snapshot: Snapshot
+           ) -> ParentInfo:
+        """From the parent's commit and snapshot objects (`snapshot_id`: the id the commit
+        names; deltas record that one, so gc's replacements keep serving them)."""
+        return cls(commit_id, snapshot_id, commit.quant,
+                   {r.name: r for r in snapshot.tensors if lossy.is_quantized(r)})
+
+
+# ---------------------------------------------------------------------------- plan
+
+@dataclass
+class CommitPlan:
+    """What `write` encodes and `publish` records: picklable, see the module docstring.
+
+    names:     every tensor of the state, in flatten order (the snapshot's record order).
+    tensors:   name -> tensor; a `subset` keeps only the names one writer handles.
+    quantized: name -> QuantizedTensor for the tensors stored quantized; others are exact.
+    domains:   name -> "log" / "linear" for compressed optimizer moments.
+    moments:   name -> {"partner", "ratio_bound"} for compressed Adam first moments.
+    config / quality: the QuantConfig (as a dict) and the quality record the commit records.
+    """
+
+    names: list[str]
+    tensors: dict[str, torch.Tensor]
+    skeleton: dict
+    quantized: dict[str, QuantizedTensor]
+    domains: dict[str, str]
+    moments: dict[str, dict]
+    config: dict | None
+    quality: dict | None
+    parent: ParentInfo
+    settings: CommitSettings
+
+    def subset(self, names: Iterable[str]) -> CommitPlan:
+        """The same plan carrying only `names`' tensors: what one writer needs to be sent."""
+        keep = set(names)
+        unknown = keep - set(self.names)
+        if unknown:
+            raise UsageError(f"not in the plan: {sorted(unknown)[:5]}")
+        return dataclasses.replace(
+            self, tensors={n: t for n, t in self.tensors.items() if n in keep},
+            quantized={n: q for n, q in self.quantized.items() if n in keep})
+
+    def against(self, parent: ParentInfo) -> CommitPlan:
+        """The plan written against another parent (the branch moved since it was made): the
+        quantization stays (the parent's centroids were only a warm start), deltas follow."""
+        return dataclasses.replace(self, parent=parent)
+
+
+def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
+         read_quantized: ReadQuantized, settings: CommitSettings,
+         grads: Mapping[str, torch.Tensor] | None = None) -> CommitPlan:
+    """Decide how each tensor of `flat` is stored (see `Quantization`); no store writes.
+
+    `parent`: the commit the plan is written against; its centroids warm-start k-means
+    (levels, and so deltas, stay stable) and its recorded config starts the search's
+    neighbourhood.  `grads` (by flattened name, e.g. an EMA of gradients) enables
+    sensitivity-based protect / prune.
+    """
+    config: QuantConfig | None = None
+    qmap: dict[str, QuantizedTensor | None] = {}
+    quality: dict | None = None
+    init: dict[str, torch.Tensor] = {}
+    if how.mode != "lossless":
+        init = parent_centroids(parent, read_quantized)
+        if how.mode == "fixed":
+            config = how.config
+            qmap, quality = quantize_fixed(flat.tensors, how.config, how.policy, grads, init)
+        else:
+            config, qmap, quality = search(flat, how, parent, grads, init)
+    domains = compress_optimizer(flat.tensors, qmap, init, how.optimizer) if config else {}
+    return CommitPlan(
+        names=list(flat.tensors), tensors=dict(flat.tensors), skeleton=flat.skeleton,
+        quantized={n: q for n, q in qmap.items() if q is not None}, domains=domains,
+        moments=moment_bounds(flat.tensors, domains),
+        config=config.to_dict() if config is not None else None, quality=quality,
+        parent=parent, settings=settings)
+
+
+def parent_centroids(parent: ParentInfo, read_quantized: ReadQuantized) -> dict[str, torch.Tensor]:
+    """The parent's centroids by tensor name: warm starts keep levels (and deltas) stable."""
+    if parent.snapshot is None:
+        return {}
+    return {name: read_quantized(parent.snapshot, rec).centroids
+            for name, rec in parent.records.items()}
+
+
+def quantize_fixed(tensors: Mapping[str, torch.Tensor], config: QuantConfig | None,
+                   policy: QuantPolicy | None, grads: Mapping[str, torch.Tensor] | None,
+                   init: Mapping[str, torch.Tensor] | None = None
+                   ) -> tuple[dict[str, QuantizedTensor | None], dict]:
+    """(name -> QuantizedTensor or None, quality record) for one config."""
+    from mvc.quant import quantize_state
+
+    assert config is not None
+    qmap = quantize_state(tensors, config, policy or _default_policy(), grads,
+                          nonfinite="lossless", init=init)
+    err = ref = 0.0
+    for name, q in qmap.items():
+        if q is not None:
+            w = tensors[name].detach()
+            err += float(torch.linalg.vector_norm((q.dequantize() - w).float())) ** 2
+            ref += float(torch.linalg.vector_norm(w.float())) ** 2
+    rel = (err / ref) ** 0.5 if ref > 0 else 0.0
+    quality = {"metric": "rel_l2_weights", "value": rel, "baseline": 0.0, "bound": None,
+               "quantized_tensors": sum(q is not None for q in qmap.values())}
+    return qmap, quality
+
+
+def search(flat: FlatState, how: Quantization, parent: ParentInfo,
+           grads: Mapping[str, torch.Tensor] | None, init: Mapping[str, torch.Tensor]
+           ) -> tuple[QuantConfig | None, dict[str, QuantizedTensor | None], dict]:
+    """The commit hook: the most compressive config of `how.space` within `how.epsilon`,
+    starting from the parent's config (Inshrinkerator §5)."""
+    from mvc.search import find_config
+
+    previous = None
+    if parent.quant:
+        try:
+            previous = QuantConfig.from_dict(parent.quant)
+        except MvcError:  # written by another version: start afresh
+            previous = None
+    evaluate = None
+    quality = how.quality
+    if quality is not None:
+        skeleton = flat.skeleton
+
+        def evaluate(candidate: dict[str, torch.Tensor]) -> float:
+            return quality(unflatten(skeleton, candidate))
+    result = find_config(flat.tensors, evaluate=evaluate, epsilon=how.epsilon, previous=previous,
+                         grads=grads, policy=how.policy or _default_policy(), space=how.space,
+                         metric_name=getattr(quality, "__name__", None) if quality else None,
+                         init=init)
+    if result.config is None:
+        return None, {}, dict(result.quality, stored="lossless: no feasible configuration")
+    return result.config, dict(result.qmap), result.quality
+
+
+def compress_optimizer(tensors: Mapping[str, torch.Tensor],
+                       qmap: dict[str, QuantizedTensor | None],
+                       init: Mapping[str, torch.Tensor], policy: str) -> dict[str, str]:
+    """Add optimizer moments to `qmap` when `policy` is "compressed"; name -> domain.
+
+    `init`: the parent's centroids by name, to warm-start the moments' k-means.
+    """
+    if policy == "exact":
+        return {}
+    from mvc.quant.optimizer import quantize_optimizer_state
+
+    domains = {}
+    for name, oq in quantize_optimizer_state(tensors, qmap, init=init).items():
+        qmap[name] = oq.q
+        domains[name] = oq.domain
+    return domains
+
+
+def moment_bounds(tensors: Mapping[str, torch.Tensor], domains: Mapping[str, str]
+                  ) -> dict[str, dict]:
+    """Extra record meta for compressed first moments: their second-moment partner and
+    the largest |m| / sqrt(v) of the exact state, so restore can keep Adam's step bounded."""
+    out = {}
+    for name, domain in domains.items():
+        partner = name + "_sq"
+        if domain != "linear" or not name.endswith("exp_avg") or partner not in tensors:
+            continue
+        m, v = tensors[name].detach().float(), tensors[partner].detach().float()
+        if m.shape != v.shape:
+            continue
+        pos = v > 0
+        ratio = (m[pos].abs() / v[pos].sqrt()).max().item() if bool(pos.any()) else 0.0
+        out[name] = {"partner": partner, "ratio_bound": float(ratio)}
+    return out
+
+
+def _default_policy() -> QuantPolicy:
+    # Weights only: optimizer state has its own path (`commit.optimizer`).
+    from mvc.search import default_policy
+
+    return default_policy()
+
+
+# ---------------------------------------------------------------------------- write
+
+#: name -> (base encoding, dtype, shape) of each quantized tensor written: what the level
+#: cache keeps so later processes decode one base instead of walking a chain.
+Bases = dict[str, tuple[Any, torch.dtype, tuple[int, ...]]]
+
+
+def write(plan: CommitPlan, names: Iterable[str], *, blobs: BlobSink,
+          read_quantized: ReadQuantized, bases: Bases | None = None) -> list[TensorRecord]:
+    """Encode and store `names` (tensors of `plan`); returns their records, in plan order.
+
+    Every chunk a returned record names is stored when this returns.  Idempotent and safe
+    to run in several processes at once, on disjoint or overlapping names: objects are
+    content-addressed and the encoding is deterministic, so a name always gives the same
+    record.  A quantized tensor equal to the parent's is the parent's record, reused as is;
+    otherwise it is a delta against the parent or a base (`lossy.choose_encoding`).
+    `bases`, when given, receives each quantized tensor's base encoding (for the level cache).
+    """
+    wanted = set(names)
+    unknown = wanted - set(plan.names)
+    if unknown:
+        raise UsageError(f"not in the plan: {sorted(unknown)[:5]}")
+    missing = [n for n in wanted if n not in plan.tensors]
+    if missing:
+        raise UsageError(f"this plan does not carry the tensors of {sorted(missing)[:5]} "
+                         "(a subset made for another writer)")
+    s = plan.settings
+    exact, raw = tensor_codec(s.lossless_codec), tensor_codec("raw/1")
+    parent = plan.parent
+    writer = ChunkWriter(blobs, s.chunk_size)
+    records: list[TensorRecord] = []
+    for name in (n for n in plan.names if n in wanted):
+        t = plan.tensors[name]
+        q = plan.quantized.get(name)
+        if q is None:
+            small = t.numel() * t.element_size() < s.raw_below
+            records.append(writer.write(t, raw if small else exact, name))
+            continue
+        domain = plan.domains.get(name, "linear")
+        prec = parent.records.get(name)
+        pinfo = None
+        if (prec is not None and parent.snapshot is not None
+                and prec.meta.get("domain", "linear") == domain):
+            pq = read_quantized(parent.snapshot, prec)
+            if lossy.same_quantization(q, pq):
+                # Unchanged since the parent: reuse its record (and chunks) as is,
+                # so an unchanged checkpoint re-commits to an identical snapshot.
+                records.append(prec)
+                continue
+            pinfo = (parent.snapshot, prec, pq)
+        cname, enc, extra, depth, base = lossy.choose_encoding(
+            q, pinfo, s.base_every, s.delta_max_ratio, s.chain_budget)
+        if domain != "linear":
+            extra = dict(extra, domain=domain)
+        if name in plan.moments:
+            extra = dict(extra, moment=plan.moments[name])
+        if bases is not None:
+            bases[name] = (base, q.dtype, tuple(q.shape))
+        records.append(writer.write_encoded(enc, cname, name, q.dtype, tuple(q.shape), extra,
+                                            depth, raw_bytes=t.numel() * t.element_size()))
+    writer.flush()
+    return records
+
+
+# ---------------------------------------------------------------------------- publish
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """What a commit object says besides its snapshot and parents (all plain values)."""
+
+    message: str
+    author: str
+    step: int | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    provenance: dict | None = None
+    time: str | None = None  # ISO 8601; None: now
+
+
+def publish(plan: CommitPlan, records: Iterable[TensorRecord], info: CommitInfo, *,
+            blobs: BlobSink, refs: RefSink, ref: str) -> tuple[str, str]:
+    """Write the snapshot and the commit object, then move `ref` from the plan's parent to the
+    commit (compare-and-swap: `RefConflictError` if it moved).  Returns (commit id, snapshot id).
+
+    `records`: from every writer, in any order and with repeats; they must cover the plan's
+    names exactly (IncompleteCommitError) and every chunk they name must be stored
+    (MissingChunkError; nothing is published).  Call it under the repository write lock, as
+    gc takes it too: objects written but not yet reachable are what gc removes.
+    """
+    by_name: dict[str, TensorRecord] = {}
+    for rec in records:
+        seen = by_name.setdefault(rec.name, rec)
+        if seen != rec:
+            raise IncompleteCommitError(f"two different records for tensor {rec.name!r}")
+    missing = [n for n in plan.names if n not in by_name]
+    extra = sorted(set(by_name) - set(plan.names))
+    if missing or extra:
+        raise IncompleteCommitError(
+            f"records do not match the plan: missing {missing[:5]}, not planned {extra[:5]}")
+    ordered = [by_name[n] for n in plan.names]
+    for rec in ordered:
+        for oid in rec.chunks:
+            if not blobs.has(oid):
+                raise MissingChunkError(oid)
+    snap_data = Snapshot(ordered, plan.skeleton).encode()
+    parent = plan.parent.commit
+    commit = Commit(
+        parents=[parent] if parent else [], snapshot=object_id(snap_data),
+        message=info.message,
+        time=info.time or datetime.now(timezone.utc).isoformat(timespec="microseconds"),
+        author=info.author, step=info.step, metrics=dict(info.metrics),
+        provenance=info.provenance, quant=plan.config, quality=plan.quality,
+        chain_depth=max((r.depth for r in ordered), default=0),
+    )
+    # Both objects in one transaction (one fsync), then the ref: the commit point.
+    sid, cid = blobs.put_many([snap_data, commit.encode()])
+    if sid != commit.snapshot:
+        raise InternalError(f"snapshot stored as {sid}, expected {commit.snapshot}")
+    refs.update_refs([RefUpdate(ref, parent, cid)], f"commit: {commit.summary}")
+    return cid, sid
