@@ -9,6 +9,8 @@ side by side in this run:
   RLE  sign-trick RLE + Huffman of the delta, original order
   PE   RLE + Huffman per parent-level group (Alg. 5/6; `qdelta/1`, ours)
 
+(HE and RLE are benchmark code, benchmarks/delta_ablations.py: mvc never writes them)
+
 plus BASE (every checkpoint stored as `qbase/1`, no delta) as a reference.
 Reported: stored bytes (payload + JSON meta) and the compression ratio against
 the fp32 bytes of the quantized tensors, per checkpoint and overall; the "state"
@@ -29,6 +31,7 @@ against torch.load, and storage against checkout of every commit per chain polic
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import sys
@@ -41,6 +44,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script, like the others
 
+from benchmarks import delta_ablations  # noqa: E402
 from benchmarks.delta_checkout import (checkout_times, policy_sweep, print_checkout,  # noqa: E402
                                        print_policies)
 from benchmarks.trajectory import Checkpoint, TrajectoryConfig, checkpoints  # noqa: E402
@@ -48,7 +52,10 @@ from mvc.codecs import quantized as qc  # noqa: E402
 from mvc.quant import QuantConfig, QuantizedTensor, quantize_state  # noqa: E402
 
 MODES = ("he", "rle", "pe")
-ENCODERS = {"he": qc.encode_delta_he, "rle": qc.encode_delta_rle, "pe": qc.encode_delta}
+ENCODERS = {"he": functools.partial(delta_ablations.encode, "he"),
+            "rle": functools.partial(delta_ablations.encode, "rle"), "pe": qc.encode_delta}
+DECODERS = {"he": functools.partial(delta_ablations.decode, "he"),
+            "rle": functools.partial(delta_ablations.decode, "rle"), "pe": qc.decode_delta}
 TARGET_PE_OVER_RLE = 1.3
 VARYING_BINS = (8, 12, 16, 24, 32, 20)
 
@@ -173,7 +180,7 @@ def run_sequence(name: str, cks: Sequence[Checkpoint], bins_for: Sequence[int],
                 level_sizes[mode] += sum(enc.meta["sections"][2:])
                 if verify:
                     t0 = time.perf_counter()
-                    r = qc.decode_delta(enc.meta, _payload(enc), q.dtype, shape, p.levels)
+                    r = DECODERS[mode](enc.meta, _payload(enc), q.dtype, shape, p.levels)
                     secs[mode]["decode"] += time.perf_counter() - t0
                     _check(q, r, f"{name} ckpt {ck.index} {tname} {mode}")
         prev = {k: v for k, v in quant.items() if v is not None}

@@ -193,6 +193,59 @@ def rle_decode(tokens: np.ndarray, n: int) -> np.ndarray:
     return np.array(out, dtype=np.int64)
 
 
+# ---- quantization-aware delta rearrangement (Inshrinkerator Alg. 5 and 6) -----
+# Plain numpy (a stable argsort) against which the fused native passes of
+# mvc.codecs.delta_groups are checked.
+
+def _same_length(a: np.ndarray, b: np.ndarray) -> None:
+    if a.size != b.size:
+        raise RefError(f"level streams differ in length: {a.size} vs {b.size}")
+
+
+def delta_dtype(modulus: int) -> np.dtype:
+    return np.dtype(np.uint8 if modulus <= 1 << 8 else np.uint16)
+
+
+def cyclic_delta(prev: np.ndarray, cur: np.ndarray, modulus: int) -> np.ndarray:
+    """D = (prev - cur) mod `modulus`, as the narrowest unsigned dtype."""
+    _same_length(prev, cur)
+    d = prev.astype(np.int32) - cur.astype(np.int32)
+    np.remainder(d, modulus, out=d)
+    return d.astype(delta_dtype(modulus))
+
+
+def apply_cyclic_delta(prev: np.ndarray, delta: np.ndarray, modulus: int) -> np.ndarray:
+    """Inverse of `cyclic_delta`: cur = (prev - D) mod `modulus`, as int32."""
+    _same_length(prev, delta)
+    cur = prev.astype(np.int32) - delta.astype(np.int32)
+    np.remainder(cur, modulus, out=cur)
+    return cur
+
+
+def _order(parent: np.ndarray) -> np.ndarray:
+    # Stable: within a group parameters keep their original (C) order, which
+    # is what lets the decoder rebuild the same permutation from the parent.
+    return np.argsort(parent.reshape(-1), kind="stable")
+
+
+def split_by_parent(values: np.ndarray, parent: np.ndarray, n_groups: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Alg. 5: (values in group order, counts per group)."""
+    flat = values.reshape(-1)
+    _same_length(flat, parent.reshape(-1))
+    counts = np.bincount(parent.reshape(-1), minlength=n_groups)[:n_groups].astype(np.int64)
+    return flat[_order(parent)], counts
+
+
+def merge_by_parent(grouped: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """Alg. 6: the inverse of `split_by_parent`, rebuilt from the parent alone."""
+    flat_parent = parent.reshape(-1)
+    _same_length(grouped, flat_parent)
+    out = np.empty_like(grouped)
+    out[_order(flat_parent)] = grouped
+    return out
+
+
 ZJ, NCLS, SYM_ESC = 64, 44, 65472
 SYM_VAL, SYM_RUN = ZJ * NCLS, SYM_ESC + 1
 

@@ -11,9 +11,8 @@ The codec uses the fused native passes (`native/groups.c`): `grouped_delta`
 computes D = (parent - cur) mod B and scatters it into group order in one
 O(n) counting-sort pass; `apply_grouped_delta` is Alg. 6 fused with the
 inverse delta and the range checks.  Level and delta arrays are uint8 when B
-<= 256, else uint16 (`delta_dtype`).  `split_by_parent` / `merge_by_parent` /
-`cyclic_delta` / `apply_cyclic_delta` are the same operations in plain numpy
-(a stable radix argsort), kept as the readable reference the tests compare to.
+<= 256, else uint16 (`delta_dtype`).  The same operations in plain numpy, the
+readable reference the tests compare these to, are in tests/reference_coders.py.
 """
 from __future__ import annotations
 
@@ -30,7 +29,6 @@ __all__ = [
     "GroupedDeltaError", "LevelRangeError",
     "delta_dtype", "group_counts", "grouped_delta", "apply_grouped_delta", "decode_levels",
     "ChainWalker", "group_slices",
-    "cyclic_delta", "apply_cyclic_delta", "split_by_parent", "merge_by_parent",
 ]
 
 MAX_GROUPS = 1 << 16
@@ -249,45 +247,3 @@ def group_slices(counts: np.ndarray) -> list[slice]:
     ends = np.cumsum(counts)
     starts = ends - counts
     return [slice(int(s), int(e)) for s, e in zip(starts, ends)]
-
-
-# --------------------------------------------------------------------------- numpy reference
-
-def cyclic_delta(prev: np.ndarray, cur: np.ndarray, modulus: int) -> np.ndarray:
-    """Reference: D = (prev - cur) mod `modulus`, as the narrowest unsigned dtype."""
-    _check_same_length(prev, cur)
-    d = prev.astype(np.int32) - cur.astype(np.int32)
-    np.remainder(d, modulus, out=d)
-    return d.astype(delta_dtype(modulus))
-
-
-def apply_cyclic_delta(prev: np.ndarray, delta: np.ndarray, modulus: int) -> np.ndarray:
-    """Reference inverse of `cyclic_delta`: cur = (prev - D) mod `modulus`, as int32."""
-    _check_same_length(prev, delta)
-    cur = prev.astype(np.int32) - delta.astype(np.int32)
-    np.remainder(cur, modulus, out=cur)
-    return cur
-
-
-def _order(parent: np.ndarray) -> np.ndarray:
-    # Stable: within a group parameters keep their original (C) order, which
-    # is what lets the decoder rebuild the same permutation from the parent.
-    return np.argsort(parent.reshape(-1), kind="stable")
-
-
-def split_by_parent(values: np.ndarray, parent: np.ndarray, n_groups: int
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """Reference Alg. 5: (values in group order, counts per group)."""
-    flat = values.reshape(-1)
-    _check_same_length(flat, parent.reshape(-1))
-    counts = np.bincount(parent.reshape(-1), minlength=n_groups)[:n_groups].astype(np.int64)
-    return flat[_order(parent)], counts
-
-
-def merge_by_parent(grouped: np.ndarray, parent: np.ndarray) -> np.ndarray:
-    """Reference Alg. 6: the inverse of `split_by_parent`, rebuilt from the parent alone."""
-    flat_parent = parent.reshape(-1)
-    _check_same_length(grouped, flat_parent)
-    out = np.empty_like(grouped)
-    out[_order(flat_parent)] = grouped
-    return out

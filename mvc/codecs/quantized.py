@@ -14,9 +14,9 @@ values are stored as in the base.  Decoding (Alg. 6) rebuilds the grouping
 from the parent's levels, so no permutation is stored.  A group whose deltas
 are all zero (the common case late in training) is stored as zero bytes.
 
-Two ablations share the delta format and decoder, for the benchmark: mode
-"he" (Huffman of D, original order) and mode "rle" (RLE + Huffman of D,
-original order); "pe" is the real codec.
+Every delta records `meta["mode"] = "pe"` (parent-level grouping); the
+decoder refuses any other mode.  The benchmark's ablations in original order
+(Huffman of D, RLE + Huffman of D) live in benchmarks/delta_ablations.py.
 
 Layout of every payload: centroids | protected | level sections, with each
 section's byte length and an xxh3-64 of the payload in `meta`; decoding
@@ -45,20 +45,17 @@ from mvc.native.status import NativeDecodeError
 from mvc.quant import QuantizedTensor, level_dtype
 
 __all__ = [
-    "QBASE", "QDELTA", "QDELTA_RLE", "QDELTA_HE", "DELTA_MODES",
+    "QBASE", "QDELTA",
     "QuantPayloadError", "QuantChecksumError", "DeltaParentError", "DeltaShapeError",
     "QuantInputError",
-    "encode_base", "decode_base", "encode_delta", "encode_delta_rle", "encode_delta_he",
+    "encode_base", "decode_base", "encode_delta",
     "decode_delta", "decode_chain", "encoded_size", "QBaseCodec", "QDeltaCodec", "QBASE_CODEC",
     "QDELTA_CODEC", "DeltaParentMissingError",
 ]
 
 QBASE = "qbase/1"
 QDELTA = "qdelta/1"
-# Benchmark-only names for the ablations; never written by the repository.
-QDELTA_RLE = "qdelta-rle/1"
-QDELTA_HE = "qdelta-he/1"
-DELTA_MODES = {"pe": QDELTA, "rle": QDELTA_RLE, "he": QDELTA_HE}
+_MODE = "pe"  # meta["mode"] of every qdelta/1 payload: deltas grouped by parent level
 
 # A level stream is Huffman coded as uint8 or uint16 symbols.
 MAX_LEVELS = 1 << 16
@@ -326,15 +323,21 @@ def decode_base(meta: Mapping[str, Any], payload: BytesLike, dtype: torch.dtype,
 
 # --------------------------------------------------------------------------- delta
 
-def _encode_stream(d: np.ndarray, mode: str) -> bytes:
+def _encode_stream(d: np.ndarray) -> bytes:
     # An all-zero stream (nothing migrated) costs nothing: the decoder knows its length.
     if d.size == 0 or not d.any():
         return b""
-    return _huffman_encode(d) if mode == "he" else _rle_encode(d)
+    return _rle_encode(d)
 
 
-def _encode_delta(q: Any, parent_levels: torch.Tensor, parent_n_levels: int, mode: str,
-                  config: Optional[Mapping[str, Any]]) -> Encoded:
+def encode_delta(q: Any, parent_levels: torch.Tensor, parent_n_levels: int, *,
+                 config: Optional[Mapping[str, Any]] = None) -> Encoded:
+    """Encode `q` against the same tensor's levels in the parent (codec ``qdelta/1``).
+
+    `parent_levels` are the parent's decoded levels (any integer dtype, any
+    device, same shape as `q`), `parent_n_levels` its level count (bins + 2).
+    Raises DeltaShapeError when the shapes differ: the caller stores a base.
+    """
     if not 2 <= int(parent_n_levels) <= MAX_LEVELS:
         raise QuantInputError(f"parent_n_levels must be in [2, {MAX_LEVELS}], got {parent_n_levels}")
     n_prev = int(parent_n_levels)
@@ -348,46 +351,19 @@ def _encode_delta(q: Any, parent_levels: torch.Tensor, parent_n_levels: int, mod
     parent = _levels_np(parent_levels, n_prev, "parent levels", dt, check=False)
     levels = levels.astype(dt, copy=False)
     try:
-        if mode == "pe":
-            counts = dg.group_counts(parent, n_prev)
-            d = dg.grouped_delta(parent, levels, modulus, counts)
-            streams = [_encode_stream(d[s], mode) for s in dg.group_slices(counts)]
-        else:
-            dg.group_counts(parent, n_prev)  # range check only
-            streams = [_encode_stream(dg.grouped_delta(parent, levels, modulus, None), mode)]
+        counts = dg.group_counts(parent, n_prev)
+        d = dg.grouped_delta(parent, levels, modulus, counts)
+        streams = [_encode_stream(d[s]) for s in dg.group_slices(counts)]
     except dg.LevelRangeError as exc:
         raise QuantInputError(f"parent levels: {exc}") from exc
     prot_bytes, prot_meta = _encode_protected(prot)
     parts = [cent.tobytes(), prot_bytes, *streams]
     meta = {
-        "mode": mode, "bins": k, "numel": int(levels.size), "n_protected": n_prot, **prot_meta,
+        "mode": _MODE, "bins": k, "numel": int(levels.size), "n_protected": n_prot, **prot_meta,
         "parent_n_levels": n_prev, "sections": [len(p) for p in parts],
         "xxh3": _checksum(parts), **_config_meta(config),
     }
-    return Encoded(meta=meta, parts=parts, extra={"codec": DELTA_MODES[mode]})
-
-
-def encode_delta(q: Any, parent_levels: torch.Tensor, parent_n_levels: int, *,
-                 config: Optional[Mapping[str, Any]] = None) -> Encoded:
-    """Encode `q` against the same tensor's levels in the parent (codec ``qdelta/1``).
-
-    `parent_levels` are the parent's decoded levels (any integer dtype, any
-    device, same shape as `q`), `parent_n_levels` its level count (bins + 2).
-    Raises DeltaShapeError when the shapes differ: the caller stores a base.
-    """
-    return _encode_delta(q, parent_levels, parent_n_levels, "pe", config)
-
-
-def encode_delta_rle(q: Any, parent_levels: torch.Tensor, parent_n_levels: int, *,
-                     config: Optional[Mapping[str, Any]] = None) -> Encoded:
-    """Ablation "RLE": RLE + Huffman of the delta in original order (benchmark only)."""
-    return _encode_delta(q, parent_levels, parent_n_levels, "rle", config)
-
-
-def encode_delta_he(q: Any, parent_levels: torch.Tensor, parent_n_levels: int, *,
-                    config: Optional[Mapping[str, Any]] = None) -> Encoded:
-    """Ablation "HE": Huffman of the delta in original order (benchmark only)."""
-    return _encode_delta(q, parent_levels, parent_n_levels, "he", config)
+    return Encoded(meta=meta, parts=parts, extra={"codec": QDELTA})
 
 
 class _DeltaParts:
@@ -396,13 +372,12 @@ class _DeltaParts:
     def __init__(self, meta: Mapping[str, Any], payload: BytesLike, dtype: torch.dtype,
                  shape: Sequence[int]):
         self.numel, self.k, self.n_prot = _common_parts(meta, dtype, shape)
-        self.mode = meta.get("mode")
-        if self.mode not in DELTA_MODES:
-            raise QuantPayloadError(f"unknown delta mode {self.mode!r}")
+        mode = meta.get("mode")
+        if mode != _MODE:  # the repository writes no other (the ablations are benchmark code)
+            raise QuantPayloadError(f"unknown delta mode {mode!r}: {QDELTA} writes {_MODE!r} only")
         self.n_prev = _int_field(meta, "parent_n_levels", 2, MAX_LEVELS)
         self.modulus = max(self.n_prev, self.k + 2)
-        n_sections = self.n_prev if self.mode == "pe" else 1
-        secs = _sections(meta, payload, 2 + n_sections)
+        secs = _sections(meta, payload, 2 + self.n_prev)
         self._secs = secs
         self._meta, self.dtype, self.shape = meta, dtype, tuple(shape)
         self.lengths = list(meta["sections"][2:])
@@ -442,24 +417,24 @@ def decode_delta(meta: Mapping[str, Any], payload: BytesLike, dtype: torch.dtype
                  shape: Sequence[int], parent_levels: torch.Tensor):
     """Rebuild the QuantizedTensor from a delta and the parent's levels (Alg. 6).
 
-    Decodes every mode (``pe``, ``rle``, ``he``).  `parent_levels` may be of
-    any integer dtype and any shape with the right number of elements (a
-    flattened cache works).  Raises DeltaParentError if they cannot be the
-    parent this delta was encoded against.
+    `parent_levels` may be of any integer dtype and any shape with the right
+    number of elements (a flattened cache works).  Raises DeltaParentError if
+    they cannot be the parent this delta was encoded against, QuantPayloadError
+    for a payload of any mode but "pe" (the only one the repository writes).
     """
     parts = _DeltaParts(meta, payload, dtype, shape)
     parent = _parent_np(parts, parent_levels)
     with _level_errors(parts):
         levels, n_top = dg.decode_levels(
-            parent, parts.n_prev, parts.modulus, parts.k + 2, grouped=parts.mode == "pe",
-            rle=parts.mode != "he", sections=parts.levels_view, lengths=parts.lengths)
+            parent, parts.n_prev, parts.modulus, parts.k + 2, grouped=True, rle=True,
+            sections=parts.levels_view, lengths=parts.lengths)
     return parts.assemble(levels, n_top)
 
 
 def _walkable(meta: Mapping[str, Any]) -> bool:
     """Whether a delta's meta says the chain walker can take it (checked again on decode)."""
     k, n_prev, numel = meta.get("bins"), meta.get("parent_n_levels"), meta.get("numel")
-    if meta.get("mode") != "pe" or not all(type(v) is int for v in (k, n_prev, numel)):
+    if meta.get("mode") != _MODE or not all(type(v) is int for v in (k, n_prev, numel)):
         return False
     return dg.ChainWalker.supports(numel, max(n_prev, k + 2))
 
