@@ -20,12 +20,19 @@ import time
 from pathlib import Path
 
 import pytest
+from store_contract import ObjectStoreTests, blob
 
 from mvc.store import (
-    FormatTooNewError, LmdbStore, LockError, ObjectStore, RefUpdate, StoreExistsError,
-    StoreFormatError, StoreNotFoundError)
+    FormatTooNewError,
+    LmdbStore,
+    LockError,
+    ObjectStore,
+    RefUpdate,
+    StoreExistsError,
+    StoreFormatError,
+    StoreNotFoundError,
+)
 from mvc.store.lmdb_env import STORE_NEW, STORE_OLD
-from store_contract import ObjectStoreTests, blob
 
 MiB = 1 << 20
 
@@ -81,7 +88,7 @@ def store(root: Path):
 def run_py(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run a Python snippet in a fresh interpreter (no state shared with this process)."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def spawn_py(code: str, *args: str) -> subprocess.Popen:
@@ -297,9 +304,8 @@ def test_write_lock_across_processes(store: LmdbStore, root: Path) -> None:
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "held"
-        with pytest.raises(LockError) as ei:
-            with store.write_lock(timeout=0.3):
-                pass
+        with pytest.raises(LockError) as ei, store.write_lock(timeout=0.3):
+            pass
         assert f"pid {child.pid}" in str(ei.value)
         child.stdin.write("\n")
         child.stdin.flush()

@@ -173,7 +173,7 @@ class _Any:
 
     _instance: _Any | None = None
 
-    def __new__(cls) -> _Any:
+    def __new__(cls) -> _Any:  # noqa: PYI034 - a singleton; typing.Self needs Python 3.11
         if cls._instance is None:
             cls._instance = super().__new__(cls)
         return cls._instance

@@ -131,9 +131,9 @@ class EnvHandle:
         size = os.path.getsize(data) if os.path.exists(data) else 0
         map_size = max(self.initial_map_size, round_up(size, self.initial_map_size)
                        + self.initial_map_size)
-        kwargs: dict[str, Any] = dict(
-            map_size=map_size, subdir=True, max_dbs=len(DB_NAMES) + 4, create=create,
-            max_spare_txns=0)
+        kwargs: dict[str, Any] = {
+            "map_size": map_size, "subdir": True, "max_dbs": len(DB_NAMES) + 4, "create": create,
+            "max_spare_txns": 0}
         if create:
             kwargs["lib_version"] = 0  # LMDB 0.9 data format: readable by every tool
         try:
