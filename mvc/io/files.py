@@ -35,6 +35,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 import torch
 
+from mvc.dtypes import dtype_name
 from mvc.errors import DiskFullError, MvcError, UsageError, is_disk_full
 
 TORCH_SUFFIXES = frozenset({".pt", ".pth", ".ckpt", ".bin"})
@@ -405,8 +406,8 @@ class _TorchZip:
             storage, first_dtype, first_numel = self._loaded[key]
             if (first_dtype, first_numel) != (dtype, numel):
                 raise CorruptCheckpointError(
-                    f"{self.target}: storage record {name} is read as {numel} x {_dtype_name(dtype)} and as "
-                    f"{first_numel} x {_dtype_name(first_dtype)}; torch.save writes one dtype per storage"
+                    f"{self.target}: storage record {name} is read as {numel} x {dtype_name(dtype)} and as "
+                    f"{first_numel} x {dtype_name(first_dtype)}; torch.save writes one dtype per storage"
                 )
             return storage
         data = self._validated_record(name, dtype, numel)
@@ -434,7 +435,7 @@ class _TorchZip:
         need = numel * dtype.itemsize
         if record.size != need:
             raise CorruptCheckpointError(
-                f"{where} is {record.size} bytes, but data.pkl reads it as {numel} x {_dtype_name(dtype)} "
+                f"{where} is {record.size} bytes, but data.pkl reads it as {numel} x {dtype_name(dtype)} "
                 f"({need} bytes)"
             )
         if record.size and (record.start % self.alignment or record.start % dtype.itemsize):
@@ -450,10 +451,6 @@ class _TorchZip:
                 f"{where}: torch finds it at offset {torch_offset}, the zip directory at {record.start}"
             )
         return record
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _forbidden_globals(target: Path, message: str) -> list[str]:

@@ -6,6 +6,7 @@ from typing import Iterable, Iterator
 import torch
 
 from mvc.codecs.base import BytesLike, TensorCodec, get_codec
+from mvc.dtypes import bits_view, dtype_name, parse_dtype
 from mvc.errors import DataError
 from mvc.repo.objects import TensorRecord
 from mvc.store import object_id
@@ -13,17 +14,6 @@ from mvc.store import object_id
 #: Small payloads are written in batches so a model with thousands of small
 #: tensors costs a few write transactions (each one an fsync), not thousands.
 BATCH_BYTES = 64 << 20
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    dt = getattr(torch, name, None)
-    if not isinstance(dt, torch.dtype):
-        raise DataError(f"unknown dtype {name!r} in snapshot (written by a newer torch?)")
-    return dt
 
 
 def _rechunk(parts: Iterable[BytesLike], size: int) -> Iterator[BytesLike]:
@@ -107,8 +97,7 @@ def _contiguous_bits(t: torch.Tensor) -> torch.Tensor:
     try:
         return t.contiguous()
     except (RuntimeError, NotImplementedError):  # sub-byte dtypes (uint1..7) have no copy kernel
-        ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-        return t.view(ints).contiguous().view(t.dtype)
+        return bits_view(t).contiguous().view(t.dtype)
 
 
 class PayloadSizeError(DataError):

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from mvc.dtypes import dtype_name, parse_dtype
 from mvc.errors import DataError, MvcError
 
 # JSON numbers beyond 2**53 lose precision in most non-Python readers.
@@ -93,7 +94,7 @@ def encode_leaf(value: Any, path: tuple) -> Any:
     if kind is bytearray:
         return {"t": "bytearray", "b64": _b64(bytes(value))}
     if kind is torch.dtype:
-        return {"t": "dtype", "v": str(value).removeprefix("torch.")}
+        return {"t": "dtype", "v": dtype_name(value)}
     if kind is torch.Size:
         return {"t": "size", "v": list(value)}
     if kind is torch.device:
@@ -166,10 +167,7 @@ def decode_leaf(node: Any) -> Any:
 
 
 def _decode_dtype(node: dict) -> torch.dtype:
-    dtype = getattr(torch, node["v"], None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown torch dtype {node['v']!r}")
-    return dtype
+    return parse_dtype(node["v"], "state remainder")
 
 
 def _decode_ndarray(node: dict) -> Any:

@@ -34,6 +34,7 @@ from typing import Any, Mapping
 
 import torch
 
+from mvc.dtypes import bits_view, dtype_name, parse_dtype
 from mvc.errors import DataError, MvcError, UsageError
 from mvc.state.leaves import decode_leaf, encode_leaf, unsupported
 
@@ -43,9 +44,6 @@ SKELETON_FORMAT = 1
 #: nested deeper is hostile, and is refused before recursing into it.
 MAX_SKELETON_DEPTH = 400
 _ROOT_NAME = "tensor"  # name of a tensor that is the whole state
-# Integer dtypes per element size: layout copies go through them so that every
-# dtype (even those without copy kernels, like uint4) moves bit-exactly.
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class SkeletonTooDeepError(DataError):
@@ -234,7 +232,7 @@ class _Flattener:
                     records[i] = self._record(i, "view", offset)
             tensors[first.name] = entry
             entries[first.name] = {
-                "dtype": _dtype_name(entry.dtype),
+                "dtype": dtype_name(entry.dtype),
                 "shape": list(entry.shape),
                 "device": str(entry.device),
             }
@@ -249,7 +247,7 @@ class _Flattener:
         t = obj.tensor
         record = {
             "kind": kind,
-            "dtype": _dtype_name(t.dtype),
+            "dtype": dtype_name(t.dtype),
             "shape": list(t.shape),
             "stride": list(t.stride()),
             "param": obj.param,
@@ -281,10 +279,6 @@ def _segment(key: Any) -> str:
 def _sorted_nodes(nodes: Any) -> list:
     # Set iteration order varies between runs; sort to keep skeletons stable.
     return sorted(nodes, key=lambda node: json.dumps(node, sort_keys=True))
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _is_dense(shape: tuple, stride: tuple) -> bool:
@@ -386,7 +380,7 @@ class _Builder:
         dtype = _dtype(info["dtype"])
         if stored.dtype != dtype or list(stored.shape) != list(info["shape"]):
             raise DataError(
-                f"stored tensor {name!r} is {_dtype_name(stored.dtype)}{list(stored.shape)}, "
+                f"stored tensor {name!r} is {dtype_name(stored.dtype)}{list(stored.shape)}, "
                 f"expected {info['dtype']}{list(info['shape'])}"
             )
         base = stored.detach().to(self._device(info["device"]))
@@ -425,7 +419,7 @@ class _Builder:
                 raise DataError(f"malformed state skeleton: tensor {name!r} has a non-dense layout")
             else:
                 out = torch.empty_strided(shape, stride, dtype=base.dtype, device=base.device)
-                _bits(out).copy_(_bits(base))
+                bits_view(out).copy_(bits_view(base))
                 base = out
             # Later objects of this entry share the re-laid-out storage.
             self.bases[name] = base
@@ -435,7 +429,7 @@ class _Builder:
         self, name: str, base: torch.Tensor, dtype: torch.dtype, shape: tuple, stride: tuple, offset: int
     ) -> torch.Tensor:
         if not base.is_contiguous() or base.storage_offset() != 0:
-            base = _bits(base).clone(memory_format=torch.contiguous_format).view(base.dtype)
+            base = bits_view(base).clone(memory_format=torch.contiguous_format).view(base.dtype)
             self.bases[name] = base
         size = torch.empty(0, dtype=dtype).element_size()
         extent = (sum((n - 1) * s for n, s in zip(shape, stride)) + 1) * size
@@ -489,16 +483,7 @@ def _children(node: Any) -> list:
 
 
 def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise DataError(f"state uses torch dtype {name!r}, which this torch does not have")
-    return dtype
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """Same-shape integer view of `t`, so copies are bit-exact for every dtype."""
-    bits = _BITS.get(t.element_size())
-    return t if bits is None or t.dtype == bits else t.view(bits)
+    return parse_dtype(name, "state")
 
 
 def _same_addressing(shape: tuple, stride_a: tuple, stride_b: tuple) -> bool:

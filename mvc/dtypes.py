@@ -1,0 +1,42 @@
+"""Torch dtypes as mvc stores them: the one set of dtype helpers.
+
+Snapshots (tensor records), state skeletons and leaves, and checkpoint-file
+messages all name a dtype by torch's attribute name ("float32", "bfloat16");
+bit-exact copies go through the integer dtype of the same element size.  A
+bottom module beside `mvc.errors`: every layer may use it.
+"""
+from __future__ import annotations
+
+import torch
+
+from mvc.errors import DataError
+
+__all__ = ["BITS_DTYPES", "bits_view", "dtype_name", "parse_dtype"]
+
+#: The integer dtype of each element size: views through it move any dtype
+#: bit-exactly, even those without copy kernels (uint1..7, float8 variants).
+BITS_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The stored name of `dtype`: torch's attribute name, e.g. "float32"."""
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(name: object, where: str = "snapshot") -> torch.dtype:
+    """The torch dtype a stored name denotes.
+
+    `DataError` naming `where` for a name this torch lacks (written by a newer
+    one) or that is no dtype name at all.
+    """
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise DataError(f"unknown torch dtype {name!r} in {where} (written by a newer torch?)")
+    return dtype
+
+
+def bits_view(t: torch.Tensor) -> torch.Tensor:
+    """Same-shape integer view of `t` (same element size), so copies of it are bit-exact;
+    `t` itself when it is that integer dtype already or no integer dtype has its size."""
+    bits = BITS_DTYPES.get(t.element_size())
+    return t if bits is None or t.dtype == bits else t.view(bits)
