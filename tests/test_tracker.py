@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from mvc.integrations import Tracker, TrackerError, clone_to_cpu
+from mvc.quant import QuantConfig
 from mvc.repo.repository import Repo
+from mvc.search import SearchSpace
 from test_search_driver import _one_thread, digits, mlp  # noqa: F401  (the fixture is reused)
 
 EPS = 0.01
@@ -203,8 +205,8 @@ def test_clone_to_cpu_keeps_ties_and_metadata():
     assert not torch.equal(c["tied"], sd["weight"])
 
 
-class _OldStyleRepo:
-    """A Repo whose commit cannot search (no quality=): the Tracker searches itself."""
+class _RecordingRepo:
+    """Records what the Tracker passes to Repo.commit, and forwards all of it."""
 
     def __init__(self, repo):
         self._repo, self.calls = repo, []
@@ -212,25 +214,35 @@ class _OldStyleRepo:
     def __getattr__(self, name):
         return getattr(self._repo, name)
 
-    def commit(self, state, message, *, step=None, metrics=None, lossless=None, quant=None,
-               policy=None, grads=None):
-        self.calls.append({"quant": quant, "lossless": lossless, "grads": grads})
-        return self._repo.commit(state, message, step=step, metrics=metrics, lossless=lossless,
-                                 quant=quant, policy=policy, grads=grads)
+    def commit(self, state, message, **kw):
+        self.calls.append(kw)
+        return self._repo.commit(state, message, **kw)
 
 
-def test_searches_itself_when_repo_commit_cannot(tmp_path, data):
-    repo = _OldStyleRepo(Repo.init(tmp_path / "r"))
+def test_repo_commit_searches_the_trackers_space_once_per_commit(tmp_path, data, monkeypatch):
+    import mvc.search
+
+    searches = []
+    real = mvc.search.find_config
+    monkeypatch.setattr(mvc.search, "find_config",
+                        lambda *a, **kw: searches.append(kw.get("space")) or real(*a, **kw))
+    repo = _RecordingRepo(Repo.init(tmp_path / "r"))
+    space = SearchSpace(bins=(6, 8, 16), prune=(0.0, 0.1, 0.2), protect=(0.005, 0.01))
     model = mlp()
     opt = torch.optim.Adam(model.parameters(), 1e-3)
     quality = eval_loss(data)
-    tr = Tracker(repo, model, opt, quality=quality, every=30, grad_window=5)
+    tr = Tracker(repo, model, opt, quality=quality, every=30, grad_window=5, space=space)
     bases = []
     run(tr, model, opt, data, 60, before_commit=lambda: bases.append(quality(model)))
     modes = [h["mode"] for h in tr.history]
     assert modes[0] == "exhaustive" and modes[1] in ("neighbourhood", "fallback-exhaustive")
-    assert all(h["search_s"] is not None for h in tr.history)
-    assert repo.calls[0]["quant"] is not None and repo.calls[1]["quant"] == tr.previous
+    # Repo.commit ran the one search, in the Tracker's space; the Tracker handed down no config.
+    assert searches == [space, space]
+    assert all(c["space"] is space and "quant" not in c for c in repo.calls)
+    for c in repo.log():
+        cfg = QuantConfig.from_dict(c.quant)
+        assert cfg.bins in space.bins and cfg.prune in space.prune and cfg.protect in space.protect
+    assert tr.previous == QuantConfig.from_dict(repo.read_commit(repo.head()).quant)
     assert set(repo.calls[0]["grads"]) == {"model/" + n for n, _ in model.named_parameters()}
     fresh = mlp(seed=1)
     for h, base in zip(tr.history, bases):

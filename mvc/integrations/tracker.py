@@ -9,21 +9,22 @@
             tracker.commit(f"step {step}", background=True)
     tracker.wait()
 
-Gradient EMA.  `after_backward()` folds each parameter's gradient into
-EMA_t = beta g_t + (1 - beta) EMA_{t-1} (beta = 0.9, §4.5), but only during the
-`grad_window` steps before a scheduled commit (every `every` steps; with
-every=None, always).  On CUDA the gradient is copied asynchronously into pinned
-CPU memory and folded in at the next call, so the copy overlaps the optimizer
-step and the next forward pass; on CPU it is folded in place.  The EMA restarts
-after every commit.  It feeds sensitivity pruning/protection and is keyed by the
-flattened state name ``model/<parameter name>``.
+Gradient EMA.  `after_backward()` folds each parameter's gradient into a
+`GradientEMA` (mvc/integrations/grad_ema.py: EMA_t = beta g_t + (1 - beta) EMA_{t-1},
+beta = 0.9, §4.5), but only during the `grad_window` steps before a scheduled commit
+(every `every` steps; with every=None, always).  The EMA restarts after every commit.
+It feeds sensitivity pruning/protection and is keyed by the flattened state name
+``model/<parameter name>``.
 
-Quality.  `quality(model) -> float` (a loss, lower is better) is turned into the
-search's `evaluate(candidate_tensors)`: the candidate's ``model/...`` tensors are
-copied into the model under `torch.no_grad()`, `quality` runs, and the live values
-(and the train/eval mode) are put back exactly.  Background commits evaluate on a
-private copy of the model (made once, with `copy.deepcopy`, at the first
-background commit), since the live one keeps training meanwhile.
+Quality.  `quality(model) -> float` (a loss, lower is better) becomes the
+`quality(candidate_state)` that `Repo.commit` judges its search trials with: the
+candidate's model tensors are copied into the model under `torch.no_grad()`, `quality`
+runs, and the live values (and the train/eval mode) are put back exactly.  Background
+commits evaluate on a private copy of the model (made once, with `copy.deepcopy`, at the
+first background commit), since the live one keeps training meanwhile.
+
+The search itself is `Repo.commit`'s (with `space=`, `policy=`, `epsilon=` passed
+through): the Tracker keeps only the training-loop parts.
 
 Background commits.  `commit(..., background=True)` blocks only while the state
 is copied to CPU memory; search, encoding and writing run in one worker thread, in
@@ -34,22 +35,22 @@ A foreground commit or `restore` first waits for pending background commits.
 from __future__ import annotations
 
 import copy
-import inspect
 import threading
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
 from mvc.errors import MvcError, UsageError
-from mvc.state import flatten
+from mvc.integrations.grad_ema import BETA, GradientEMA
 from mvc.quant import QuantConfig, QuantPolicy
-from mvc.search import SearchSpace, find_config
+from mvc.search import SearchSpace
 from mvc.search.space import short
+from mvc.state import flatten
 
-BETA = 0.9
 _RESERVED = ("model", "optimizer")
 
 
@@ -98,21 +99,14 @@ def clone_to_cpu(obj: Any, _memo: dict | None = None) -> Any:
     return result
 
 
-def _accepts(fn: Callable, name: str) -> bool:
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 class Tracker:
     """Commits a model (+ optimizer + extra state) to an mvc repository from a training loop.
 
     `history` gets one dict per finished commit: commit id, step, background,
     blocking_s (time the training loop was blocked), job_s (search + encode + write),
-    search_s (the search alone, when the Tracker ran it), evaluations, mode,
-    degradation, config (short form) and the full quality record.  `previous` is the
-    config the next neighbourhood search starts from.
+    evaluations, mode, degradation, config (short form) and the full quality record.
+    `previous` is the config of the last commit (the next neighbourhood search starts
+    from HEAD's).  `grad_ema` is the `GradientEMA` fed by `after_backward`.
     """
 
     def __init__(self, repo: Any, model: torch.nn.Module, optimizer: Any = None, *,
@@ -138,10 +132,7 @@ class Tracker:
         self.policy, self.space = policy, space
         self.steps = 0
         self.history: list[dict[str, Any]] = []
-        self._params = [("model/" + n, p) for n, p in model.named_parameters()]
-        self._ema: dict[str, torch.Tensor] = {}
-        self._staged: dict[str, tuple[torch.Tensor, Any]] = {}
-        self._staging: dict[str, torch.Tensor] = {}
+        self.grad_ema = GradientEMA(model, beta=self.beta)
         self._executor: ThreadPoolExecutor | None = None
         self._futures: list[Future] = []
         self._lock = threading.Lock()
@@ -164,43 +155,13 @@ class Tracker:
     def after_backward(self) -> None:
         """Call after `loss.backward()`: counts the step and accumulates the gradient EMA."""
         self._raise_pending()
-        self._fold_staged()
+        self.grad_ema.fold_pending()
         self.steps += 1
-        if not self.in_window(self.steps):
-            return
-        for name, p in self._params:
-            g = p.grad
-            if g is None or g.is_sparse:
-                continue
-            if g.device.type == "cuda":
-                buf = self._staging.get(name)
-                if buf is None or buf.shape != g.shape:
-                    buf = self._staging[name] = torch.empty(g.shape, dtype=torch.float32,
-                                                            pin_memory=True)
-                buf.copy_(g.detach(), non_blocking=True)
-                event = torch.cuda.Event()
-                event.record()
-                self._staged[name] = (buf, event)
-            else:
-                self._fold(name, g.detach())
-
-    def _fold(self, name: str, g: torch.Tensor) -> None:
-        ema = self._ema.get(name)
-        if ema is None or ema.shape != g.shape:
-            self._ema[name] = g.to(torch.float32, copy=True)
-        else:
-            ema.mul_(1.0 - self.beta).add_(g.to(torch.float32), alpha=self.beta)
-
-    def _fold_staged(self) -> None:
-        for name, (buf, event) in self._staged.items():
-            event.synchronize()
-            self._fold(name, buf)
-        self._staged.clear()
+        if self.in_window(self.steps):
+            self.grad_ema.accumulate()
 
     def _take_grads(self) -> dict[str, torch.Tensor]:
-        self._fold_staged()
-        grads, self._ema = self._ema, {}
-        return grads
+        return self.grad_ema.take()
 
     # ------------------------------------------------------------------ commit
     def commit(self, message: str, *, step: int | None = None,
@@ -254,38 +215,19 @@ class Tracker:
         flat = flatten(state).tensors
         grads = {k: g for k, g in grads.items()
                  if k in flat and tuple(flat[k].shape) == tuple(g.shape)}
-        commit = self.repo.commit
-        record: dict[str, Any] | None = None
-        search_s = None
-        if _accepts(commit, "quality") and (self.space is None or _accepts(commit, "space")):
-            kw: dict[str, Any] = {"quality": evaluate, "grads": grads}
-            if _accepts(commit, "epsilon"):
-                kw["epsilon"] = self.epsilon
-            if self.policy is not None:
-                kw["policy"] = self.policy
-            if self.space is not None:
-                kw["space"] = self.space
-            cid = commit(state, message, step=step, metrics=metrics, **kw)
-            record = self.repo.read_commit(cid).quality
-            qd = self.repo.read_commit(cid).quant
-            self.previous = QuantConfig.from_dict(qd) if qd else None
-        else:
-            # A Repo.commit that cannot run this search itself: search here, pass the config.
-            from mvc.search import default_policy
-
-            policy = self.policy or default_policy()
-            t1 = time.perf_counter()
-            res = find_config(flat, evaluate=evaluate, epsilon=self.epsilon,
-                              previous=self.previous, grads=grads, policy=policy,
-                              space=self.space, metric_name=self._metric_name())
-            search_s = time.perf_counter() - t1
-            cid = commit(state, message, step=step, metrics=metrics, quant=res.config,
-                         lossless=res.config is None, grads=grads, policy=policy)
-            record = res.quality
-            self.previous = res.config
+        kw: dict[str, Any] = {"quality": evaluate, "epsilon": self.epsilon, "grads": grads}
+        # Passed only when set, so a Repo stand-in without them keeps working.
+        if self.policy is not None:
+            kw["policy"] = self.policy
+        if self.space is not None:
+            kw["space"] = self.space
+        cid = self.repo.commit(state, message, step=step, metrics=metrics, **kw)
+        c = self.repo.read_commit(cid)
+        record = c.quality
+        self.previous = QuantConfig.from_dict(c.quant) if c.quant else None
         self.history.append({
             "commit": cid, "step": step, "background": background, "blocking_s": blocking,
-            "job_s": time.perf_counter() - t0, "search_s": search_s,
+            "job_s": time.perf_counter() - t0,
             "evaluations": (record or {}).get("evaluations"), "mode": (record or {}).get("mode"),
             "degradation": (record or {}).get("degradation"), "config": short(self.previous),
             "quality": record,
@@ -302,7 +244,7 @@ class Tracker:
 
         `candidate` is either the nested candidate state (``{"model": state_dict, ...}``,
         what `Repo.commit(quality=)` passes) or flat tensors (``{"model/<key>": ...}``,
-        what `find_config(evaluate=)` passes).
+        what `mvc.search.find_config(evaluate=)` passes).
         """
         quality = self.quality
         targets = model.state_dict(keep_vars=True)
@@ -366,7 +308,7 @@ class Tracker:
                 self._executor.shutdown(wait=True)
                 self._executor = None
 
-    def __enter__(self) -> "Tracker":
+    def __enter__(self) -> Tracker:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -393,7 +335,7 @@ class Tracker:
         if c.step is not None:
             self.steps = int(c.step)
         self.previous = QuantConfig.from_dict(c.quant) if c.quant else None
-        self._ema, self._staged = {}, {}
+        self.grad_ema.reset()
         return {k: v for k, v in state.items() if k not in _RESERVED}
 
     def _head_config(self) -> QuantConfig | None:
