@@ -36,20 +36,25 @@ import io
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script, like the others
 
-from benchmarks import delta_ablations  # noqa: E402
-from benchmarks.delta_checkout import (checkout_times, policy_sweep, print_checkout,  # noqa: E402
-                                       print_policies)
-from benchmarks.trajectory import Checkpoint, TrajectoryConfig, checkpoints  # noqa: E402
-from mvc.codecs import quantized as qc  # noqa: E402
-from mvc.quant import QuantConfig, QuantizedTensor, quantize_state  # noqa: E402
+from benchmarks import delta_ablations
+from benchmarks.delta_checkout import (
+    checkout_times,
+    policy_sweep,
+    print_checkout,
+    print_policies,
+)
+from benchmarks.trajectory import Checkpoint, TrajectoryConfig, checkpoints
+from mvc.codecs import quantized as qc
+from mvc.quant import QuantConfig, QuantizedTensor, quantize_state
 
 MODES = ("he", "rle", "pe")
 ENCODERS = {"he": functools.partial(delta_ablations.encode, "he"),
@@ -229,7 +234,7 @@ def _print_run(run: RunResult) -> None:
           f"(target PE/RLE >= {TARGET_PE_OVER_RLE}: {'PASS' if ok else 'MISS'})")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="HE vs RLE vs PE delta encoding on a real trajectory")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     ap.add_argument("--runs", default="fixed,fixed-cold,varying",

@@ -35,7 +35,7 @@ def _require_compiler() -> None:
 def _cdef_text(header: str) -> str:
     with open(header, encoding="utf-8") as fh:
         text = fh.read()
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.DOTALL)
     lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
     return "\n".join(lines)
 

@@ -250,7 +250,7 @@ ZJ, NCLS, SYM_ESC = 64, 44, 65472
 SYM_VAL, SYM_RUN = ZJ * NCLS, SYM_ESC + 1
 
 
-def _class_run(c: int, bits: "BitReader") -> int:
+def _class_run(c: int, bits: BitReader) -> int:
     if c < 16:
         return c + 1
     bl = c - 16 + 5

@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 import torch
 import xxhash
+from test_codec_quantized import assert_same, evolve, make_q, payload
 
 from mvc.codecs import quantized as qc
 from mvc.codecs.base import CodecError
-from test_codec_quantized import assert_same, evolve, make_q, payload
 
 # benchmarks/ sits beside tests/; appended, so the installed (or sanitized) mvc stays first.
 _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.append(_ROOT)
-from benchmarks import delta_ablations as abl  # noqa: E402
+from benchmarks import delta_ablations as abl
 
 ENCODERS = {"pe": qc.encode_delta,
             "rle": lambda q, p, n: abl.encode("rle", q, p, n),

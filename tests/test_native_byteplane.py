@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import reference_coders as ref
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import reference_coders as ref
 from mvc.native import byteplane
 from mvc.native.status import NativeArgumentError
 

@@ -12,14 +12,15 @@ import json
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_codec_quantized import assert_same, evolve, make_q, payload
 
 from mvc.codecs import delta_groups as dg
 from mvc.codecs import quantized as qc
 from mvc.codecs.base import CodecError
 from mvc.errors import InternalError
 from mvc.native import ffi, huffman, lib, rle
-from test_codec_quantized import assert_same, evolve, make_q, payload
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -154,7 +155,6 @@ def test_whole_stream_decoders_match_the_python_framing(seed, n, dtype):
 
 
 def test_checkout_errors_stay_codec_errors():
-    parent, parts = _walker_inputs(19)
     assert issubclass(dg.GroupedDeltaError, CodecError)
     assert issubclass(qc.QuantPayloadError, CodecError)
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import reference_coders as ref
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import reference_coders as ref
 from mvc.native import ffi, huffman, lib
 from mvc.native.status import NativeArgumentError, NativeDecodeError
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from mvc.errors import InternalError
 
+__all__ = ["NativeBuildError", "ffi", "lib"]
+
 _ABI_VERSION = 2
 
 

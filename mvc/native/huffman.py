@@ -23,8 +23,13 @@ from mvc.native._lib import ffi, lib
 from mvc.native._varint import get_varint, put_varint
 from mvc.native.buffers import borrow
 from mvc.native.parallel import pmap
-from mvc.native.status import (BytesLike, NativeArgumentError, check_decode, check_encode,
-                               NativeDecodeError)
+from mvc.native.status import (
+    BytesLike,
+    NativeArgumentError,
+    NativeDecodeError,
+    check_decode,
+    check_encode,
+)
 
 BLOCK_BYTES = 256 * 1024
 MODE_RAW, MODE_CONST, MODE_HUFFMAN, MODE_CONTEXT = 0, 1, 2, 3  # first byte of a block

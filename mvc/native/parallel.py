@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Callable, Iterable, Optional, TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    import numpy as np
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 _lock = threading.Lock()
-_pool: Optional[ThreadPoolExecutor] = None
+_pool: ThreadPoolExecutor | None = None
 _local = threading.local()
 
 
@@ -33,7 +37,7 @@ def worker_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def scratch(nbytes: int) -> "np.ndarray":
+def scratch(nbytes: int) -> np.ndarray:
     """A per-thread reusable uint8 buffer of at least `nbytes`.
 
     Fresh multi-megabyte numpy buffers are mmapped, so every use would pay
@@ -73,7 +77,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
-def pmap(fn: Callable[[T], R], items: Iterable[T], threads: Optional[int] = None) -> list[R]:
+def pmap(fn: Callable[[T], R], items: Iterable[T], threads: int | None = None) -> list[R]:
     """`[fn(x) for x in items]`, run on the pool when that can help.
 
     `threads=1` forces inline execution (used to measure the pool's speedup).

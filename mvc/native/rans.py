@@ -6,18 +6,24 @@ Format: docs/native-formats.md.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
 from mvc.native._lib import ffi, lib
 from mvc.native.buffers import borrow, nbytes
-from mvc.native.status import ERR_ARG, ERR_CAPACITY, BytesLike, check_decode, check_encode
+from mvc.native.status import (
+    ERR_ARG,
+    ERR_CAPACITY,
+    BytesLike,
+    check_decode,
+    check_encode,
+)
 
 MODE = 4
 
 
-def encode_block(src: Any, n: int) -> Optional[np.ndarray]:
+def encode_block(src: Any, n: int) -> np.ndarray | None:
     """rANS-code n bytes at cffi pointer `src`; None when the block has fewer than two
     distinct values or would not fit in its bound (use a Huffman block then)."""
     out = np.empty(int(lib.mvc_rans_bound(n)), dtype=np.uint8)

@@ -35,8 +35,13 @@ from mvc.native import huffman
 from mvc.native._lib import ffi, lib
 from mvc.native._varint import get_varint, put_varint
 from mvc.native.buffers import borrow
-from mvc.native.status import (BytesLike, NativeArgumentError, check_decode, check_encode,
-                               NativeDecodeError)
+from mvc.native.status import (
+    BytesLike,
+    NativeArgumentError,
+    NativeDecodeError,
+    check_decode,
+    check_encode,
+)
 
 _KIND = {np.dtype(np.uint8): 1, np.dtype(np.uint16): 2, np.dtype(np.int32): 4}
 _LIMIT = {1: 1 << 8, 2: 1 << 16, 4: 1 << 31}

@@ -8,11 +8,9 @@ they call a decoder and raise their `CodecError` from it.
 """
 from __future__ import annotations
 
-from typing import Union
-
 from mvc.errors import DataError, InternalError, UsageError
 
-BytesLike = Union[bytes, bytearray, memoryview]
+BytesLike = bytes | bytearray | memoryview
 
 OK = 0
 ERR_CORRUPT = -1

@@ -7,8 +7,9 @@ result is a floating-point sum.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,7 +33,9 @@ def parallel_chunks(n: int, fn: Callable[[int, int], None], *,
     if threads == 1:
         fn(0, n)
         return
-    from mvc.native.parallel import pmap  # the extension loads on first use, as in _lib()
+    from mvc.native.parallel import (
+        pmap,  # the extension loads on first use, as in _lib()
+    )
 
     step = -(-n // threads)
     pmap(lambda ab: fn(*ab), [(s, min(n, s + step)) for s in range(0, n, step)], threads)
