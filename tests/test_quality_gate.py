@@ -5,6 +5,7 @@ per-tensor distortion cap, and the record of which gate vouched for a commit.
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -321,3 +322,162 @@ def test_non_finite_candidate_outputs_are_infeasible(classifier):
         return out if exact else out * math.nan
     res = find_config(flat, evaluate=fidelity(broken, x))
     assert res.config is None and all(t["value"] is None for t in res.quality["trials"])
+
+
+# ------------------------------------------------------------------ through the repository
+def _search_repo(path):
+    from mvc.repo.repository import Repo
+
+    repo = Repo.init(path)
+    repo.config.set("commit.mode", "search")
+    repo.config.set("commit.optimizer", "exact")
+    return repo
+
+
+def _nested(flat: dict) -> dict:
+    return {"model": {k[len("model/"):]: v.clone() for k, v in flat.items()}}
+
+
+def test_repo_commit_with_fidelity_show_and_log(classifier, tmp_path):
+    from test_cli import run
+
+    _, flat, x, outputs_fn, calls = classifier
+    fid = fidelity(outputs_fn, x, metric="kl")
+    with _search_repo(tmp_path) as repo:
+        states = [_nested(flat), _nested({k: v * 1.1 for k, v in flat.items()})]
+        for i, state in enumerate(states):
+            calls.clear()
+            cid = repo.commit(state, f"c{i}", quality=fid)
+            q = repo.read_commit(cid).quality
+            assert q["gate"] == "fidelity" and q["fidelity"] <= fid.threshold
+            # the reference is this commit's own exact state, measured once
+            exact = [sd for sd in calls if all(torch.equal(sd[k], v) for k, v in state["model"].items())]
+            assert len(exact) == 1
+            with torch.no_grad():
+                value = _divergence("kl", outputs_fn(state, x), outputs_fn(repo.read_state(cid), x))
+            assert value == pytest.approx(q["fidelity"], abs=1e-5)
+    code, out, _ = run(tmp_path, "show")
+    assert code == 0
+    gate = next(line for line in out.splitlines() if line.startswith("Gate:"))
+    assert "fidelity (kl)" in gate and "nats <= 0.01" in gate and "tensor cap 0.35" in gate
+    code, out, _ = run(tmp_path, "log", "--json")
+    logged = json.loads(out)[0]["quality"]
+    assert logged["gate"] == "fidelity" and logged["tensor_cap"] == DEFAULT_TENSOR_CAP
+    assert logged["worst_tensor"] and logged["max_distortion"] <= DEFAULT_TENSOR_CAP
+    code, out, _ = run(tmp_path, "log")
+    assert "fidelity kl" in out
+
+
+def test_repo_per_example_gate_and_show(linear, tmp_path):
+    from test_cli import run
+
+    w, losses = linear
+    idx = torch.arange(2048)
+
+    def per_example(state):
+        return losses(state["model"]["fc.weight"], idx)
+    with _search_repo(tmp_path) as repo:
+        cid = repo.commit({"model": {"fc.weight": w}}, "per-example", quality=per_example)
+        q = repo.read_commit(cid).quality
+    assert q["gate"] == "per-example-ucb" and q["ucb"] <= 0.01 and q["examples"] == 2048
+    code, out, _ = run(tmp_path, "show")
+    assert code == 0
+    gate = next(line for line in out.splitlines() if line.startswith("Gate:"))
+    assert "per-example-ucb: 95% upper bound" in gate and "2048 examples" in gate
+
+
+def copy_of(net: torch.nn.Module) -> torch.nn.Module:
+    return copy.deepcopy(net)
+
+
+def test_tracker_with_fidelity(classifier, tmp_path):
+    from mvc.integrations import Tracker
+
+    net, _, x, _, _ = classifier
+    model = copy_of(net)
+    fid = fidelity(lambda m, inputs: 10.0 * m(inputs), x, metric="top1")
+    with _search_repo(tmp_path) as repo:
+        tracker = Tracker(repo, model, quality=fid)
+        cid = tracker.commit("tracked")
+        q = repo.read_commit(cid).quality
+        assert q["gate"] == "fidelity" and q["fidelity_metric"] == "top1"
+        assert q["fidelity"] <= fid.threshold
+        assert tracker.history[-1]["quality"]["gate"] == "fidelity"
+        restored = copy_of(net)
+        restored.load_state_dict(repo.read_state(cid)["model"])
+        with torch.no_grad():
+            flips = float((net(x).argmax(1) != restored(x).argmax(1)).double().mean())
+        assert flips == pytest.approx(q["fidelity"])
+        # the live model is back to its exact values after the search
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                     net.state_dict().values()))
+
+
+def test_cli_quality_hook_may_be_a_fidelity_object(tmp_path):
+    from test_cli import run
+
+    (tmp_path / "fidhook.py").write_text(
+        "import torch\n"
+        "from mvc.quality import fidelity\n"
+        "X = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))\n"
+        "def logits(state, x):\n"
+        "    m = state['model']\n"
+        "    return 5 * torch.relu(x @ m['fc1.weight'].T) @ m['fc2.weight'].T\n"
+        "fid = fidelity(logits, X, metric='cosine')\n")
+    g = torch.Generator().manual_seed(2)
+    state = {"model": {"fc1.weight": torch.randn(256, 128, generator=g) * 0.05,
+                       "fc2.weight": torch.randn(64, 256, generator=g) * 0.05}}
+    torch.save(state, tmp_path / "c.pt")
+    assert run(tmp_path, "init")[0] == 0
+    assert run(tmp_path, "config", "commit.mode", "search")[0] == 0
+    assert run(tmp_path, "config", "quality.hook", "fidhook:fid")[0] == 0
+    code, _, err = run(tmp_path, "commit", "-m", "fidelity hook", "c.pt")
+    assert code == 0, err
+    code, out, _ = run(tmp_path, "show", "--json")
+    q = json.loads(out)["quality"]
+    assert q["gate"] == "fidelity" and q["fidelity_metric"] == "cosine"
+    assert q["fidelity"] <= DEFAULT_THRESHOLDS["cosine"] and q["threshold"] == q["epsilon"]
+
+
+def test_config_tensor_cap_bounds_every_trial(tmp_path):
+    from mvc.repo.config import ConfigError
+
+    g = torch.Generator().manual_seed(3)
+    state = {"model": {"fc.weight": torch.randn(128, 128, generator=g)}}
+    with _search_repo(tmp_path) as repo:
+        for bad in (0, -0.5, "inf", "nan"):
+            with pytest.raises(ConfigError):
+                repo.config.set("quality.tensor_cap", bad)
+        repo.config.set("quality.tensor_cap", 1e-4)
+        c = repo.read_commit(repo.commit(state, "capped", quality=lambda s: 1.0))
+        assert c.quant is None and c.quality["tensor_cap"] == 1e-4
+        assert c.quality["stored"].startswith("lossless")
+        assert all("refused" in t for t in c.quality["trials"])
+        repo.config.set("quality.tensor_cap", 0.2)
+        c = repo.read_commit(repo.commit(state, "looser", quality=lambda s: 1.0))
+        assert c.quant is not None and c.quality["max_distortion"] <= 0.2
+
+
+def test_show_describes_every_gate_including_old_records():
+    from mvc.cli.commands_history import describe_gate, short_gate
+
+    old_proxy = {"metric": "proxy:magnitude_weighted_rel_l2", "baseline": 0.0, "value": 0.048,
+                 "degradation": 0.048, "epsilon": 0.05}
+    line = describe_gate(old_proxy)
+    assert line.startswith("proxy: weighted relative L2 reconstruction error 0.048 <= 0.05")
+    assert "not a loss bound" in line and "no tensor cap" in line
+    assert short_gate(old_proxy) == "proxy rel-L2 0.048 (bound 0.05)"
+    old_metric = {"metric": "quality:f", "baseline": 2.0, "value": 2.01, "degradation": 0.005,
+                  "epsilon": 0.01}
+    assert describe_gate(old_metric).startswith("metric: relative degradation +0.50% <= 1.00%")
+    fixed = {"metric": "rel_l2_weights", "value": 0.07, "baseline": 0.0, "bound": None}
+    assert describe_gate(fixed).startswith("none (fixed config")
+    suspicious = dict(old_metric, gate="per-example-ucb", ucb=-0.3, confidence=0.95,
+                      examples=20, suspicious=True, tensor_cap=0.35, max_distortion=0.2,
+                      worst_tensor="model/w")
+    line = describe_gate(suspicious)
+    assert "95% upper bound -30.00%" in line and "SUSPICIOUS" in line
+    assert "tensor cap 0.35 (worst 0.2, model/w)" in line
+    refused = {"metric": "fidelity:kl", "gate": "fidelity", "value": None, "degradation": None,
+               "epsilon": 0.01, "tensor_cap": 0.35, "stored": "lossless: no feasible configuration"}
+    assert describe_gate(refused).startswith("fidelity: no configuration passed")

@@ -36,9 +36,11 @@ def describe_quality(q: dict) -> str:
     """One line: which metric vouched for the commit, baseline, measured value, bound."""
     metric = q.get("metric", "?")
     parts = [metric]
-    if q.get("baseline") is not None and q.get("value") is not None:
+    # A proxy's or fidelity gate's value is not a relative loss change: no baseline, no %.
+    relative = _gate_name(q) in ("metric", "per-example-ucb")
+    if relative and q.get("baseline") is not None and q.get("value") is not None:
         parts.append(f"baseline {q['baseline']:.6g} -> {q['value']:.6g}")
-    if q.get("degradation") is not None:
+    if relative and q.get("degradation") is not None:
         parts.append(f"degradation {q['degradation']:+.3%} (bound {q.get('epsilon', 0):.2%})")
     elif q.get("value") is not None:
         parts.append(f"value {q['value']:.4g}")
@@ -47,6 +49,69 @@ def describe_quality(q: dict) -> str:
     if q.get("stored"):
         parts.append(q["stored"])
     return "; ".join(parts)
+
+
+def _gate_name(q: dict) -> str:
+    """The gate of a quality record; records written before issue 15 are inferred."""
+    gate = q.get("gate")
+    if gate:
+        return str(gate)
+    if q.get("metric") == "rel_l2_weights":
+        return "none"  # commit.mode = fixed: measured, never checked against a bound
+    return "proxy" if str(q.get("metric", "")).startswith("proxy") else "metric"
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.2%}"
+
+
+def describe_gate(q: dict) -> str:
+    """One line: which gate vouched for the commit, in its own units, and the tensor cap."""
+    gate = _gate_name(q)
+    eps = q.get("epsilon")
+    if gate == "none":
+        main = f"none (fixed config; relative L2 error of the weights {q.get('value', 0):.4g})"
+    elif q.get("value") is None:
+        main = f"{gate}: no configuration passed"
+    elif gate == "fidelity":
+        main = (f"fidelity ({q.get('fidelity_metric')}): {q.get('fidelity', q['value']):.4g} "
+                f"{q.get('units', '')} <= {q.get('threshold', eps):g}, agreement with the "
+                "exact checkpoint")
+    elif gate == "per-example-ucb":
+        ucb = q.get("ucb")
+        main = (f"per-example-ucb: {q.get('confidence', 0.95):.0%} upper bound "
+                f"{_pct(ucb) if ucb is not None else '?'} <= {eps:.2%} (mean "
+                f"{_pct(q['degradation'])}, {q.get('examples', '?')} examples)")
+    elif gate == "proxy":
+        main = (f"proxy: weighted relative L2 reconstruction error {q['value']:.4g} <= "
+                f"{eps:g} (not a loss bound)")
+    else:
+        main = (f"metric: relative degradation {_pct(q['degradation'])} <= {eps:.2%} "
+                "(one measurement, no noise bound)")
+    cap = q.get("tensor_cap")
+    if cap is not None:
+        worst = q.get("max_distortion")
+        main += f"; tensor cap {cap:g}"
+        if worst is not None:
+            main += f" (worst {worst:.3g}, {q.get('worst_tensor')})"
+    elif gate != "none":
+        main += "; no tensor cap"
+    if q.get("suspicious"):
+        main += "; SUSPICIOUS: measured better than the original beyond noise"
+    return main
+
+
+def short_gate(q: dict) -> str:
+    """The gate's measurement and bound, for `mvc log`."""
+    gate = _gate_name(q)
+    eps = q.get("epsilon", 0)
+    if gate == "fidelity":
+        return f"fidelity {q.get('fidelity_metric')} {q['degradation']:.3g} (bound {eps:g})"
+    if gate == "per-example-ucb" and q.get("ucb") is not None:
+        return f"quality ucb {_pct(q['ucb'])} (bound {eps:.2%})"
+    if gate == "proxy":
+        return f"proxy rel-L2 {q['degradation']:.3g} (bound {eps:g})"
+    return f"quality {_pct(q['degradation'])} (bound {eps:.2%})"
 
 
 def commit_dict(c: Commit) -> dict:
@@ -86,7 +151,7 @@ def log(rev: str, oneline: bool, graph: bool, max_count: int | None, as_json: bo
         if c.quant:
             extra.append(describe_quant(c.quant))
         if c.quality and c.quality.get("degradation") is not None:
-            extra.append(f"quality {c.quality['degradation']:+.2%} (bound {c.quality.get('epsilon', 0):.2%})")
+            extra.append(short_gate(c.quality))
         if extra:
             echo(f"{pad}Info:   {', '.join(extra)}")
         echo(pad)
@@ -130,6 +195,7 @@ def show(rev: str, as_json: bool) -> None:
         echo(f"Quant:   {describe_quant(c.quant)}")
     if c.quality:
         echo(f"Quality: {describe_quality(c.quality)}")
+        echo(f"Gate:    {describe_gate(c.quality)}")
     echo()
     for line in message_lines(c.message):
         echo(f"    {line}", multiline=True)

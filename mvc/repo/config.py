@@ -37,6 +37,9 @@ DEFAULTS: dict[str, Any] = {
     "quality.hook": None,
     # Bound on the relative degradation of quality.hook's value (the proxy has its own bound).
     "quality.epsilon": 0.01,
+    # Guard rail on every trial of the config search, whatever the quality gate: each quantized
+    # tensor's relative L2 error ||q - w|| / ||w|| must stay within it (provisional value).
+    "quality.tensor_cap": 0.35,
     # A quantized tensor is stored as a base at least every this many commits (0 = never forced):
     # caps the per-step overheads of long chains of tiny late-training deltas.
     "commit.base_every": 64,
@@ -76,6 +79,8 @@ _RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "commit.chunk_mib": (lambda v: 1 <= v <= 4096, "in [1, 4096]"),
     "core.lock_timeout": (lambda v: v >= 0.0 and math.isfinite(v), ">= 0 seconds"),
     "quality.epsilon": (lambda v: 0.0 < v < 1.0, "in (0, 1) (a relative degradation)"),
+    "quality.tensor_cap": (lambda v: v > 0.0 and math.isfinite(v),
+                           "> 0 (a relative L2 error; 1 or more: effectively no cap)"),
     "cache.levels_keep": (lambda v: v >= 0, ">= 0 (0: no level cache)"),
     "gc.max_chain": (lambda v: v >= 0, ">= 0 (0: no depth bound)"),
 }

@@ -102,8 +102,9 @@ class CommitSettings:
 @dataclass(frozen=True)
 class Quantization:
     """How a commit stores its tensors: `mode` "lossless", "fixed" (`config`) or "search"
-    (`space`, judged by `quality(candidate_state) -> loss` within `epsilon`, or by the proxy);
-    `optimizer` "exact" or "compressed" (Adam moments, ExCP-style)."""
+    (`space`, judged by `quality(candidate_state) -> loss` within `epsilon`, or by the proxy;
+    every trial keeps each quantized tensor's relative L2 error within `tensor_cap`, None: the
+    search's default); `optimizer` "exact" or "compressed" (Adam moments, ExCP-style)."""
 
     mode: str = "lossless"
     config: QuantConfig | None = None
@@ -112,6 +113,7 @@ class Quantization:
     epsilon: float | None = None
     policy: QuantPolicy | None = None
     optimizer: str = "exact"
+    tensor_cap: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("lossless", "fixed", "search"):
@@ -266,7 +268,7 @@ def search(flat: FlatState, how: Quantization, parent: ParentInfo,
     result = find_config(flat.tensors, evaluate=evaluate, epsilon=how.epsilon, previous=previous,
                          grads=grads, policy=how.policy or _default_policy(), space=how.space,
                          metric_name=getattr(quality, "__name__", None) if quality else None,
-                         init=init)
+                         init=init, tensor_cap=how.tensor_cap)
     if result.config is None:
         return None, {}, dict(result.quality, stored="lossless: no feasible configuration")
     return result.config, dict(result.qmap), result.quality

@@ -359,7 +359,8 @@ class Repo:
         if epsilon is None and quality is not None:
             epsilon = self.config.get("quality.epsilon")
         return pipeline.Quantization("search", space=space, quality=quality, epsilon=epsilon,
-                                     policy=policy, optimizer=optimizer)
+                                     policy=policy, optimizer=optimizer,
+                                     tensor_cap=self.config.get("quality.tensor_cap"))
 
     def _parent_info(self, cid: str | None, records: bool = True) -> pipeline.ParentInfo:
         """The commit `cid` as a parent (None: an unborn branch); `records=False` skips reading
