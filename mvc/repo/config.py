@@ -33,7 +33,8 @@ DEFAULTS: dict[str, Any] = {
     # moment k-means with joint weight-momentum pruning, second moment in the log domain).
     "commit.optimizer": "compressed",
     # The quality hook for `mvc commit`: "module:function" taking the candidate state, returning
-    # a loss (lower is better). Without one the search uses its proxy metric.
+    # a loss (lower is better) or per-example losses, or "module:name" of a mvc.quality.fidelity
+    # object. Without one the search uses its proxy metric.
     "quality.hook": None,
     # Bound on the relative degradation of quality.hook's value (the proxy has its own bound).
     "quality.epsilon": 0.01,
