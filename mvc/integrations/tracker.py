@@ -178,9 +178,11 @@ class Tracker:
         step = step if step is not None else (self.steps or None)
         if background:
             state = clone_to_cpu(state)
-            if self.quality is not None and self._eval_model is None:
-                self._eval_model = copy.deepcopy(self.model)
-            evaluate = self._evaluator(self._eval_model, live=False) if self.quality else None
+            evaluate = None
+            if self.quality is not None:
+                if self._eval_model is None:
+                    self._eval_model = copy.deepcopy(self.model)
+                evaluate = self._evaluator(self._eval_model, live=False)
             blocking = time.perf_counter() - t0
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="mvc-tracker")
@@ -247,6 +249,7 @@ class Tracker:
         what `mvc.search.find_config(evaluate=)` passes).
         """
         quality = self.quality
+        assert quality is not None  # callers build an evaluator only when there is one
         targets = model.state_dict(keep_vars=True)
         saved: dict[str, torch.Tensor] = {}
 
@@ -283,8 +286,7 @@ class Tracker:
         with self._lock:
             done = [f for f in self._futures if f.done()]
             self._futures = [f for f in self._futures if not f.done()]
-        errors = [f.exception() for f in done if not f.cancelled()]
-        errors = [e for e in errors if e is not None]
+        errors = [e for e in (f.exception() for f in done if not f.cancelled()) if e is not None]
         if not errors:
             return
         first = errors[0]

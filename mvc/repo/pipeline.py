@@ -285,7 +285,7 @@ def compress_optimizer(tensors: Mapping[str, torch.Tensor],
         return {}
     from mvc.quant.optimizer import quantize_optimizer_state
 
-    domains = {}
+    domains: dict[str, str] = {}
     for name, oq in quantize_optimizer_state(tensors, qmap, init=init).items():
         qmap[name] = oq.q
         domains[name] = oq.domain
