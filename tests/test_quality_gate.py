@@ -481,3 +481,29 @@ def test_show_describes_every_gate_including_old_records():
     refused = {"metric": "fidelity:kl", "gate": "fidelity", "value": None, "degradation": None,
                "epsilon": 0.01, "tensor_cap": 0.35, "stored": "lossless: no feasible configuration"}
     assert describe_gate(refused).startswith("fidelity: no configuration passed")
+
+
+def test_a_suspicious_improvement_does_not_switch_the_prune_metric(linear):
+    """The neighbourhood search switches metric when the other one is clearly better; a
+    'better than the original beyond noise' measurement must not count as that."""
+    w, losses = linear
+    idx = torch.arange(256)
+    g = torch.Generator().manual_seed(5)
+    grads = {"model/fc.weight": torch.randn(w.shape, generator=g)}
+    flat = {"model/fc.weight": w}
+    prev = QuantConfig(bins=16, prune=0.2, prune_metric="magnitude", protect=0.005)
+    by_sens = quantize_state(flat, QuantConfig(bins=16, prune=0.2, prune_metric="sensitivity",
+                                               protect=0.005), default_policy(), grads)
+    sens_w = by_sens["model/fc.weight"].dequantize()
+
+    def evaluate(t):
+        cand = t["model/fc.weight"]
+        base = losses(w, idx)
+        if torch.equal(cand, w):
+            return base
+        return base * 0.5 if torch.equal(cand, sens_w) else base  # sensitivity "wins" big
+    res = find_config(flat, evaluate=evaluate, grads=grads, previous=prev, epsilon=0.01)
+    trials = res.quality["trials"]
+    assert trials[0]["config"]["metric"] == "sensitivity" and trials[0]["suspicious"]
+    assert res.quality["mode"] == "neighbourhood"
+    assert res.config.prune_metric == "magnitude" and not res.quality.get("suspicious")
