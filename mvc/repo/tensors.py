@@ -5,11 +5,11 @@ from typing import Iterable, Iterator
 
 import torch
 
-from mvc.codecs.base import BytesLike, TensorCodec, get_codec
+from mvc.codecs.base import BytesLike, TensorCodec, tensor_codec
 from mvc.dtypes import bits_view, dtype_name, parse_dtype
 from mvc.errors import DataError
 from mvc.repo.objects import TensorRecord
-from mvc.store import object_id
+from mvc.store import BlobStore, object_id
 
 #: Small payloads are written in batches so a model with thousands of small
 #: tensors costs a few write transactions (each one an fsync), not thousands.
@@ -35,9 +35,13 @@ def _rechunk(parts: Iterable[BytesLike], size: int) -> Iterator[BytesLike]:
 
 
 class ChunkWriter:
-    """Buffers small chunks and writes them with few transactions; big ones go straight through."""
+    """Buffers small chunks and writes them with few transactions; big ones go straight through.
 
-    def __init__(self, store, chunk_size: int):
+    Writes only content-addressed objects (`put` / `put_many` of a `BlobStore`), so any number
+    of writers, in any number of processes, may store the same chunks at once.
+    """
+
+    def __init__(self, store: BlobStore, chunk_size: int) -> None:
         self.store = store
         self.chunk_size = chunk_size
         self._pending: list[bytes] = []
@@ -143,5 +147,5 @@ def payload_size_problems(store, rec: TensorRecord, present: set[str]) -> list[s
 
 def read_tensor(store, rec: TensorRecord) -> torch.Tensor:
     """Decode one tensor of a snapshot (lossless codecs; lossy ones go through their chain reader)."""
-    codec = get_codec(rec.codec)
+    codec = tensor_codec(rec.codec)  # a quantized record is its chain reader's, never this
     return codec.decode(rec.meta, read_payload(store, rec), parse_dtype(rec.dtype), tuple(rec.shape))
