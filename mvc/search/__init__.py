@@ -13,20 +13,49 @@ metric, per-example confidence bound, fidelity, proxy; the per-tensor distortion
 cap), `fidelity` (agreement with the exact checkpoint), `driver` (`find_config`).
 """
 from mvc.search.driver import DEFAULT_EXCLUDE, SearchResult, default_policy, find_config
-from mvc.search.fidelity import (DEFAULT_THRESHOLDS, Fidelity, FidelityError, FidelityOutputs,
-                                 fidelity)
+from mvc.search.fidelity import (
+                                 DEFAULT_THRESHOLDS,
+                                 Fidelity,
+                                 FidelityError,
+                                 FidelityOutputs,
+                                 fidelity,
+)
 from mvc.search.gate import DEFAULT_CONFIDENCE, DEFAULT_TENSOR_CAP, tensor_distortion
 from mvc.search.guided import MonotoneOracle, diagonal, guided_search
 from mvc.search.neighbourhood import SWITCH_MARGIN, neighbourhood
-from mvc.search.quality import (DEFAULT_EPSILON, PROXY_EPSILON, QualityFunctionError,
-                                degradation, proxy_error)
+from mvc.search.quality import (
+                                 DEFAULT_EPSILON,
+                                 PROXY_EPSILON,
+                                 QualityFunctionError,
+                                 degradation,
+                                 proxy_error,
+)
 from mvc.search.space import SearchError, SearchSpace, SearchSpaceError
 
 __all__ = [
-    "DEFAULT_CONFIDENCE", "DEFAULT_EPSILON", "DEFAULT_EXCLUDE", "DEFAULT_TENSOR_CAP",
-    "DEFAULT_THRESHOLDS", "Fidelity", "FidelityError", "FidelityOutputs", "MonotoneOracle",
-    "PROXY_EPSILON", "QualityFunctionError", "SWITCH_MARGIN", "SearchError", "SearchResult",
-    "SearchSpace", "SearchSpaceError", "default_policy", "degradation", "diagonal",
-    "fidelity", "find_config", "guided_search", "neighbourhood", "proxy_error",
-    "tensor_distortion",
+                                 "DEFAULT_CONFIDENCE",
+                                 "DEFAULT_EPSILON",
+                                 "DEFAULT_EXCLUDE",
+                                 "DEFAULT_TENSOR_CAP",
+                                 "DEFAULT_THRESHOLDS",
+                                 "PROXY_EPSILON",
+                                 "SWITCH_MARGIN",
+                                 "Fidelity",
+                                 "FidelityError",
+                                 "FidelityOutputs",
+                                 "MonotoneOracle",
+                                 "QualityFunctionError",
+                                 "SearchError",
+                                 "SearchResult",
+                                 "SearchSpace",
+                                 "SearchSpaceError",
+                                 "default_policy",
+                                 "degradation",
+                                 "diagonal",
+                                 "fidelity",
+                                 "find_config",
+                                 "guided_search",
+                                 "neighbourhood",
+                                 "proxy_error",
+                                 "tensor_distortion",
 ]

@@ -19,21 +19,38 @@ the sketches, only the current trial's and the best trials' levels are kept.
 """
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
-from mvc.quant import LogSketch, QuantConfig, QuantizedTensor, QuantPolicy, quantize_prepared
+from mvc.errors import InternalError
+from mvc.quant import (
+    LogSketch,
+    QuantConfig,
+    QuantizedTensor,
+    QuantPolicy,
+    quantize_prepared,
+)
 from mvc.quant.errors import NonFiniteTensorError
-from mvc.quant.optimizer import OPTIMIZER_STATE_PATTERNS
 from mvc.quant.importance import sensitivity
+from mvc.quant.optimizer import OPTIMIZER_STATE_PATTERNS
 from mvc.quant.partition import Thresholds, layer_type, thresholds
 from mvc.search.fidelity import FidelityJudge, FidelityOutputs
-from mvc.search.gate import (DEFAULT_CONFIDENCE, DEFAULT_TENSOR_CAP, MetricJudge,
-                             PerExampleJudge, ProxyJudge, Verdict, as_measurement,
-                             check_tensor_cap, tensor_distortion)
+from mvc.search.gate import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_TENSOR_CAP,
+    MetricJudge,
+    PerExampleJudge,
+    ProxyJudge,
+    Verdict,
+    as_measurement,
+    check_tensor_cap,
+    tensor_distortion,
+)
 from mvc.search.guided import MonotoneOracle, guided_search
 from mvc.search.neighbourhood import Outcome, neighbourhood_search
 from mvc.search.quality import DEFAULT_EPSILON, PROXY_EPSILON, proxy_error, proxy_name
@@ -192,6 +209,8 @@ class _Runner:
             self.evaluate, "__qualname__", type(self.evaluate).__name__)
 
     def _call(self, candidate: dict[str, torch.Tensor]) -> Any:
+        if self.evaluate is None:
+            raise InternalError("a quality-function call in a proxy search")
         self.evaluations += 1
         return self.evaluate(candidate)
 
@@ -315,7 +334,7 @@ def _exhaustive(run: _Runner, metrics: list[str]) -> Point | None:
 
     winners: list[Point] = []
     for metric in metrics:
-        oracle = MonotoneOracle(lambda idx, m=metric: run.trial(m, idx).feasible)
+        oracle = MonotoneOracle(functools.partial(_feasible, run, metric))
         for point, tr in run.memo.items():  # seed with what earlier trials showed
             if point[0] == metric or sp.axes(emb)[1][point[1][1]] == 0:
                 oracle.seed(point[1], tr.feasible)
@@ -333,6 +352,10 @@ def _exhaustive(run: _Runner, metrics: list[str]) -> Point | None:
     return min(winners, key=lambda p: (cost(p[1]), run.memo[p].bits,
                                        run.memo[p].verdict.preference,
                                        metrics.index(p[0]) if p[0] in metrics else 0))
+
+
+def _feasible(run: _Runner, metric: str, idx: tuple[int, ...]) -> bool:
+    return run.trial(metric, idx).feasible
 
 
 def _metrics(space: SearchSpace, prep: _Prepared) -> list[str]:

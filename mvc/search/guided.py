@@ -26,8 +26,8 @@ better result (§5).
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from itertools import product
-from typing import Callable, Sequence
 
 Idx = tuple[int, ...]
 

@@ -19,9 +19,9 @@ If nothing is feasible the caller falls back to the guided exhaustive search.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import product
-from typing import Callable, Sequence
 
 Idx = tuple[int, ...]
 

@@ -43,7 +43,8 @@ for that.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -110,8 +111,10 @@ def _weighted(tensors: Mapping[str, torch.Tensor], qmap: Mapping[str, QuantizedT
               names: list[str], grads: Mapping[str, torch.Tensor] | None) -> float:
     num = den = 0.0
     for n in names:
+        q = qmap[n]
+        assert q is not None  # names holds the quantized tensors only
         w = tensors[n].detach().reshape(-1).to(torch.float64)
-        err = qmap[n].dequantize().reshape(-1).to(device=w.device, dtype=torch.float64) - w
+        err = q.dequantize().reshape(-1).to(device=w.device, dtype=torch.float64) - w
         s = (grads[n].detach().reshape(-1).to(device=w.device, dtype=torch.float64).abs()
              if grads is not None else w.abs())
         num += float((s * err.square()).sum())

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from mvc.errors import MvcError, UsageError
 from mvc.quant import QuantConfig
@@ -128,7 +129,7 @@ class SearchSpace:
 
     def canonical(self, point: Point, embeddings: bool) -> Point:
         """The point with the metric normalized (prune 0 makes the metric irrelevant)."""
-        metric, idx = point
+        _, idx = point
         return ("magnitude", idx) if self.axes(embeddings)[1][idx[1]] == 0 else point
 
     def cost(self, idx: Sequence[int], embeddings: bool, embedding_share: float = 0.0) -> float:
@@ -173,7 +174,7 @@ class SearchSpace:
         unknown = sorted(set(data) - names)
         if unknown:
             raise SearchSpaceError(f"unknown search space key(s): {', '.join(unknown)}")
-        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        kw: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
         return cls(**kw)
 
     def to_json(self) -> str:
