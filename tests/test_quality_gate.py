@@ -471,7 +471,7 @@ def test_show_describes_every_gate_including_old_records():
                   "epsilon": 0.01}
     assert describe_gate(old_metric).startswith("metric: relative degradation +0.50% <= 1.00%")
     fixed = {"metric": "rel_l2_weights", "value": 0.07, "baseline": 0.0, "bound": None}
-    assert describe_gate(fixed).startswith("none (fixed config")
+    assert describe_gate(fixed) == "none (fixed config; relative L2 error of the weights 0.07)"
     suspicious = dict(old_metric, gate="per-example-ucb", ucb=-0.3, confidence=0.95,
                       examples=20, suspicious=True, tensor_cap=0.35, max_distortion=0.2,
                       worst_tensor="model/w")
@@ -507,3 +507,22 @@ def test_a_suspicious_improvement_does_not_switch_the_prune_metric(linear):
     assert trials[0]["config"]["metric"] == "sensitivity" and trials[0]["suspicious"]
     assert res.quality["mode"] == "neighbourhood"
     assert res.config.prune_metric == "magnitude" and not res.quality.get("suspicious")
+
+
+def test_a_fixed_config_commit_says_no_gate_vouched_and_records_its_worst_tensor(tmp_path):
+    from mvc.cli.commands_history import describe_gate
+
+    g = torch.Generator().manual_seed(4)
+    state = {"model": {"a.weight": torch.randn(128, 64, generator=g),
+                       "b.weight": torch.randn(64, 128, generator=g) ** 3}}
+    with _search_repo(tmp_path) as repo:
+        cid = repo.commit(state, "fixed", quant=QuantConfig(bins=4, prune=0.3))
+        q = repo.read_commit(cid).quality
+        restored = repo.read_state(cid)["model"]
+    assert q["gate"] == "none"
+    rel = {k: float((restored[k] - v).norm() / v.norm()) for k, v in state["model"].items()}
+    worst = max(rel, key=rel.get)
+    assert q["worst_tensor"] == "model/" + worst
+    assert q["max_distortion"] == pytest.approx(rel[worst], rel=1e-4)
+    line = describe_gate(q)
+    assert line.startswith("none (fixed config;") and f"model/{worst}" in line

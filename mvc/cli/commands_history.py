@@ -70,7 +70,10 @@ def describe_gate(q: dict) -> str:
     gate = _gate_name(q)
     eps = q.get("epsilon")
     if gate == "none":
-        main = f"none (fixed config; relative L2 error of the weights {q.get('value', 0):.4g})"
+        main = f"none (fixed config; relative L2 error of the weights {q.get('value', 0):.4g}"
+        if q.get("max_distortion") is not None:
+            main += f", worst tensor {q['max_distortion']:.3g} ({q.get('worst_tensor')})"
+        main += ")"
     elif q.get("value") is None:
         main = f"{gate}: no configuration passed"
     elif gate == "fidelity":

@@ -234,14 +234,21 @@ def quantize_fixed(tensors: Mapping[str, torch.Tensor], config: QuantConfig | No
     qmap = quantize_state(tensors, config, policy or _default_policy(), grads,
                           nonfinite="lossless", init=init)
     err = ref = 0.0
+    worst, worst_name = 0.0, None   # no gate vouches for a fixed config: record the damage
     for name, q in qmap.items():
         if q is not None:
             w = tensors[name].detach()
-            err += float(torch.linalg.vector_norm((q.dequantize() - w).float())) ** 2
-            ref += float(torch.linalg.vector_norm(w.float())) ** 2
+            e = float(torch.linalg.vector_norm((q.dequantize() - w).float())) ** 2
+            r = float(torch.linalg.vector_norm(w.float())) ** 2
+            err, ref = err + e, ref + r
+            rel_t = (e / r) ** 0.5 if r > 0 else (0.0 if e == 0 else float("inf"))
+            if worst_name is None or rel_t > worst:
+                worst, worst_name = rel_t, name
     rel = (err / ref) ** 0.5 if ref > 0 else 0.0
     quality = {"metric": "rel_l2_weights", "value": rel, "baseline": 0.0, "bound": None,
-               "quantized_tensors": sum(q is not None for q in qmap.values())}
+               "quantized_tensors": sum(q is not None for q in qmap.values()), "gate": "none",
+               "max_distortion": worst if worst < float("inf") else None,
+               "worst_tensor": worst_name}
     return qmap, quality
 
 
