@@ -192,8 +192,9 @@ def test_per_example_record_flags_a_suspicious_winner(linear):
 
 
 # ------------------------------------------------------------------ the distortion cap
-def test_distortion_cap_refuses_what_a_loose_metric_accepts(linear):
-    w, _ = linear
+def test_distortion_cap_refuses_what_a_loose_metric_accepts():
+    # heavy-tailed weights, as trained ones are: 4 bins leave a relative L2 error of ~0.67
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(6)) ** 3
     flat = {"model/fc.weight": w}
     loose = find_config(flat, evaluate=lambda t: 1.0, tensor_cap=math.inf)
     assert (loose.config.bins, loose.config.prune) == (4, 0.5)   # everything passes
@@ -359,7 +360,7 @@ def test_repo_commit_with_fidelity_show_and_log(classifier, tmp_path):
     code, out, _ = run(tmp_path, "show")
     assert code == 0
     gate = next(line for line in out.splitlines() if line.startswith("Gate:"))
-    assert "fidelity (kl)" in gate and "nats <= 0.01" in gate and "tensor cap 0.35" in gate
+    assert "fidelity (kl)" in gate and "nats <= 0.01" in gate and "tensor cap 0.5" in gate
     code, out, _ = run(tmp_path, "log", "--json")
     logged = json.loads(out)[0]["quality"]
     assert logged["gate"] == "fidelity" and logged["tensor_cap"] == DEFAULT_TENSOR_CAP

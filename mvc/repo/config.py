@@ -40,7 +40,7 @@ DEFAULTS: dict[str, Any] = {
     "quality.epsilon": 0.01,
     # Guard rail on every trial of the config search, whatever the quality gate: each quantized
     # tensor's relative L2 error ||q - w|| / ||w|| must stay within it (provisional value).
-    "quality.tensor_cap": 0.35,
+    "quality.tensor_cap": 0.5,
     # A quantized tensor is stored as a base at least every this many commits (0 = never forced):
     # caps the per-step overheads of long chains of tiny late-training deltas.
     "commit.base_every": 64,
