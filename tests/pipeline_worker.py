@@ -7,20 +7,19 @@ rank of a sharded save it opens the store itself and writes only the tensors it 
 """
 from __future__ import annotations
 
-import functools
 import pickle
 import sys
 
 
 def main(job: str, out: str) -> None:
-    from mvc.repo import lossy, pipeline
+    from mvc.repo import pipeline
     from mvc.repo.repository import Repo
 
     with open(job, "rb") as fh:
         path, plan, names = pickle.load(fh)
     with Repo(path) as repo:
         records = pipeline.write(plan, names, blobs=repo.store,
-                                 read_quantized=functools.partial(lossy.read_quantized, repo))
+                                 read_quantized=repo.reader.read_quantized)
     with open(out, "wb") as fh:
         pickle.dump(records, fh)
 

@@ -1,7 +1,6 @@
 """The commit pipeline's stages apart: plan in one process, write in several, publish once (issue 13)."""
 from __future__ import annotations
 
-import functools
 import os
 import pickle
 import subprocess
@@ -49,7 +48,7 @@ def open_repo(path: Path, mode: str) -> Repo:
 
 
 def reader(repo: Repo):
-    return functools.partial(lossy.read_quantized, repo)
+    return repo.reader.read_quantized
 
 
 def settings(repo: Repo) -> pipeline.CommitSettings:

@@ -20,7 +20,8 @@ from mvc.errors import InternalError
 from mvc.quant import QuantConfig
 from mvc.repo import compact
 from mvc.repo.lossy import QDELTA, QUANT_CODECS
-from mvc.repo.repository import REPLACE, Repo
+from mvc.repo.replace import REPLACE
+from mvc.repo.repository import Repo
 
 
 class MLP(torch.nn.Module):

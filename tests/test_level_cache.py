@@ -258,7 +258,7 @@ def test_every_flipped_byte_is_a_miss_and_the_file_is_removed(tmp_path):
         bad[i] ^= 0x5A
         path.write_bytes(bad)
         assert any("corrupt" in w for w in repo.fsck().warnings), i
-        repo._levels.clear()
+        repo.reader.levels.clear()
         assert bits(repo.read_state(cid)) == truth, i
     repo.close()
 
@@ -287,9 +287,7 @@ def test_old_format_files_and_leftovers_are_reported(tmp_path):
     assert any("corrupt" in w and sid in w for w in warnings), warnings
     assert any("temporary" in w for w in warnings), warnings
     assert repo.fsck().ok  # disposable: not repository damage
-    from mvc.repo.levelcache import check_level_cache
-
-    check_level_cache(repo, remove=True)
+    repo.prune_level_cache()
     assert repo.fsck().warnings == []
     repo.close()
 

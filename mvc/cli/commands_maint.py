@@ -42,8 +42,6 @@ def fsck(prune_cache: bool) -> None:
 
     Unusable level-cache entries and a recounted store counter are warnings: they never
     reach a checkout and do not change the exit status."""
-    from mvc.repo.levelcache import check_level_cache
-
     repo = Repo.discover()
     r = repo.fsck()
     for p in r.problems:
@@ -51,7 +49,7 @@ def fsck(prune_cache: bool) -> None:
     for w in r.warnings:
         echo(f"warning: {w}")
     if prune_cache and r.warnings:
-        check_level_cache(repo, remove=True)
+        repo.prune_level_cache()
         echo("fsck: unusable level-cache files deleted")
     elif any(w.startswith("level cache") for w in r.warnings):
         echo("fsck: level-cache entries are skipped on read; `mvc fsck --prune-cache` deletes them")

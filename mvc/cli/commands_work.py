@@ -132,7 +132,7 @@ def checkout(rev: str, output: str | None, fmt: str | None) -> None:
     # Resolve once: the id read is the id HEAD moves to, and HEAD attaches only to the
     # branch that resolution went through.
     cid, branch_ref = repo._resolve_rev(rev)
-    state = repo._read_state_at(cid)
+    state = repo.reader.read_state(cid)
     save_checkpoint(state, path, _output_format(repo, path, fmt))
     repo._move_head(cid, branch_ref, rev)
     _remember_source(repo, cid, path, path.stat())

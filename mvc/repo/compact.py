@@ -4,8 +4,8 @@ Commit ids never change: a snapshot whose tensors are re-encoded is written as
 a new snapshot object, checked to restore exactly the same levels and the same
 tensors (through the read path of a checkout), and published with one ref
 update ``refs/replace/<original snapshot id>``.  Readers follow that ref
-(`Repo.read_snapshot`), so a crash before the update leaves the old encoding in
-force and only orphans for the next gc to remove.
+(`ObjectDB.read_snapshot`), so a crash before the update leaves the old encoding
+in force and only orphans for the next gc to remove.
 
 A re-encoded record keeps every meta field of the original that is not about
 its encoding (`carried_meta`): what the levels mean -- the value domain of an
@@ -14,20 +14,21 @@ whatever later versions record -- belongs to the tensor, not to its encoding.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from mvc.codecs.quantized import encode_base
 from mvc.errors import InternalError
 from mvc.repo import lossy
+from mvc.repo.objectdb import ObjectDB
 from mvc.repo.objects import Snapshot, TensorRecord
+from mvc.repo.reader import TensorReader
 from mvc.repo.replace import publish_replacement
 from mvc.repo.tensors import ChunkWriter
-
-if TYPE_CHECKING:
-    from mvc.repo.repository import Repo
+from mvc.store import TransactionalRefStore
 
 
 @dataclass
@@ -38,30 +39,14 @@ class CompactReport:
     max_depth_after: int = 0
 
 
-def topo_commits(repo: Repo, roots: set[str]) -> list[str]:
-    """Every commit reachable from `roots`, parents before children."""
-    order: list[str] = []
-    state: dict[str, int] = {}
-    for root in sorted(roots):
-        stack = [(root, False)]
-        while stack:
-            cid, done = stack.pop()
-            if done:
-                order.append(cid)
-                continue
-            if cid in state:
-                continue
-            state[cid] = 1
-            stack.append((cid, True))
-            stack.extend((p, False) for p in repo.read_commit(cid).parents if p not in state)
-    return order
-
-
-def compact_chains(repo: Repo, roots: set[str], max_chain: int,
-                   budget: float = 0.0) -> CompactReport:
+def compact_chains(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefStore,
+                   roots: Iterable[str], *, max_chain: int, budget: float = 0.0,
+                   chunk_size: int) -> CompactReport:
     """Re-encode every quantized tensor whose chain is deeper than `max_chain` (0: any depth)
     or costs more than `budget` passes to walk (0: no budget; see `lossy.chain_cost`) as a base.
 
+    Writes the re-encodings through `odb.blobs` in chunks of `chunk_size` bytes,
+    reads through `reader` and publishes each rewritten snapshot in `refs`.
     The caller holds the write lock. Commits are visited parents-first, so a
     rebased ancestor shortens every descendant's chain before it is measured.
     A step's cost is the difference of the costs its commit recorded.
@@ -70,18 +55,17 @@ def compact_chains(repo: Repo, roots: set[str], max_chain: int,
     depth: dict[tuple[str, str], int] = {}
     cost: dict[tuple[str, str], float] = {}      # after the rebases decided so far
     recorded: dict[tuple[str, str], float] = {}  # as committed
-    chunk_size = int(repo.config.get("commit.chunk_mib")) << 20
-    for cid in topo_commits(repo, roots):
-        sid = repo.read_commit(cid).snapshot
-        snap = repo.read_snapshot(sid)
+    for commit in odb.walk_commits(roots, order="topo"):
+        sid = commit.snapshot
+        snap = odb.read_snapshot(sid)
         rebase: list[int] = []
         for i, rec in enumerate(snap.tensors):
             key = (sid, rec.name)
             recorded[key] = lossy.chain_cost(rec)
-            if rec.codec != lossy.QDELTA:
+            pkey = lossy.parent_ref(rec)
+            if pkey is None:
                 depth[key], cost[key] = 0, 0.0
                 continue
-            pkey = lossy.parent_ref(rec)
             d = depth.get(pkey, 0) + 1
             # One step never costs more than a pass: that also bounds a child recorded against
             # a chain an earlier gc has since cut (its parent reads as a base, cost 0).
@@ -94,7 +78,7 @@ def compact_chains(repo: Repo, roots: set[str], max_chain: int,
             depth[key], cost[key] = d, c
             report.max_depth_after = max(report.max_depth_after, d)
         if rebase:
-            _rewrite(repo, sid, snap, rebase, chunk_size)
+            _rewrite(odb, reader, refs, sid, snap, rebase, chunk_size)
             report.snapshots_rewritten += 1
             report.tensors_rebased += len(rebase)
     return report
@@ -120,12 +104,13 @@ def carried_meta(rec: TensorRecord) -> dict[str, Any]:
     return {k: v for k, v in rec.meta.items() if k not in ENCODING_META}
 
 
-def _rewrite(repo: Repo, sid: str, snap: Snapshot, rebase: list[int], chunk_size: int) -> None:
-    writer = ChunkWriter(repo.store, chunk_size)
+def _rewrite(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefStore, sid: str,
+             snap: Snapshot, rebase: list[int], chunk_size: int) -> None:
+    writer = ChunkWriter(odb.blobs, chunk_size)
     records = list(snap.tensors)
     for i in rebase:
         rec = records[i]
-        q = lossy.read_quantized(repo, sid, rec)
+        q = reader.read_quantized(sid, rec)
         config = rec.meta.get("config")
         enc = encode_base(q, config=config if isinstance(config, dict) else None)
         new = writer.write_encoded(enc, lossy.QBASE, rec.name, q.dtype, tuple(q.shape),
@@ -134,20 +119,21 @@ def _rewrite(repo: Repo, sid: str, snap: Snapshot, rebase: list[int], chunk_size
     # The snapshot rides in the chunks' transaction: nothing reaches it before the ref below.
     new_sid = writer.add(Snapshot(records, snap.skeleton).encode())
     writer.flush()
-    _verify(repo, sid, snap, new_sid, [snap.tensors[i].name for i in rebase])
-    publish_replacement(repo.store, sid, new_sid, "gc: compact delta chains")
+    _verify(odb, reader, sid, snap, new_sid, [snap.tensors[i].name for i in rebase])
+    publish_replacement(refs, sid, new_sid, "gc: compact delta chains")
 
 
-def _verify(repo: Repo, sid: str, snap: Snapshot, new_sid: str, rebased: list[str]) -> None:
+def _verify(odb: ObjectDB, reader: TensorReader, sid: str, snap: Snapshot, new_sid: str,
+            rebased: list[str]) -> None:
     """Never publish a replacement that restores anything differently from `sid`.
 
     Reads the replacement back from the store and restores through the
-    checkout's reader (`lossy.read_all`: domain conversion, first-moment
+    checkout's reader (`TensorReader.read_all`: domain conversion, first-moment
     clamping): the levels of every rebased tensor (descendants' deltas are
     decoded against them) and the values of every tensor a rebased one feeds,
     i.e. itself and any first moment it bounds.
     """
-    new = Snapshot.decode(repo.store.get(new_sid), new_sid)
+    new = Snapshot.decode(odb.blobs.get(new_sid), new_sid)
     old_recs = {r.name: r for r in snap.tensors}
     new_recs = {r.name: r for r in new.tensors}
     if list(old_recs) != list(new_recs):
@@ -156,8 +142,8 @@ def _verify(repo: Repo, sid: str, snap: Snapshot, new_sid: str, rebased: list[st
     for name in rebased:
         # Read under the replacement's own id: the caches hold the original's levels under
         # `sid`, and a hit there would check the old encoding against itself.
-        again = lossy.read_quantized(repo, new_sid, new_recs[name])
-        if not lossy.same_quantization(again, lossy.read_quantized(repo, sid, old_recs[name])):
+        again = reader.read_quantized(new_sid, new_recs[name])
+        if not lossy.same_quantization(again, reader.read_quantized(sid, old_recs[name])):
             raise InternalError(f"gc: re-encoding of {name!r} in snapshot {sid} "
                                 "does not restore the same levels")
     affected = [n for n, r in old_recs.items()
@@ -165,8 +151,8 @@ def _verify(repo: Repo, sid: str, snap: Snapshot, new_sid: str, rebased: list[st
     # Clamped first moments need their partners restored alongside.
     needed = set(affected) | {p for n in affected for p in (_partner(old_recs[n]), _partner(new_recs[n]))
                               if p in old_recs}
-    before = lossy.read_all(repo, sid, [r for n, r in old_recs.items() if n in needed])
-    after = lossy.read_all(repo, new_sid, [r for n, r in new_recs.items() if n in needed])
+    before = reader.read_all(sid, [r for n, r in old_recs.items() if n in needed])
+    after = reader.read_all(new_sid, [r for n, r in new_recs.items() if n in needed])
     for name in affected:
         if not _same_bits(before[name], after[name]):
             raise InternalError(f"gc: re-encoding snapshot {sid} does not restore tensor "

@@ -1,16 +1,20 @@
-"""Read-only views of history: per-tensor diffs and storage statistics."""
+"""Read-only views of history: per-tensor diffs and storage statistics.
+
+Both receive the parts they read (the object database, the tensor reader, the
+store's maintenance part, the cache directory) and ids already resolved; never
+a `Repo`.
+"""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import torch
 
 from mvc.repo.levelcache import cache_bytes
-from mvc.repo.lossy import read_any
-
-if TYPE_CHECKING:
-    from mvc.repo.repository import Repo
+from mvc.repo.objectdb import ObjectDB
+from mvc.repo.reader import TensorReader
+from mvc.store import StoreMaintenance
 
 
 @dataclass
@@ -91,21 +95,23 @@ def _compare(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     return rel, d.abs().max().item()
 
 
-def diff(repo: "Repo", rev_a: str, rev_b: str) -> list[TensorDiff]:
-    """Per tensor: added / removed / changed / unchanged, with relative L2 and max abs change."""
-    sid_a = repo.read_commit(repo.resolve(rev_a)).snapshot
-    sid_b = repo.read_commit(repo.resolve(rev_b)).snapshot
-    snap_a, snap_b = repo.read_snapshot(sid_a), repo.read_snapshot(sid_b)
+def diff(odb: ObjectDB, reader: TensorReader, cid_a: str, cid_b: str) -> list[TensorDiff]:
+    """Per tensor of commits `cid_a` and `cid_b`: added / removed / changed / unchanged, with
+    relative L2 and max abs change."""
+    sid_a = odb.read_commit(cid_a).snapshot
+    sid_b = odb.read_commit(cid_b).snapshot
+    snap_a, snap_b = odb.read_snapshot(sid_a), odb.read_snapshot(sid_b)
     recs_a = {r.name: r for r in snap_a.tensors}
     recs_b = {r.name: r for r in snap_b.tensors}
     out: list[TensorDiff] = []
     for name in list(recs_a) + [n for n in recs_b if n not in recs_a]:
         ra, rb = recs_a.get(name), recs_b.get(name)
+        if ra is None:
+            assert rb is not None  # the name is in one of the two
+            out.append(TensorDiff(name, "added", shape_b=rb.shape, dtype_b=rb.dtype))
+            continue
         if rb is None:
             out.append(TensorDiff(name, "removed", shape_a=ra.shape, dtype_a=ra.dtype))
-            continue
-        if ra is None:
-            out.append(TensorDiff(name, "added", shape_b=rb.shape, dtype_b=rb.dtype))
             continue
         d = TensorDiff(name, "unchanged", ra.shape, rb.shape, ra.dtype, rb.dtype)
         if ra.shape != rb.shape or ra.dtype != rb.dtype:
@@ -113,7 +119,8 @@ def diff(repo: "Repo", rev_a: str, rev_b: str) -> list[TensorDiff]:
         elif (ra.codec, ra.chunks, ra.meta) == (rb.codec, rb.chunks, rb.meta):
             d.rel_l2, d.max_abs = 0.0, 0.0
         else:
-            ta, tb = read_any(repo, sid_a, ra, snap_a.tensors), read_any(repo, sid_b, rb, snap_b.tensors)
+            ta = reader.read_any(sid_a, ra, snap_a.tensors)
+            tb = reader.read_any(sid_b, rb, snap_b.tensors)
             if torch.equal(ta.view(-1).view(torch.uint8), tb.view(-1).view(torch.uint8)):
                 d.rel_l2, d.max_abs = 0.0, 0.0
             else:
@@ -123,35 +130,25 @@ def diff(repo: "Repo", rev_a: str, rev_b: str) -> list[TensorDiff]:
     return out
 
 
-def stats(repo: "Repo") -> RepoStats:
-    """Raw checkpoint bytes vs bytes each commit added, oldest first, over all branches.
+def stats(odb: ObjectDB, maintenance: StoreMaintenance, cache_dir: Path) -> RepoStats:
+    """Raw checkpoint bytes vs bytes each commit added, oldest first, over all history (refs and
+    reflogs), and what the store and the caches under `cache_dir` occupy.
 
     A chunk's bytes are charged to the first commit (in time order) that uses
     it, so deduplicated tensors cost nothing in later commits.
     """
-    from mvc.repo.maintenance import root_ids
-
-    seen_commits: dict[str, object] = {}
-    stack = list(root_ids(repo))
-    while stack:
-        cid = stack.pop()
-        if cid in seen_commits:
-            continue
-        c = repo.read_commit(cid)
-        seen_commits[cid] = c
-        stack.extend(c.parents)
-    commits = sorted(seen_commits.values(), key=lambda c: (c.time, c.id))
+    commits = sorted(odb.walk_commits(odb.root_ids()), key=lambda c: (c.time, c.id))
     charged: set[str] = set()
     out = RepoStats()
     for c in commits:
-        snap = repo.read_snapshot(c.snapshot)
+        snap = odb.read_snapshot(c.snapshot)
         added = 0
         for oid in [c.id, c.snapshot, *snap.chunk_ids()]:
             if oid not in charged:
                 charged.add(oid)
-                added += repo.store.size(oid)
+                added += odb.blobs.size(oid)
         out.commits.append(CommitStats(c.id, c.summary, snap.raw_bytes, added))
-    out.object_bytes = repo.store.object_bytes()
-    out.disk_bytes = repo.store.disk_usage()
-    out.cache_bytes = cache_bytes(repo)
+    out.object_bytes = odb.blobs.object_bytes()
+    out.disk_bytes = maintenance.disk_usage()
+    out.cache_bytes = cache_bytes(cache_dir)
     return out

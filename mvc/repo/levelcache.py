@@ -1,4 +1,8 @@
-"""The on-disk level cache (`.mvc/cache/levels/`): what binds an entry to the data it stands for.
+"""The level caches: in memory (`LevelCache`), and on disk (`.mvc/cache/levels/`, `DiskLevelCache`)
+with what binds an entry to the data it stands for.
+
+`TensorReader` owns both. The in-memory one holds recently materialized tensors
+of this process; the rest of this page is about the on-disk one.
 
 Each lossy commit leaves the base encoding of every quantized tensor it wrote in
 one file, ``<snapshot id>.levels``, so a fresh process (the next CLI commit, a
@@ -45,8 +49,10 @@ import os
 import struct
 import threading
 import uuid
+from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import xxhash
@@ -57,12 +63,11 @@ from mvc.errors import MvcError
 from mvc.quant import QuantizedTensor
 from mvc.repo.objects import Snapshot, TensorRecord
 from mvc.repo.tensors import dtype_name, parse_dtype
-from mvc.store.base import InvalidIdError, check_oid
-from mvc.store.lmdb_store import REPO_ID_KEY
+from mvc.store import REPO_ID_KEY, BlobStore, InvalidIdError, StoreMaintenance
+from mvc.store.base import check_oid
 
-if TYPE_CHECKING:
-    from mvc.repo.repository import Repo
-    from mvc.store import ObjectStore
+#: What a commit leaves in the disk cache: tensor name -> (base encoding, dtype, shape).
+BaseEntries = dict[str, tuple[Encoded, torch.dtype, tuple[int, ...]]]
 
 MAGIC = b"MVCLVL02"
 _PREFIX = struct.Struct("<8sQ16s")
@@ -73,16 +78,16 @@ class CorruptEntry(Exception):
     """A cache file that fails a check (internal: every caller turns it into a miss)."""
 
 
-def repository_id(store: ObjectStore) -> str | None:
+def repository_id(meta: StoreMaintenance) -> str | None:
     """This repository's id from the store's metadata, made on first use (None if it cannot be
     stored: then nothing is cached). A malformed stored id is replaced."""
-    rid = _valid_id(store.get_meta(REPO_ID_KEY))
+    rid = _valid_id(meta.get_meta(REPO_ID_KEY))
     if rid is not None:
         return rid
     try:
-        store.set_meta(REPO_ID_KEY, uuid.uuid4().hex.encode())
+        meta.set_meta(REPO_ID_KEY, uuid.uuid4().hex.encode())
         # Read back: of two processes racing here, both use the id that was stored last.
-        return _valid_id(store.get_meta(REPO_ID_KEY))
+        return _valid_id(meta.get_meta(REPO_ID_KEY))
     except (MvcError, OSError):
         return None
 
@@ -98,27 +103,76 @@ def _digest(data: Any) -> bytes:
     return xxhash.xxh3_128_digest(data)
 
 
+class LevelCache:
+    """Recently materialized quantized tensors, keyed by (snapshot id, tensor name), in memory.
+
+    Keeps a live training process from re-walking delta chains on every
+    commit, and makes consecutive checkouts cheap. Bounded by level bytes.
+    """
+
+    def __init__(self, max_bytes: int = 2 << 30):
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[tuple[str, str], QuantizedTensor] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()  # checkout fills it from several threads
+
+    @staticmethod
+    def _size(q: QuantizedTensor) -> int:
+        return q.levels.numel() * q.levels.element_size() + q.protected.numel() * q.protected.element_size()
+
+    def get(self, key: tuple[str, str]) -> QuantizedTensor | None:
+        """The cached tensor for `key`, or None."""
+        with self._lock:
+            q = self._items.get(key)
+            if q is not None:
+                self._items.move_to_end(key)
+            return q
+
+    def put(self, key: tuple[str, str], q: QuantizedTensor) -> None:
+        """Cache `q` under `key`, dropping the least recently used beyond `max_bytes`."""
+        with self._lock:
+            if key in self._items:
+                self._bytes -= self._size(self._items.pop(key))
+            size = self._size(q)
+            if size > self.max_bytes:
+                return
+            self._items[key] = q
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= self._size(old)
+
+    def clear(self) -> None:
+        """Forget everything."""
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+
 class DiskLevelCache:
     """Base encodings of the newest snapshots' quantized tensors, one file per snapshot.
 
-    `store` is the repository's store: it supplies the repository id and the
-    records each entry is bound to. Thread-safe; any failure to read is a miss.
+    `blobs` holds the snapshots whose records entries are bound to; `meta` (the
+    store's metadata) supplies the repository id. Without them nothing is cached.
+    Thread-safe; any failure to read is a miss.
     """
 
-    def __init__(self, directory: Path, keep: int = 4, store: ObjectStore | None = None):
+    def __init__(self, directory: Path, keep: int = 4, *, blobs: BlobStore | None = None,
+                 meta: StoreMaintenance | None = None) -> None:
         self.dir = Path(directory)
         self.keep = keep
-        self.store = store
+        self.blobs = blobs
+        self.meta = meta
         self._rid: str | None = None
         self._rid_lock = threading.Lock()
         self._parsed = _ParseMemo(max(keep, 1) * 2)
 
     def repository_id(self) -> str | None:
         """The id entries are bound to (None: no store, or no id can be kept; cache unused)."""
-        if self._rid is None and self.store is not None:
+        if self._rid is None and self.meta is not None:
             with self._rid_lock:
                 if self._rid is None:
-                    self._rid = repository_id(self.store)
+                    self._rid = repository_id(self.meta)
         return self._rid
 
     def path(self, sid: str) -> Path:
@@ -133,13 +187,13 @@ class DiskLevelCache:
             return []
 
     # ------------------------------------------------------------------ write
-    def save(self, sid: str, entries: dict[str, tuple[Encoded, torch.dtype, tuple[int, ...]]]) -> None:
+    def save(self, sid: str, entries: BaseEntries) -> None:
         """Cache the base encodings `entries` (name -> (encoding, dtype, shape)) of snapshot `sid`,
         which must already be stored; then keep only the newest `keep` files."""
         rid = self.repository_id()
-        if not entries or rid is None:
+        if not entries or rid is None or self.blobs is None:
             return
-        records = {r.name: r for r in Snapshot.decode(self.store.get(sid), sid).tensors}
+        records = {r.name: r for r in Snapshot.decode(self.blobs.get(sid), sid).tensors}
         index: dict[str, Any] = {}
         blobs: list[bytes] = []
         off = 0
@@ -310,10 +364,11 @@ def _discard(path: Path, fh: Any) -> None:
 
 # ---------------------------------------------------------------------- fsck and stats
 
-def cache_bytes(repo: Repo) -> int:
-    """Bytes every file under `.mvc/cache/` occupies (the level cache and anything left beside it)."""
+def cache_bytes(directory: Path) -> int:
+    """Bytes every file under `directory` (`.mvc/cache/`: the level cache and anything left
+    beside it) occupies."""
     total = 0
-    for root, _, names in os.walk(repo.mvc_dir / "cache"):
+    for root, _, names in os.walk(directory):
         for n in names:
             try:
                 total += os.lstat(os.path.join(root, n)).st_size
@@ -322,19 +377,20 @@ def cache_bytes(repo: Repo) -> int:
     return total
 
 
-def check_level_cache(repo: Repo, *, remove: bool = False) -> list[str]:
+def check_level_cache(cache: DiskLevelCache, read_snapshot: Callable[[str], Snapshot], *,
+                      remove: bool = False) -> list[str]:
     """One line per unusable level-cache file or entry: corrupt (fails a checksum or a bound),
     foreign (made by another repository, or for another snapshot than its name says) or stale
     (its snapshot is gone, or its tensor is no longer stored as it was cached: gc re-encoded it).
 
     None of these is repository damage: reads skip such entries. With `remove`, the files
-    holding them are deleted.
+    holding them are deleted. `read_snapshot` reads a snapshot as checkouts do (following
+    gc's replacements).
     """
-    cache = repo.disk_levels or DiskLevelCache(repo.mvc_dir / "cache" / "levels", store=repo.store)
-    rid = repository_id(repo.store)
+    rid = repository_id(cache.meta) if cache.meta is not None else None
     out: list[str] = []
     for path in cache.files():
-        found = _check_file(repo, path, rid)
+        found = _check_file(read_snapshot, path, rid)
         out.extend(f"level cache {path.name}: {p}" for p in found)
         if found and remove:
             path.unlink(missing_ok=True)
@@ -346,7 +402,8 @@ def check_level_cache(repo: Repo, *, remove: bool = False) -> list[str]:
     return out
 
 
-def _check_file(repo: Repo, path: Path, rid: str | None) -> list[str]:
+def _check_file(read_snapshot: Callable[[str], Snapshot], path: Path, rid: str | None
+                ) -> list[str]:
     sid = path.name[:-len(SUFFIX)]
     try:
         with open(path, "rb") as fh:
@@ -356,7 +413,7 @@ def _check_file(repo: Repo, path: Path, rid: str | None) -> list[str]:
             if header["snapshot"] != sid:
                 return [f"foreign (holds snapshot {header['snapshot'][:40]!r})"]
             try:
-                records = {r.name: r for r in repo.read_snapshot(sid).tensors}
+                records = {r.name: r for r in read_snapshot(sid).tensors}
             except MvcError:
                 return ["stale (its snapshot is no longer in the repository)"]
             out = []

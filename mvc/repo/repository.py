@@ -1,33 +1,39 @@
-"""The `Repo` porcelain: init/open, commit, checkout, refs, log.
+"""The `Repo` porcelain: init/open, commit, checkout, refs, log, gc, fsck, diff, stats.
 
-Maintenance (gc, fsck) lives in `maintenance.py`, inspection (diff, stats) in
-`inspect.py`; `Repo` exposes them as methods so the public API is one object.
+`Repo` is the composition root: it opens the store, builds the object database
+(`objectdb.ObjectDB`) and the tensor reader (`reader.TensorReader`, which owns
+the level caches) over it, and hands each service the parts it needs with plain
+settings read from the config -- the commit pipeline (`pipeline.py`), gc
+(`gc.py`), fsck (`fsck.py`), diff and stats (`inspect.py`).  What remains here
+is revision and ref handling, which every command shares.
 """
 from __future__ import annotations
 
-import functools
-import heapq
 import os
 import warnings
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
 from mvc.errors import MvcError, MvcWarning, UsageError
-from mvc.state import flatten, unflatten
+from mvc.state import flatten
 from mvc.quant import QuantConfig, QuantPolicy
 from mvc.repo import refs as R
+from mvc.repo import inspect, pipeline
 from mvc.repo.config import Config
-from mvc.repo.objects import Commit, Snapshot, object_kind
-from mvc.repo import lossy, pipeline
+from mvc.repo.fsck import FsckReport, check_repository
+from mvc.repo.gc import GcReport, GcSettings, collect_garbage
+from mvc.repo.inspect import RepoStats, TensorDiff
+from mvc.repo.levelcache import DiskLevelCache, check_level_cache
+from mvc.repo.objectdb import ObjectDB
+from mvc.repo.objects import Commit, Snapshot
 from mvc.repo.provenance import author, code_provenance
-from mvc.repo.replace import REPLACE, ReplacementError, follow_replacement
+from mvc.repo.reader import TensorReader
 from mvc.repo.revparse import (UnknownRevisionError, check_spelling, resolve_base,
                                 split_suffixes)
 from mvc.search.space import SearchSpace
-from mvc.store import ANY, InvalidRefError, ObjectMissingError, RefUpdate, open_store
+from mvc.store import ANY, InvalidRefError, RefUpdate, open_store
 
 MVC_DIR = ".mvc"
 DEFAULT_BRANCH = "main"
@@ -52,12 +58,16 @@ class Repo:
             store = open_store(self.mvc_dir)
         self.store = store
         self.config = Config(self.mvc_dir / "config.json")
-        self._levels = lossy.LevelCache()
+        #: Commits and snapshots, and the one walker of history.
+        self.odb = ObjectDB(store.blobs, store.refs)
         #: Each lossy commit leaves its levels in `.mvc/cache/levels` for the next process
         #: (a resume after a failure, the next CLI commit): `cache.levels_keep` newest commits.
+        #: fsck checks the directory even when the cache is off.
         keep = int(self.config.get("cache.levels_keep"))
-        self.disk_levels: lossy.DiskLevelCache | None = (
-            lossy.DiskLevelCache(self.mvc_dir / "cache" / "levels", keep, store) if keep > 0 else None)
+        self._level_cache = DiskLevelCache(self.mvc_dir / "cache" / "levels", keep,
+                                           blobs=store.blobs, meta=store.maintenance)
+        #: Tensors of snapshots (checkout, diff, gc's compaction, the commit's parent levels).
+        self.reader = TensorReader(self.odb, disk=self._level_cache if keep > 0 else None)
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -96,33 +106,21 @@ class Repo:
 
     # ------------------------------------------------------------------ objects
     def read_commit(self, oid: str) -> Commit:
-        return Commit.decode(self.store.get(oid), oid)
-
-    def resolve_snapshot_id(self, oid: str) -> str:
-        """The snapshot actually read for `oid`: gc may have replaced it by an identical re-encoding.
-
-        One step, by the one-level rule of `mvc.repo.replace` (ReplacementError otherwise).
-        """
-        return follow_replacement(self.store, oid)
+        """The commit `oid` (an id, not a revision: see `resolve`)."""
+        return self.odb.read_commit(oid)
 
     def read_snapshot(self, oid: str) -> Snapshot:
         """The snapshot a commit names (following gc's replacement, if any)."""
-        real = self.resolve_snapshot_id(oid)
-        data = self.store.get(real)
-        if real != oid and object_kind(data) != "snapshot":
-            raise ReplacementError(f"ref {REPLACE}{oid} names {real}, which is a "
-                                   f"{object_kind(data)}, not a snapshot")
-        return Snapshot.decode(data, real)
+        return self.odb.read_snapshot(oid)
 
-    def _is_commit(self, oid: str) -> bool:
-        # A missing object (removed by a concurrent gc) is simply no commit; a corrupt one
-        # raises IntegrityError naming it, instead of reading as an unknown revision.
-        try:
-            if self.store.size(oid) > (1 << 20):
-                return False
-            return self.store.get(oid).startswith(b"mvc-commit ")
-        except ObjectMissingError:
-            return False
+    @property
+    def disk_levels(self) -> DiskLevelCache | None:
+        """The on-disk level cache reads use (None: off, `cache.levels_keep = 0`)."""
+        return self.reader.disk
+
+    @disk_levels.setter
+    def disk_levels(self, cache: DiskLevelCache | None) -> None:
+        self.reader.disk = cache
 
     # ------------------------------------------------------------------ refs
     def _resolve_ref(self, name: str, depth: int = 0) -> str | None:
@@ -150,7 +148,7 @@ class Repo:
         base, steps = split_suffixes(rev)
         oid, ref = resolve_base(base, read_ref=self.store.read_ref, resolve_ref=self._resolve_ref,
                                 ids_with_prefix=self.store.ids_with_prefix,
-                                is_commit=self._is_commit)
+                                is_commit=self.odb.is_commit)
         for op, n in steps:
             if op == "~":
                 for _ in range(n):
@@ -300,7 +298,7 @@ class Repo:
             raise UsageError(f"step must be an int, got {step!r}")
         how = self._quantization(lossless, quant, policy, quality, epsilon, space)
         settings = self._commit_settings()
-        read_quantized = functools.partial(lossy.read_quantized, self)
+        read_quantized = self.reader.read_quantized
         lossy_plan = how.mode != "lossless"
         # HEAD now is only a hint for the plan (warm start, the search's starting config):
         # the branch may move before the lock is taken, which costs nothing but compression.
@@ -375,7 +373,7 @@ class Repo:
     def _parent_centroids(self) -> dict[str, torch.Tensor]:
         """HEAD's centroids by tensor name (what a commit warm-starts k-means from)."""
         return pipeline.parent_centroids(self._parent_info(self.head()),
-                                         functools.partial(lossy.read_quantized, self))
+                                         self.reader.read_quantized)
 
     def _remember_levels(self, cid: str, snap_id: str, quantized: Mapping[str, Any],
                          bases: pipeline.Bases) -> None:
@@ -383,36 +381,27 @@ class Repo:
 
         Only a speed-up: a failure here (a full disk) is a warning, never a reported
         failed commit."""
-        for name, q in quantized.items():
-            self._levels.put((snap_id, name), q)
-        if self.disk_levels is not None:
-            try:
-                self.disk_levels.save(snap_id, bases)
-            except (OSError, MvcError) as exc:
-                warnings.warn(MvcWarning(
-                    f"commit {cid[:12]} is stored, but its level cache was not written "
-                    f"({getattr(exc, 'strerror', None) or exc}); checkouts of it walk its "
-                    "delta chains instead"), stacklevel=3)
+        try:
+            self.reader.remember(snap_id, quantized, bases)
+        except (OSError, MvcError) as exc:
+            warnings.warn(MvcWarning(
+                f"commit {cid[:12]} is stored, but its level cache was not written "
+                f"({getattr(exc, 'strerror', None) or exc}); checkouts of it walk its "
+                "delta chains instead"), stacklevel=3)
 
     # ------------------------------------------------------------------ checkout
     def read_state(self, rev: str = "HEAD", *, map_location: str | torch.device | None = None) -> Any:
         """The checkpoint stored at `rev`, rebuilt with its original structure; HEAD does not move."""
-        return self._read_state_at(self.resolve(rev), map_location=map_location)
-
-    def _read_state_at(self, cid: str, *, map_location: str | torch.device | None = None) -> Any:
-        """The checkpoint of commit `cid`, an id already resolved: it never goes through
-        revision parsing again, where a ref could be named like it."""
-        sid = self.read_commit(cid).snapshot
-        snap = self.read_snapshot(sid)
-        tensors = lossy.read_all(self, sid, snap.tensors)
-        return unflatten(snap.skeleton, tensors, map_location=map_location or "cpu")
+        return self.reader.read_state(self.resolve(rev), map_location=map_location)
 
     def checkout(self, rev: str = "HEAD", *, move_head: bool = True,
                  map_location: str | torch.device | None = None) -> Any:
         """Rebuild the checkpoint at `rev` and move HEAD there: attached if `rev` names a branch
         (`main`, `refs/heads/main`, or `HEAD` while attached), detached otherwise."""
         cid, branch = self._resolve_rev(rev)
-        state = self._read_state_at(cid, map_location=map_location)
+        # By the id resolved: never through revision parsing again, where a ref could be
+        # named like it.
+        state = self.reader.read_state(cid, map_location=map_location)
         if move_head:
             self._move_head(cid, branch, rev)
         return state
@@ -427,21 +416,11 @@ class Repo:
                 return
         else:
             start = self.resolve(rev)
-        seen = {start}
-        first = self.read_commit(start)
-        heap = [(_neg_time(first), start, first)]
-        while heap:
-            _, _, c = heapq.heappop(heap)
-            yield c
-            for p in c.parents:
-                if p not in seen:
-                    seen.add(p)
-                    pc = self.read_commit(p)
-                    heapq.heappush(heap, (_neg_time(pc), p, pc))
+        yield from self.odb.walk_commits([start], order="date")
 
     def log(self, rev: str = "HEAD", n: int | None = None) -> list[Commit]:
         """Up to `n` commits reachable from `rev`, newest first."""
-        out = []
+        out: list[Commit] = []
         for c in self.iter_log(rev):
             if n is not None and len(out) >= n:
                 break
@@ -449,39 +428,36 @@ class Repo:
         return out
 
     # ------------------------------------------------------------------ maintenance / inspection
-    def gc(self, *, dry_run: bool = False, max_chain: int | None = None, shrink: bool = False):
-        """Bound delta chains (`gc.max_chain`), remove objects unreachable from refs and reflogs,
-        and with `shrink` rewrite the LMDB file compactly. Returns a `GcReport`.
+    def gc(self, *, dry_run: bool = False, max_chain: int | None = None,
+           shrink: bool = False) -> GcReport:
+        """Bound delta chains (`gc.max_chain`, `commit.chain_budget`), remove objects unreachable
+        from refs and reflogs, and with `shrink` give the freed space back to the file system.
 
         Never changes what any commit restores."""
-        from mvc.repo.maintenance import gc
+        get = self.config.get
+        settings = GcSettings(
+            max_chain=int(get("gc.max_chain")) if max_chain is None else max_chain,
+            chain_budget=float(get("commit.chain_budget")),
+            chunk_size=int(get("commit.chunk_mib")) << 20, lock_timeout=self._lock_timeout())
+        return collect_garbage(self.odb, self.reader, self.store.refs, self.store.maintenance,
+                               settings, dry_run=dry_run, shrink=shrink)
 
-        return gc(self, dry_run=dry_run, max_chain=max_chain, shrink=shrink)
+    def fsck(self) -> FsckReport:
+        """Verify every object and every reference; warn about unusable level-cache entries."""
+        return check_repository(self.odb, self.store.maintenance, self._level_cache)
 
-    def fsck(self):
-        """Verify every object and every reference. Returns an `FsckReport`."""
-        from mvc.repo.maintenance import fsck
+    def prune_level_cache(self) -> list[str]:
+        """Delete the level-cache files fsck warns about (the cache is disposable); returns the
+        warnings that named them."""
+        return check_level_cache(self._level_cache, self.odb.read_snapshot, remove=True)
 
-        return fsck(self)
+    def diff(self, a: str, b: str) -> list[TensorDiff]:
+        """Per-tensor differences between two revisions."""
+        return inspect.diff(self.odb, self.reader, self.resolve(a), self.resolve(b))
 
-    def diff(self, a: str, b: str):
-        """Per-tensor differences between two revisions (list of `TensorDiff`)."""
-        from mvc.repo.inspect import diff
-
-        return diff(self, a, b)
-
-    def stats(self):
-        """Raw vs stored bytes per commit and in total (a `RepoStats`)."""
-        from mvc.repo.inspect import stats
-
-        return stats(self)
-
-
-def _neg_time(c: Commit) -> float:
-    try:
-        return -datetime.fromisoformat(c.time).timestamp()
-    except ValueError:
-        return 0.0
+    def stats(self) -> RepoStats:
+        """Raw vs stored bytes per commit and in total, and what the repository occupies."""
+        return inspect.stats(self.odb, self.store.maintenance, self.mvc_dir / "cache")
 
 
 def _check_metrics(metrics: Mapping[str, float] | None) -> dict[str, float]:

@@ -1,0 +1,131 @@
+"""Garbage collection (`mvc gc`): bound delta chains, then delete what no ref or reflog reaches.
+
+The service receives the parts it works on -- the object database (which walks
+history), the tensor reader (compaction re-encodes through it), the ref store
+(replacements are published and dropped in one transaction each), the store's
+maintenance part (write lock, shrink) -- and plain settings; never a `Repo`.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from mvc.errors import DataError, UsageError
+from mvc.repo.compact import compact_chains
+from mvc.repo.objectdb import Damage, ObjectDB
+from mvc.repo.reader import TensorReader
+from mvc.repo.replace import REPLACE
+from mvc.store import InvalidIdError, RefUpdate, StoreMaintenance, TransactionalRefStore
+from mvc.store.base import check_oid
+
+
+class UnsafeGcError(DataError):
+    """gc refused to run because stored data is damaged (reachable history, an object key):
+    deleting could lose reachable data."""
+
+    exit_code = 25
+
+
+@dataclass
+class GcReport:
+    """What one gc did (or, with `dry_run`, would do)."""
+
+    removed_objects: int
+    freed_bytes: int
+    kept_objects: int
+    dry_run: bool
+    snapshots_rewritten: int = 0
+    tensors_rebased: int = 0
+    max_chain_before: int = 0
+    max_chain_after: int = 0
+    #: The store's size before and after `shrink` (None without it).
+    disk_before: int | None = None
+    disk_after: int | None = None
+
+
+@dataclass(frozen=True)
+class GcSettings:
+    """gc's configuration, read by the caller (`gc.max_chain`, `commit.chain_budget`, ...)."""
+
+    #: Re-encode tensors whose delta chain is deeper than this as bases (0: no depth bound).
+    max_chain: int
+    #: ... or whose chain costs more than this many passes to walk (0: no budget).
+    chain_budget: float
+    #: Payload chunk size of re-encoded tensors, bytes.
+    chunk_size: int
+    #: Seconds to wait for the repository write lock.
+    lock_timeout: float
+
+
+def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefStore,
+                    maintenance: StoreMaintenance, settings: GcSettings, *,
+                    dry_run: bool = False, shrink: bool = False) -> GcReport:
+    """Compact delta chains deeper than `settings.max_chain` or costlier than
+    `settings.chain_budget`, then delete every object no ref or reflog entry reaches.
+
+    Holds the write lock for its whole run, so a concurrent commit (which
+    writes its objects before its ref) can never have them collected.
+    Refuses (`UnsafeGcError`) to change anything when stored data is damaged:
+    an unreadable object anywhere in reachable history (a commit, a snapshot,
+    a replacement, a delta's parent) or a damaged object key in the store. With
+    `shrink`, the store then gives the freed space back.
+    """
+    if settings.max_chain < 0:
+        raise UsageError(f"max_chain must be >= 0 (0: no depth bound), got {settings.max_chain}")
+    blobs = odb.blobs
+    with maintenance.write_lock(settings.lock_timeout):
+        stored = _stored_ids(blobs.iter_ids())
+        roots = odb.root_ids()
+        keep = _reachable(odb, roots)
+        compacted = None
+        if not dry_run and (settings.max_chain > 0 or settings.chain_budget > 0):
+            compacted = compact_chains(odb, reader, refs, roots, max_chain=settings.max_chain,
+                                       budget=settings.chain_budget, chunk_size=settings.chunk_size)
+            if compacted.snapshots_rewritten:
+                keep = _reachable(odb, roots)
+        # Replacements of snapshots nothing reaches any more go too.
+        stale = [RefUpdate(n, v, None) for n, v in refs.iter_refs(REPLACE)
+                 if n[len(REPLACE):] not in keep]
+        if stale and not dry_run:
+            refs.update_refs(stale, "gc: drop replacements of unreachable snapshots")
+            for u in stale:
+                refs.delete_reflog(u.name)
+        # Objects compaction wrote are not in `stored`: all of them are reachable.
+        doomed = [oid for oid in stored if oid not in keep]
+        freed = sum(blobs.size(oid) for oid in doomed)
+        if not dry_run and doomed:
+            blobs.delete(doomed)
+        report = GcReport(removed_objects=len(doomed), freed_bytes=freed,
+                          kept_objects=len(keep), dry_run=dry_run)
+        if compacted is not None:
+            report.snapshots_rewritten = compacted.snapshots_rewritten
+            report.tensors_rebased = compacted.tensors_rebased
+            report.max_chain_before = compacted.max_depth_before
+            report.max_chain_after = compacted.max_depth_after
+        if shrink and not dry_run:
+            report.disk_before, report.disk_after = maintenance.shrink(settings.lock_timeout)
+        return report
+
+
+def _reachable(odb: ObjectDB, roots: set[str]) -> set[str]:
+    """Every object reachable from `roots`; `UnsafeGcError` if any of it cannot be read."""
+    damage: list[Damage] = []
+    keep = {r.oid for r in odb.reachable(roots, on_damage=damage.append)}
+    if damage:
+        more = f" (and {len(damage) - 1} more)" if len(damage) > 1 else ""
+        raise UnsafeGcError(f"gc refused: reachable history is damaged, run `mvc fsck`: "
+                            f"{damage[0]}{more}")
+    return keep
+
+
+def _stored_ids(ids: Iterable[str]) -> list[str]:
+    """Every stored id; `UnsafeGcError` on one that is no object id (a damaged key): what it
+    named cannot be told, so nothing may be deleted."""
+    out: list[str] = []
+    for oid in ids:
+        try:
+            out.append(check_oid(oid))
+        except InvalidIdError:
+            raise UnsafeGcError(f"gc refused: the store holds a damaged object key {oid!r}, "
+                                "run `mvc fsck`") from None
+    return out

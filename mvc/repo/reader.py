@@ -1,0 +1,221 @@
+"""Restoring tensors from snapshots: `TensorReader`, the read side of every checkout.
+
+Exact tensors are decoded by their codec.  A quantized tensor is stored either
+as a base or as a delta against the same tensor in the first parent's snapshot
+(`mvc.repo.lossy`); the reader walks its delta chain back to the nearest base,
+or to a level-cache hit, and decodes forward.  Deltas are of integer levels, so
+any commit restores exactly dequantize(quantize(W_t)), however deep (DESIGN
+invariant 3).
+
+A delta record names its parent as ``meta["parent"] = {"snapshot", "name"}``
+with the parent commit's *original* snapshot id; the object database follows
+gc's replacements (`ObjectDB.read_snapshot`), so a parent later re-encoded as a
+base still serves.
+
+The reader owns the two level caches: the in-memory one (`LevelCache`: recently
+materialized tensors, so a training process does not re-walk chains on every
+commit) and the on-disk one (`DiskLevelCache`: bases of the newest commits, for
+a new process).  The commit pipeline hands it the levels of a landed commit
+(`remember`); everything else only reads.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from mvc.codecs.base import quantized_codec
+from mvc.native.parallel import pmap
+from mvc.quant import QuantizedTensor
+from mvc.quant.optimizer import restore
+from mvc.repo.levelcache import BaseEntries, DiskLevelCache, LevelCache
+from mvc.repo.lossy import (
+    BrokenChainError,
+    chain_cost,
+    is_delta,
+    is_quantized,
+    parent_ref,
+)
+from mvc.repo.objectdb import ObjectDB
+from mvc.repo.objects import Snapshot, TensorRecord
+from mvc.repo.tensors import parse_dtype, read_payload, read_tensor
+from mvc.state import unflatten
+
+
+class TensorReader:
+    """Tensors of snapshots, read through `odb` and the level caches.
+
+    `levels`: the in-memory cache (a new one if not given); `disk`: the on-disk
+    cache, or None to walk chains from their stored bases (`cache.levels_keep = 0`).
+    Safe to share between threads.
+    """
+
+    def __init__(self, odb: ObjectDB, *, levels: LevelCache | None = None,
+                 disk: DiskLevelCache | None = None) -> None:
+        self.odb = odb
+        self.levels = levels if levels is not None else LevelCache()
+        self.disk = disk
+
+    # ------------------------------------------------------------------ states
+    def read_state(self, cid: str, *, map_location: str | torch.device | None = None) -> Any:
+        """The checkpoint of commit `cid` (an id, already resolved), rebuilt with its original
+        structure on `map_location` (default: the CPU)."""
+        sid = self.odb.read_commit(cid).snapshot
+        snap = self.odb.read_snapshot(sid)
+        tensors = self.read_all(sid, snap.tensors)
+        return unflatten(snap.skeleton, tensors, map_location=map_location or "cpu")
+
+    # ------------------------------------------------------------------ tensors
+    def read_quantized(self, snapshot_id: str, rec: TensorRecord,
+                       snapshots: dict[str, Snapshot] | None = None) -> QuantizedTensor:
+        """Materialize a quantized tensor, walking its delta chain back to the nearest base or
+        cache hit.
+
+        `snapshots` memoizes the parent snapshots the walk reads (one checkout
+        walks every tensor's chain through the same commits).
+        """
+        chain: list[tuple[str, TensorRecord]] = []
+        sid, cur = snapshot_id, rec
+        q = self._cached(sid, cur)
+        seen: set[tuple[str, str]] = set()
+        while q is None and is_delta(cur):
+            # Content ids make the committed chain acyclic; only a bogus replacement can
+            # close a loop, and that must be an error, not a walk that never ends.
+            if (sid, cur.name) in seen:
+                raise BrokenChainError(f"tensor {cur.name!r}: delta chain loops back to snapshot {sid}")
+            seen.add((sid, cur.name))
+            chain.append((sid, cur))
+            ref = parent_ref(cur)
+            if ref is None:
+                raise BrokenChainError(f"tensor {cur.name!r}: delta names no parent")
+            psid, pname = ref
+            snap = snapshots.get(psid) if snapshots is not None else None
+            if snap is None:
+                snap = self.odb.read_snapshot(psid)
+                if snapshots is not None:
+                    snapshots[psid] = snap
+            prec = next((r for r in snap.tensors if r.name == pname), None)
+            if prec is None or not is_quantized(prec):
+                raise BrokenChainError(f"tensor {cur.name!r}: parent {pname!r} missing in snapshot {psid}")
+            sid, cur = psid, prec
+            q = self._cached(sid, cur)
+        if q is None:
+            if not is_quantized(cur):
+                raise BrokenChainError(f"tensor {cur.name!r}: chain ends in codec {cur.codec}")
+            q = quantized_codec(cur.codec).decode_quantized(
+                cur.meta, read_payload(self.odb.blobs, cur), parse_dtype(cur.dtype), tuple(cur.shape))
+            self.levels.put((sid, cur.name), q)
+        if chain:
+            last_sid, last = chain[0]
+            blobs = self.odb.blobs
+            steps = [(crec.meta, lambda crec=crec: read_payload(blobs, crec))
+                     for _, crec in reversed(chain)]
+            q = quantized_codec(last.codec).decode_chain(q, steps, parse_dtype(last.dtype),
+                                                         tuple(last.shape))
+            self.levels.put((last_sid, last.name), q)
+        return q
+
+    def _cached(self, sid: str, rec: TensorRecord) -> QuantizedTensor | None:
+        hit = self.levels.get((sid, rec.name))
+        if hit is None and self.disk is not None and is_delta(rec):
+            hit = self.disk.load(sid, rec)
+            if hit is not None:
+                self.levels.put((sid, rec.name), hit)
+        return hit
+
+    def read_all(self, snapshot_id: str, records: list[TensorRecord]) -> dict[str, torch.Tensor]:
+        """Every tensor of a snapshot, by name (in record order).
+
+        The quantized tensors are decoded on the native thread pool (chain walks,
+        entropy decoding and level lookups run in C without the GIL) through one
+        shared snapshot memo, so at most one tensor per thread is being walked at a
+        time; Adam first moments are then bounded by their second moments,
+        restored once for both.
+        """
+        quant = [r for r in records if is_quantized(r)]
+        memo: dict[str, Snapshot] = {}
+        out: dict[str, torch.Tensor] = {}
+
+        def decode(rec: TensorRecord) -> None:
+            if is_quantized(rec):
+                out[rec.name] = _values(rec, self.read_quantized(snapshot_id, rec, memo))
+            else:
+                out[rec.name] = read_tensor(self.odb.blobs, rec)
+
+        # Costliest first (size times chain cost): the pool takes tasks in order, and the longest
+        # walk is the critical path.
+        pmap(decode, sorted(quant, key=lambda r: -math.prod(r.shape) * (1.0 + chain_cost(r))))
+        # Exact tensors after: their codec spreads one tensor's blocks over the pool itself.
+        for rec in records:
+            if rec.name not in out:
+                decode(rec)
+        moments = [r for r in quant if r.meta.get("moment")]
+        pmap(lambda rec: _bound_first_moment(rec, out[rec.name], out), moments)
+        return {rec.name: out[rec.name] for rec in records}
+
+    def read_any(self, snapshot_id: str, rec: TensorRecord,
+                 records: list[TensorRecord] | None = None) -> torch.Tensor:
+        """The tensor a record restores, whatever its codec (`records`: the snapshot's records,
+        if the caller has them, saves re-reading the snapshot)."""
+        if not is_quantized(rec):
+            return read_tensor(self.odb.blobs, rec)
+        out = _values(rec, self.read_quantized(snapshot_id, rec))
+        if rec.meta.get("moment"):
+            if records is None:
+                records = self.odb.read_snapshot(snapshot_id).tensors
+            partner = _partner(rec, records)
+            _bound_first_moment(rec, out, {partner.name: self.read_any(snapshot_id, partner, records)})
+        return out
+
+    # ------------------------------------------------------------------ after a commit
+    def remember(self, snapshot_id: str, quantized: Mapping[str, QuantizedTensor],
+                 bases: BaseEntries) -> None:
+        """Keep a landed commit's levels for later commits and checkouts: `quantized` in memory,
+        the base encodings `bases` on disk (when the disk cache is on).
+
+        Only a speed-up, done after the commit point: the caller turns a failure
+        to write the disk cache (`OSError`, `MvcError`: a full disk) into a warning.
+        """
+        for name, q in quantized.items():
+            self.levels.put((snapshot_id, name), q)
+        if self.disk is not None:
+            self.disk.save(snapshot_id, bases)
+
+
+def _values(rec: TensorRecord, q: QuantizedTensor) -> torch.Tensor:
+    """A quantized record's tensor before any first-moment bound."""
+    domain = rec.meta.get("domain", "linear")
+    if domain == "linear":
+        return q.dequantize()
+    return restore(q, domain)
+
+
+def _partner(rec: TensorRecord, records: list[TensorRecord]) -> TensorRecord:
+    name = rec.meta["moment"].get("partner")
+    partner = next((r for r in records if r.name == name), None)
+    if partner is None:
+        raise BrokenChainError(f"tensor {rec.name!r}: second moment {name!r} missing")
+    return partner
+
+
+def _bound_first_moment(rec: TensorRecord, m: torch.Tensor, restored: dict[str, torch.Tensor]) -> None:
+    """Clamp a restored Adam first moment to |m| <= bound * sqrt(v), in place.
+
+    m and v are quantized independently (m with absolute, v with relative
+    error), so where v is tiny the restored m / sqrt(v) -- Adam's step -- can be
+    hundreds of times larger than anything the exact state had, and the first
+    steps after a resume blow up. The bound is the exact state's largest
+    |m| / sqrt(v), recorded at commit time; where v restores to 0, m does too.
+    Deterministic, so restores stay bit-identical across runs. `restored` holds
+    the partner v by name.
+    """
+    info = rec.meta["moment"]
+    v = restored.get(info.get("partner"))
+    if v is None:
+        raise BrokenChainError(f"tensor {rec.name!r}: second moment {info.get('partner')!r} missing")
+    if v.shape != m.shape:
+        return
+    limit = v.float().clamp_min(0).sqrt_().mul_(float(info["ratio_bound"])).to(m.dtype)
+    torch.clamp(m, min=-limit, max=limit, out=m)
