@@ -20,9 +20,11 @@ install: $(VENV)/.installed
 demo: install
 	$(PY) examples/train_digits.py --workdir demo-run
 
-# The sanitizer run first (short), then the whole suite, whose summary closes the output.
+# The sanitizer run first (short), then the import contracts (layers, no cycles; pyproject.toml),
+# then the whole suite, whose summary closes the output.
 test: install
 	$(MAKE) test-asan
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest tests
 
 test-fast: install

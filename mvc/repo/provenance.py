@@ -34,6 +34,8 @@ def code_provenance(path: str | os.PathLike | None = None) -> dict[str, Any] | N
     and must not block a commit.
     """
     try:
+        # Imported here, inside the try: a missing or broken pygit2 must cost the commit its
+        # provenance, never the commit.
         import pygit2
 
         where = os.fspath(path if path is not None else os.getcwd())

@@ -33,7 +33,7 @@ from mvc.repo.reader import TensorReader
 from mvc.repo.revparse import (UnknownRevisionError, check_spelling, resolve_base,
                                 split_suffixes)
 from mvc.search.space import SearchSpace
-from mvc.store import ANY, InvalidRefError, RefUpdate, open_store
+from mvc.store import ANY, InvalidRefError, RefConflictError, RefUpdate, open_store
 
 MVC_DIR = ".mvc"
 DEFAULT_BRANCH = "main"
@@ -205,8 +205,6 @@ class Repo:
         return oid
 
     def _create_ref(self, ref: str, oid: str, reason: str, kind: str) -> None:
-        from mvc.store import RefConflictError
-
         try:
             self.store.update_refs([RefUpdate(ref, None, oid)], reason)
         except RefConflictError:
