@@ -40,10 +40,12 @@ import torch
 
 from mvc.codecs.base import BytesLike, tensor_codec
 from mvc.errors import InternalError, MvcError, UsageError
-from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy
+from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy, quantize_state
+from mvc.quant.optimizer import quantize_optimizer_state
 from mvc.repo import lossy
 from mvc.repo.objects import Commit, Snapshot, TensorRecord
 from mvc.repo.tensors import ChunkWriter
+from mvc.search import default_policy, find_config
 from mvc.search.space import SearchSpace
 from mvc.state import FlatState, unflatten
 from mvc.store import ObjectMissingError, RefUpdate, object_id
@@ -228,8 +230,6 @@ def quantize_fixed(tensors: Mapping[str, torch.Tensor], config: QuantConfig | No
                    init: Mapping[str, torch.Tensor] | None = None
                    ) -> tuple[dict[str, QuantizedTensor | None], dict]:
     """(name -> QuantizedTensor or None, quality record) for one config."""
-    from mvc.quant import quantize_state
-
     assert config is not None
     qmap = quantize_state(tensors, config, policy or _default_policy(), grads,
                           nonfinite="lossless", init=init)
@@ -257,8 +257,6 @@ def search(flat: FlatState, how: Quantization, parent: ParentInfo,
            ) -> tuple[QuantConfig | None, dict[str, QuantizedTensor | None], dict]:
     """The commit hook: the most compressive config of `how.space` within `how.epsilon`,
     starting from the parent's config (Inshrinkerator §5)."""
-    from mvc.search import find_config
-
     previous = None
     if parent.quant:
         try:
@@ -290,8 +288,6 @@ def compress_optimizer(tensors: Mapping[str, torch.Tensor],
     """
     if policy == "exact":
         return {}
-    from mvc.quant.optimizer import quantize_optimizer_state
-
     domains: dict[str, str] = {}
     for name, oq in quantize_optimizer_state(tensors, qmap, init=init).items():
         qmap[name] = oq.q
@@ -319,8 +315,6 @@ def moment_bounds(tensors: Mapping[str, torch.Tensor], domains: Mapping[str, str
 
 def _default_policy() -> QuantPolicy:
     # Weights only: optimizer state has its own path (`commit.optimizer`).
-    from mvc.search import default_policy
-
     return default_policy()
 
 
