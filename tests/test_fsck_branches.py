@@ -106,7 +106,7 @@ def test_ref_to_a_missing_object(tmp_path):
 # ------------------------------------------------------------------------ commits
 
 def test_malformed_commit(tmp_path):
-    repo, ids = lossless_repo(tmp_path / "r")
+    repo, _ = lossless_repo(tmp_path / "r")
     bad = repo.store.put(b'mvc-commit 1\n{"parents":[]}')  # verifies, but lacks every field
     repo.store.update_refs([RefUpdate("refs/heads/bad", None, bad)], "t")
     assert has(problems(repo), f"commit {bad}", "malformed")
@@ -253,7 +253,7 @@ def test_delta_naming_no_parent(tmp_path):
 def test_gc_refuses_a_damaged_object_key(tmp_path):
     """Regression: an object key that is no object id (a flipped byte in the LMDB key) made gc
     fail inside delete with InvalidIdError, a usage error; it is damage, and gc refuses."""
-    repo, ids = lossless_repo(tmp_path / "r")
+    repo, _ = lossless_repo(tmp_path / "r")
     victim = repo.store.put(b"an orphan whose key gets damaged")
     h = repo.store._h()
     bad_key = b"zz" + victim.encode()[2:]
