@@ -47,11 +47,10 @@ def _parse(data: bytes, header: bytes, oid: str, kind: str, inflate: bool = Fals
     """The JSON object after `header` (deflated when `inflate`)."""
     if not data.startswith(header):
         raise MalformedObjectError(f"object {oid} is not a {kind}")
-    body = memoryview(data)[len(header):]
-    if inflate:
-        body = _inflate(body, oid)
+    view = memoryview(data)[len(header):]
+    body = _inflate(view, oid) if inflate else bytes(view)
     try:
-        obj = json.loads(bytes(body) if isinstance(body, memoryview) else body)
+        obj = json.loads(body)
     except ValueError as exc:
         raise MalformedObjectError(f"{kind} {oid} is not valid JSON: {exc}") from None
     except RecursionError:  # the C parser's own guard: thousands of nested brackets

@@ -117,6 +117,6 @@ def _through(ref: str, name: str, read_ref: Callable[[str], str | None],
     target = resolve_ref(ref)
     if target is None:
         raise UnknownRevisionError(f"{name!r} has no commits yet")
-    if is_symbolic(value):
+    if value is not None and is_symbolic(value):
         return Resolved(target, symbolic_target(value))
     return Resolved(target, ref)
