@@ -1,7 +1,8 @@
 """One tensor to content-addressed chunks and back, through a codec."""
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Protocol
 
 import torch
 
@@ -34,6 +35,14 @@ def _rechunk(parts: Iterable[BytesLike], size: int) -> Iterator[BytesLike]:
         yield pending[0] if len(pending) == 1 else b"".join(pending)
 
 
+class ChunkSink(Protocol):
+    """What `ChunkWriter` writes through: the writing half of a `BlobStore`."""
+
+    def put(self, data: BytesLike) -> str: ...
+
+    def put_many(self, items: Iterable[BytesLike]) -> list[str]: ...
+
+
 class ChunkWriter:
     """Buffers small chunks and writes them with few transactions; big ones go straight through.
 
@@ -41,7 +50,7 @@ class ChunkWriter:
     of writers, in any number of processes, may store the same chunks at once.
     """
 
-    def __init__(self, store: BlobStore, chunk_size: int) -> None:
+    def __init__(self, store: ChunkSink, chunk_size: int) -> None:
         self.store = store
         self.chunk_size = chunk_size
         self._pending: list[bytes] = []
@@ -110,7 +119,7 @@ class PayloadSizeError(DataError):
     exit_code = 96
 
 
-def read_payload(store, rec: TensorRecord) -> bytearray:
+def read_payload(store: BlobStore, rec: TensorRecord) -> bytearray:
     """The concatenated, verified payload of one tensor record.
 
     The buffer is sized by the chunks' stored lengths, checked against the
@@ -131,7 +140,7 @@ def read_payload(store, rec: TensorRecord) -> bytearray:
     return buf
 
 
-def payload_size_problems(store, rec: TensorRecord, present: set[str]) -> list[str]:
+def payload_size_problems(store: BlobStore, rec: TensorRecord, present: set[str]) -> list[str]:
     """For fsck: the record's `stored_bytes` against its chunks' sizes (missing chunks are
     reported by the caller)."""
     if not all(oid in present for oid in rec.chunks):
@@ -145,7 +154,7 @@ def payload_size_problems(store, rec: TensorRecord, present: set[str]) -> list[s
     return [f"tensor {rec.name!r}: chunks hold {held} bytes, snapshot says {rec.stored_bytes}"]
 
 
-def read_tensor(store, rec: TensorRecord) -> torch.Tensor:
+def read_tensor(store: BlobStore, rec: TensorRecord) -> torch.Tensor:
     """Decode one tensor of a snapshot (lossless codecs; lossy ones go through their chain reader)."""
     codec = tensor_codec(rec.codec)  # a quantized record is its chain reader's, never this
     return codec.decode(rec.meta, read_payload(store, rec), parse_dtype(rec.dtype), tuple(rec.shape))
