@@ -38,6 +38,7 @@ from typing import Any, Protocol
 
 import torch
 
+import mvc.search
 from mvc.codecs.base import BytesLike, tensor_codec
 from mvc.errors import InternalError, MvcError, UsageError
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy, quantize_state
@@ -45,7 +46,7 @@ from mvc.quant.optimizer import quantize_optimizer_state
 from mvc.repo import lossy
 from mvc.repo.objects import Commit, Snapshot, TensorRecord
 from mvc.repo.tensors import ChunkWriter
-from mvc.search import default_policy, find_config
+from mvc.search import default_policy
 from mvc.search.space import SearchSpace
 from mvc.state import FlatState, unflatten
 from mvc.store import ObjectMissingError, RefUpdate, object_id
@@ -270,10 +271,12 @@ def search(flat: FlatState, how: Quantization, parent: ParentInfo,
 
         def evaluate(candidate: dict[str, torch.Tensor]) -> float:
             return quality(unflatten(skeleton, candidate))
-    result = find_config(flat.tensors, evaluate=evaluate, epsilon=how.epsilon, previous=previous,
-                         grads=grads, policy=how.policy or _default_policy(), space=how.space,
-                         metric_name=getattr(quality, "__name__", None) if quality else None,
-                         init=init, tensor_cap=how.tensor_cap)
+    # Through the package, not a name bound at import: callers (tests, a Tracker) may wrap it.
+    result = mvc.search.find_config(
+        flat.tensors, evaluate=evaluate, epsilon=how.epsilon, previous=previous, grads=grads,
+        policy=how.policy or _default_policy(), space=how.space,
+        metric_name=getattr(quality, "__name__", None) if quality else None,
+        init=init, tensor_cap=how.tensor_cap)
     if result.config is None:
         return None, {}, dict(result.quality, stored="lossless: no feasible configuration")
     return result.config, dict(result.qmap), result.quality
