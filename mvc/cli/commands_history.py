@@ -203,13 +203,13 @@ def show(rev: str, as_json: bool) -> None:
     for line in message_lines(c.message):
         echo(f"    {line}", multiline=True)
     echo()
-    rows = [(t["name"], t["dtype"], "x".join(map(str, t["shape"])) or "()", t["codec"],
-             human_bytes(t["stored_bytes"]), ratio(t["raw_bytes"] / t["stored_bytes"])
-             if t["stored_bytes"] else "-") for t in tensors]
+    rows = [(t.name, t.dtype, "x".join(map(str, t.shape)) or "()", t.codec,
+             human_bytes(t.stored_bytes), ratio(t.raw_bytes / t.stored_bytes)
+             if t.stored_bytes else "-") for t in snap.tensors]
     click.echo(table(rows, ["tensor", "dtype", "shape", "codec", "stored", "ratio"], "lllllr"))
-    raw, stored = snap.raw_bytes, sum(t["stored_bytes"] for t in tensors)
+    raw, stored = snap.raw_bytes, sum(t.stored_bytes for t in snap.tensors)
     echo()
-    echo(f"{len(tensors)} tensors, {human_bytes(raw)} raw, {human_bytes(stored)} stored"
+    echo(f"{len(snap.tensors)} tensors, {human_bytes(raw)} raw, {human_bytes(stored)} stored"
          f" ({ratio(raw / stored) if stored else '-'})")
 
 
@@ -232,7 +232,7 @@ def diff(rev_a: str, rev_b: str, as_json: bool, show_all: bool) -> None:
         rel = f"{d.rel_l2:.3e}" if d.rel_l2 is not None else "-"
         mx = f"{d.max_abs:.3e}" if d.max_abs is not None else "-"
         rows.append((d.name, d.status, rel, mx))
-    counts = {}
+    counts: dict[str, int] = {}
     for d in diffs:
         counts[d.status] = counts.get(d.status, 0) + 1
     if rows:

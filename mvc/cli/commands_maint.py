@@ -30,7 +30,7 @@ def gc(dry_run: bool, shrink: bool, max_chain: int | None) -> None:
     verb = "would remove" if dry_run else "removed"
     echo(f"gc: {verb} {r.removed_objects} objects, {human_bytes(r.freed_bytes)}; "
          f"{r.kept_objects} reachable objects kept")
-    if r.disk_before is not None:
+    if r.disk_before is not None and r.disk_after is not None:  # both set by the one shrink
         echo(f"gc: store file {human_bytes(r.disk_before)} -> {human_bytes(r.disk_after)}")
 
 

@@ -29,8 +29,9 @@ def branch(name: str | None, rev: str | None, delete: bool) -> None:
     for bname, oid in repo.branches():
         mark = "*" if bname == current else " "
         echo(f"{mark} {bname}  {oid[:12]}  {repo.read_commit(oid).summary}")
-    if current is None and repo.head():
-        echo(f"* (HEAD detached at {repo.head()[:12]})")
+    head = repo.head()
+    if current is None and head:
+        echo(f"* (HEAD detached at {head[:12]})")
 
 
 @click.command()

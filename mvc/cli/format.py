@@ -26,8 +26,8 @@ def _escapes(keep: str) -> dict[int, str]:
     for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C,
               0x2028, 0x2029):
         table_[c] = f"\\u{c:04x}"
-    for c in keep:
-        del table_[ord(c)]
+    for ch in keep:
+        del table_[ord(ch)]
     return table_
 
 

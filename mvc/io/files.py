@@ -31,7 +31,7 @@ import sys
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import IO, Any, BinaryIO, NamedTuple, cast
 
 import torch
 
@@ -251,7 +251,9 @@ def _load_torch_zip(target: Path) -> Any:
         return torch.load(target, weights_only=True, map_location="cpu")
     archive = _TorchZip(target, reader_class)
     unpickler = unpickler_class(io.BytesIO(archive.read("data.pkl")), encoding="utf-8")
-    unpickler.persistent_load = archive.storage
+    # pickle's documented hook is an instance attribute (torch.load assigns it the same way);
+    # torch's stubs declare it a method, hence the targeted ignore.
+    unpickler.persistent_load = archive.storage  # type: ignore[method-assign]
     tls = getattr(torch.serialization, "_serialization_tls", None)
     if tls is not None:
         tls.map_location = "cpu"  # read by the rebuild functions of wrapper subclasses, as under torch.load
@@ -415,7 +417,9 @@ class _TorchZip:
             stat = os.stat(self.target)
             if (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns) != self._identity:
                 raise CorruptCheckpointError(f"{self.target}: the file changed while it was being read")
-            self._mapped = torch.UntypedStorage.from_file(str(self.target), False, self.file_size)
+            # from_file is typed on _StorageBase (returns a union); on UntypedStorage it returns one.
+            self._mapped = cast(torch.UntypedStorage,
+                                torch.UntypedStorage.from_file(str(self.target), False, self.file_size))
         raw = self._mapped[data.start:data.start + data.size]
         if self.swap and dtype.itemsize > 1:
             raw.byteswap(dtype)  # the map is private (copy-on-write): the file is untouched
@@ -484,7 +488,7 @@ def _scan_globals(target: Path) -> list[str]:
         return _pickle_globals(handle)
 
 
-def _pickle_globals(stream: BinaryIO) -> list[str]:
+def _pickle_globals(stream: IO[bytes]) -> list[str]:
     found: list[str] = []
     for _ in range(_MAX_PICKLES_SCANNED):  # the legacy format is several pickles in a row
         memo: dict[int, Any] = {}
@@ -499,9 +503,10 @@ def _pickle_globals(stream: BinaryIO) -> list[str]:
                 if name in ("MEMOIZE",):
                     memo[len(memo)] = recent[-1] if recent else None
                 elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-                    memo[int(arg)] = recent[-1] if recent else None
+                    if isinstance(arg, int):  # genops decodes every memo index to an int
+                        memo[arg] = recent[-1] if recent else None
                 elif name in ("GET", "BINGET", "LONG_BINGET"):
-                    recent.append(memo.get(int(arg)))
+                    recent.append(memo.get(arg) if isinstance(arg, int) else None)
                 elif isinstance(arg, str) and ("UNICODE" in name or "STRING" in name):
                     recent.append(arg)
                 elif name not in ("FRAME", "PROTO"):

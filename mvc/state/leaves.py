@@ -154,10 +154,9 @@ def decode_leaf(node: Any) -> Any:
     if not isinstance(node, dict):
         raise DataError(f"malformed state remainder: unexpected node {type(node).__name__}")
     tag = node.get("t")
-    try:
-        decoder = _DECODERS[tag]
-    except (KeyError, TypeError):
-        raise DataError(f"malformed state remainder: unknown tag {tag!r}") from None
+    decoder = _DECODERS.get(tag) if isinstance(tag, str) else None
+    if decoder is None:
+        raise DataError(f"malformed state remainder: unknown tag {tag!r}")
     try:
         return decoder(node)
     except MvcError:
