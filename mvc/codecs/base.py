@@ -182,7 +182,7 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     if flat.numel() == 0:
         return memoryview(b"")
     as_u8 = flat.view(torch.uint8)
-    return memoryview(as_u8.numpy()).cast("B")
+    return as_u8.numpy().data.cast("B")
 
 
 def tensor_from_bytes(payload: BytesLike, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:

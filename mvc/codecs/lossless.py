@@ -119,7 +119,7 @@ class LosslessCodec:
                                                ffi.from_buffer("uint8_t[]", scratch(cnt * item)))
                 return out[off:off + check_encode(rc, "lossless/1 segment encode")].data
 
-            parts = pmap(one, range(len(starts)))
+            parts: list[BytesLike] = list(pmap(one, range(len(starts))))
         if 4 * sum(len(p) for p in parts) < 3 * out.size:  # free the worst-case buffer
             parts = [bytes(p) for p in parts]
         return Encoded(meta=meta, parts=parts)

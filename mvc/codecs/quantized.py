@@ -434,7 +434,8 @@ def decode_delta(meta: Mapping[str, Any], payload: BytesLike, dtype: torch.dtype
 def _walkable(meta: Mapping[str, Any]) -> bool:
     """Whether a delta's meta says the chain walker can take it (checked again on decode)."""
     k, n_prev, numel = meta.get("bins"), meta.get("parent_n_levels"), meta.get("numel")
-    if meta.get("mode") != _MODE or not all(type(v) is int for v in (k, n_prev, numel)):
+    if meta.get("mode") != _MODE or type(k) is not int or type(n_prev) is not int \
+            or type(numel) is not int:
         return False
     return dg.ChainWalker.supports(numel, max(n_prev, k + 2))
 
@@ -458,19 +459,24 @@ def decode_chain(base: QuantizedTensor,
         for m, load in deltas:
             q = decode_delta(m, load(), dtype, shape, q.levels)
         return q
-    top, pt = 0, None
-    with contextlib.ExitStack() as stack:
-        walker = None
-        for m, load in deltas:
+    (m0, load0), rest = deltas[0], deltas[1:]
+    pt = _DeltaParts(m0, load0(), dtype, shape)
+    with dg.ChainWalker(_parent_np(pt, base.levels)) as walker:
+        top = _walk_step(walker, pt)
+        for m, load in rest:
             pt = _DeltaParts(m, load(), dtype, shape)
-            if walker is None:
-                walker = stack.enter_context(dg.ChainWalker(_parent_np(pt, base.levels)))
-            with _level_errors(pt):
-                top = walker.step(pt.n_prev, pt.modulus, pt.k + 2, pt.levels_view, pt.lengths)
-            if top != pt.n_prot:
-                raise QuantPayloadError(f"{top} protected levels but {pt.n_prot} protected values stored")
+            top = _walk_step(walker, pt)
         levels = walker.levels()
     return pt.assemble(levels, top)
+
+
+def _walk_step(walker: dg.ChainWalker, pt: _DeltaParts) -> int:
+    """Apply one delta's level sections in place; the protected-level count it leaves."""
+    with _level_errors(pt):
+        top = walker.step(pt.n_prev, pt.modulus, pt.k + 2, pt.levels_view, pt.lengths)
+    if top != pt.n_prot:
+        raise QuantPayloadError(f"{top} protected levels but {pt.n_prot} protected values stored")
+    return top
 
 
 # --------------------------------------------------------------------------- registered codecs

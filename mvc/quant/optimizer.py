@@ -254,7 +254,9 @@ def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],
     out: dict[str, OptQuantized] = {}
     for name, t in tensors.items():
         parsed = parse_state_name(name)
-        domain = MOMENT_KEYS.get(parsed[2]) if parsed else None
+        if parsed is None:
+            continue
+        domain = MOMENT_KEYS.get(parsed[2])
         if domain is None or not t.is_floating_point() or t.numel() < min_numel:
             continue
         if not bool(torch.isfinite(t).all()):

@@ -140,15 +140,17 @@ def masks(x: torch.Tensor, sens: torch.Tensor | None, thr: Thresholds
         raise QuantConfigError("these thresholds need sensitivity scores (a gradient)")
     mag = x.abs() if (thr.prune is not None and thr.prune_metric == "magnitude"
                       or thr.protect_magnitude is not None) else None
-    protect = None
-    if thr.protect_magnitude is not None:
+    # The `is not None` tests on mag/sens below always hold once their rule is on (mag is
+    # computed for it; a missing sens raised above); they are there so the types narrow.
+    protect: torch.Tensor | None = None
+    if thr.protect_magnitude is not None and mag is not None:
         protect = mag > thr.protect_magnitude
-    if thr.protect_sensitivity is not None:
+    if thr.protect_sensitivity is not None and sens is not None:
         ps = sens > thr.protect_sensitivity
         protect = ps if protect is None else protect.logical_or_(ps)
-    prune = None
-    if thr.prune is not None:
-        imp = mag if thr.prune_metric == "magnitude" else sens
+    prune: torch.Tensor | None = None
+    imp = mag if thr.prune_metric == "magnitude" else sens
+    if thr.prune is not None and imp is not None:
         prune = imp <= thr.prune
         if protect is not None:
             prune.logical_and_(protect.logical_not())

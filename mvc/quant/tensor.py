@@ -147,8 +147,8 @@ def _flat32(tensor: torch.Tensor) -> torch.Tensor:
 
 def _exact_means(x: torch.Tensor, levels: torch.Tensor, centroids: np.ndarray) -> np.ndarray:
     """Per-level means of the raw values (levels < k); empty levels keep their centroid."""
-    sums, cnt = level_means(x, levels, centroids.size)
-    sums, cnt = sums.numpy(), cnt.numpy().astype(np.float64)
+    sums_t, cnt_t = level_means(x, levels, centroids.size)
+    sums, cnt = sums_t.numpy(), cnt_t.numpy().astype(np.float64)
     return np.where(cnt > 0, sums / np.maximum(cnt, 1.0), centroids)
 
 
@@ -181,9 +181,9 @@ def _levels_native(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
     part = _partition(thr, sens)
     keep = sketch
     if part is not None:
-        keep = _magnitude_only_keep(sketch, thr)
-        if keep is None:
-            keep = LogSketch.from_tensor(x, sketch.alpha, part=part)
+        restricted = _magnitude_only_keep(sketch, thr)
+        keep = (restricted if restricted is not None
+                else LogSketch.from_tensor(x, sketch.alpha, part=part))
     centres = approx_kmeans(keep, k, sigma=sigma, generator=generator, init=init)
     levels = torch.empty(x.numel(), dtype=level_dtype(k))
     mids = midpoints(torch.from_numpy(centres).to(torch.float32))
