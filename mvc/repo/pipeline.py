@@ -31,7 +31,7 @@ for the one compare-and-swap and plain configuration values (`CommitSettings`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -49,7 +49,7 @@ from mvc.repo.tensors import ChunkWriter
 from mvc.search import default_policy
 from mvc.search.space import SearchSpace
 from mvc.state import FlatState, unflatten
-from mvc.store import ObjectMissingError, RefUpdate, object_id
+from mvc.store import ObjectMissingError, object_id
 
 #: Tensors this small are stored raw: a codec header would cost more than it saves.
 RAW_BELOW_BYTES = 64
@@ -69,9 +69,10 @@ class BlobSink(Protocol):
 
 
 class RefSink(Protocol):
-    """The part of a ref store `publish` moves a ref through (compare-and-swap + reflog)."""
+    """The part of a ref store `publish` moves a ref through: one compare-and-swap with its
+    reflog entry, which any ref store (a remote's included) provides; no batch needed."""
 
-    def update_refs(self, updates: Sequence[RefUpdate], reason: str) -> None: ...
+    def update_ref(self, name: str, old: str | None, new: str | None, reason: str) -> None: ...
 
 
 class IncompleteCommitError(UsageError):
@@ -438,5 +439,5 @@ def publish(plan: CommitPlan, records: Iterable[TensorRecord], info: CommitInfo,
     sid, cid = blobs.put_many([snap_data, commit.encode()])
     if sid != commit.snapshot:
         raise InternalError(f"snapshot stored as {sid}, expected {commit.snapshot}")
-    refs.update_refs([RefUpdate(ref, parent, cid)], f"commit: {commit.summary}")
+    refs.update_ref(ref, parent, cid, f"commit: {commit.summary}")
     return cid, sid
