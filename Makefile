@@ -5,9 +5,9 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: venv install demo test test-fast test-asan bench clean
+.PHONY: venv install demo test test-fast test-asan lint bench clean
 
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard native/*.c native/*.h native/*.py)
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard native/*.c native/*.h native/internal/*.h native/*.py)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
@@ -20,12 +20,18 @@ install: $(VENV)/.installed
 demo: install
 	$(PY) examples/train_digits.py --workdir demo-run
 
-# The sanitizer run first (short), then the import contracts (layers, no cycles; pyproject.toml),
-# then the whole suite, whose summary closes the output.
+# The sanitizer run first (short), then the static checks, then the whole suite, whose summary
+# closes the output.
 test: install
 	$(MAKE) test-asan
-	$(VENV)/bin/lint-imports
+	$(MAKE) lint
 	$(PY) -m pytest tests
+
+# Import contracts (layers, no cycles), ruff and mypy; their settings live in pyproject.toml.
+lint: install
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check mvc tests benchmarks examples
+	$(VENV)/bin/mypy
 
 test-fast: install
 	$(PY) -m pytest tests -m "not slow" -x

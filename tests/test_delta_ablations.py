@@ -20,7 +20,7 @@ from mvc.codecs.base import CodecError
 _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.append(_ROOT)
-from benchmarks import delta_ablations as abl
+from benchmarks import delta_ablations as abl  # noqa: E402  (needs the path above)
 
 ENCODERS = {"pe": qc.encode_delta,
             "rle": lambda q, p, n: abl.encode("rle", q, p, n),

@@ -11,7 +11,6 @@ import textwrap
 import time
 
 import pytest
-import torch
 
 from mvc.repo.repository import Repo
 from test_repo_lossy import assert_bits, chained_repo, trajectory
