@@ -69,8 +69,10 @@ def _run(argv: list[str] | None) -> int:
         if isinstance(exc, InternalError) and os.environ.get("MVC_DEBUG"):
             traceback.print_exc()
         return exc.exit_code
-    except click.exceptions.Abort:
-        click.echo("mvc: aborted", err=True)
+    except click.exceptions.Abort as exc:
+        # click turns Ctrl-C inside a command into Abort (after printing a newline).
+        ctrl_c = isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt)
+        click.echo("mvc: interrupted" if ctrl_c else "mvc: aborted", err=True)
         return 130
     except click.ClickException as exc:
         exc.show()
