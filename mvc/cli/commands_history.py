@@ -117,6 +117,24 @@ def short_gate(q: dict) -> str:
     return f"quality {_pct(q['degradation'])} (bound {eps:.2%})"
 
 
+def storage_line(c: Commit, raw: int, stored: int) -> str:
+    """What `mvc commit` says after the summary: sizes, ratio, and how the commit was stored,
+    e.g. '12.1 MiB -> 0.4 MiB (30.25x); lossy: 16 bins, prune 0.2, gate quality +0.40%
+    (bound 1.00%)' or '...; lossless: no feasible configuration'."""
+    sizes = f"{human_bytes(raw)} -> {human_bytes(stored)} ({ratio(raw / stored) if stored else '-'})"
+    q = c.quality or {}
+    if not c.quant:
+        # No quantization: asked for (commit.mode lossless, --lossless), or the search found
+        # no configuration within the bound; the pipeline records the latter in `stored`.
+        return f"{sizes}; {q.get('stored') or 'lossless'}"
+    how = f"lossy: {c.quant.get('bins')} bins, prune {c.quant.get('prune', 0):g}"
+    if _gate_name(q) == "none":
+        return f"{sizes}; {how}, no gate (fixed config, relative L2 error {q.get('value', 0):.3g})"
+    if q.get("degradation") is None:
+        return f"{sizes}; {how}, gate {describe_gate(q)}"
+    return f"{sizes}; {how}, gate {short_gate(q)}"
+
+
 def commit_dict(c: Commit) -> dict:
     d = asdict(c)
     d["id"] = c.id

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from mvc.cli.commands_history import storage_line
 from mvc.cli.format import echo, human_bytes
 from mvc.errors import MvcError, MvcWarning, UsageError
 from mvc.repo.repository import Repo
@@ -78,8 +79,10 @@ def commit(message: str, checkpoint: str | None, step: int | None, metrics: tupl
         warnings.warn(MvcWarning(f"commit {cid[:12]} is stored, but {exc}"), stacklevel=1)
     branch = repo.current_branch()
     c = repo.read_commit(cid)
-    raw = repo.read_snapshot(c.snapshot).raw_bytes
-    echo(f"[{branch or 'detached HEAD'} {cid[:12]}] {c.summary}  ({human_bytes(raw)} of tensors)")
+    snap = repo.read_snapshot(c.snapshot)
+    stored = sum(t.stored_bytes for t in snap.tensors)
+    echo(f"[{branch or 'detached HEAD'} {cid[:12]}] {c.summary}  "
+         f"{storage_line(c, snap.raw_bytes, stored)}")
 
 
 class QualityHookError(UsageError):
@@ -179,9 +182,18 @@ def status() -> None:
         echo(f"Checkpoint {path}: missing")
         return
     st = path.stat()
-    same = (tracked and tracked["path"] == str(path.resolve()) and tracked["commit"] == head
-            and tracked["size"] == st.st_size and tracked["mtime_ns"] == st.st_mtime_ns)
-    echo(f"Checkpoint {path}: {'unchanged since HEAD' if same else 'modified (not committed)'}")
+    # `tracked` is the commit the file was last written from or committed as; the file is
+    # untouched when its size and mtime still match. HEAD may have moved since without the
+    # file being rewritten (`switch` never writes it), which is not a modification.
+    same_file = (tracked is not None and tracked["path"] == str(path.resolve())
+                 and tracked["size"] == st.st_size and tracked["mtime_ns"] == st.st_mtime_ns)
+    if not same_file or tracked is None:
+        echo(f"Checkpoint {path}: modified (not committed)")
+    elif tracked["commit"] == head:
+        echo(f"Checkpoint {path}: unchanged since HEAD")
+    else:
+        echo(f"Checkpoint {path}: unchanged since {tracked['commit'][:12]}, which is not HEAD "
+             "(`mvc checkout HEAD` writes HEAD's checkpoint)")
 
 
 @click.command("config")
