@@ -1,11 +1,15 @@
-"""branch, tag, switch."""
+"""branch, tag, switch, reflog."""
 from __future__ import annotations
+
+from datetime import datetime, timezone
 
 import click
 
-from mvc.cli.format import echo
+from mvc.cli.format import echo, echo_json
 from mvc.errors import UsageError
+from mvc.repo.refs import HEAD, HEADS, TAGS
 from mvc.repo.repository import Repo
+from mvc.repo.revparse import ref_history, reflog_ref
 
 
 @click.command()
@@ -64,4 +68,37 @@ def switch(name: str, create: bool) -> None:
     echo(f"Switched to {'a new ' if create else ''}branch {repo.current_branch()}")
 
 
-COMMANDS = [branch, tag, switch]
+def _selector(ref: str) -> str:
+    """How `REF@{n}` spells `ref` back: as the user would type it (short names)."""
+    if ref == HEAD:
+        return HEAD
+    return ref.removeprefix(HEADS) if ref.startswith(HEADS) else ref.removeprefix(TAGS)
+
+
+def _when(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@click.command()
+@click.argument("ref", required=False, default=HEAD)
+@click.option("-n", "max_count", type=click.IntRange(min=0), default=None,
+              help="Show at most N entries.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def reflog(ref: str, max_count: int | None, as_json: bool) -> None:
+    """Show where REF (default HEAD; a branch or tag) has pointed, newest first, as REF@{n}
+    (usable as a revision: `mvc checkout main@{2}`). HEAD's entries include the commits made
+    while it was attached to a branch, as in git."""
+    repo = Repo.discover()
+    full = reflog_ref(ref, repo.store.read_ref)
+    moves = ref_history(full, repo.store.reflog)[:max_count]
+    name = _selector(full)
+    if as_json:
+        echo_json([{"id": m.oid, "selector": f"{name}@{{{i}}}", "reason": m.reason,
+                    "time": datetime.fromtimestamp(m.time, timezone.utc).isoformat()}
+                   for i, m in enumerate(moves)])
+        return
+    for i, m in enumerate(moves):
+        echo(f"{m.oid[:12]} {name}@{{{i}}}: {m.reason}  ({_when(m.time)})")
+
+
+COMMANDS = [branch, tag, switch, reflog]

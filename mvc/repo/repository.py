@@ -148,7 +148,7 @@ class Repo:
         base, steps = split_suffixes(rev)
         oid, ref = resolve_base(base, read_ref=self.store.read_ref, resolve_ref=self._resolve_ref,
                                 ids_with_prefix=self.store.ids_with_prefix,
-                                is_commit=self.odb.is_commit)
+                                is_commit=self.odb.is_commit, reflog=self.store.reflog)
         for op, n in steps:
             if op == "~":
                 for _ in range(n):

@@ -1,15 +1,17 @@
-"""Revision syntax: full ids, unique prefixes, branch/tag names, HEAD, REV~n, REV^, REV^n."""
+"""Revision syntax: full ids, unique prefixes, branch/tag names, HEAD, REF@{n}, REV~n, REV^,
+REV^n."""
 from __future__ import annotations
 
 import re
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 from mvc.errors import MvcError
 from mvc.repo.refs import HEAD, HEADS, TAGS, is_symbolic, symbolic_target
-from mvc.store import InvalidRefError
+from mvc.store import InvalidRefError, ReflogEntry
 
 _HEX = re.compile(r"^[0-9a-f]{4,32}$")
 _SUFFIX = re.compile(r"(~\d*|\^\d*)$")
+_AT = re.compile(r"^(.*)@\{(\d+)\}$")
 ID_LEN = 32
 
 
@@ -65,15 +67,28 @@ def check_spelling(rev: str) -> None:
 def resolve_base(name: str, *, read_ref: Callable[[str], str | None],
                  resolve_ref: Callable[[str], str | None],
                  ids_with_prefix: Callable[[str], list[str]],
-                 is_commit: Callable[[str], bool]) -> Resolved:
+                 is_commit: Callable[[str], bool],
+                 reflog: Callable[[str], Sequence[ReflogEntry]] | None = None) -> Resolved:
     """Resolve a revision without suffixes to a commit id, in this order:
 
     a full id of an existing commit (it wins over any name), ``HEAD``, a full ref
     name (``refs/heads/X`` / ``refs/tags/X``, exactly that ref), a branch, a tag,
-    then a unique id prefix of 4 hex digits or more.
+    then a unique id prefix of 4 hex digits or more. ``REF@{n}`` (given `reflog`) is
+    the n-th previous value of REF from its reflog (`ref_history`), never attached.
     """
     if not name:
         raise UnknownRevisionError("empty revision")
+    at = _AT.match(name)
+    if at and reflog is not None:
+        ref = reflog_ref(at.group(1), read_ref)
+        history = ref_history(ref, reflog)
+        n = int(at.group(2))
+        if n >= len(history):
+            raise UnknownRevisionError(
+                f"unknown revision {name!r}: the reflog of {ref} has only {len(history)} entries")
+        if not is_commit(history[n].oid):
+            raise UnknownRevisionError(f"{name!r}: {history[n].oid[:12]} is not a stored commit")
+        return Resolved(history[n].oid, None)
     low = name.lower()
     if len(low) == ID_LEN and _HEX.match(low) and is_commit(low):
         return Resolved(low, None)
@@ -120,3 +135,55 @@ def _through(ref: str, name: str, read_ref: Callable[[str], str | None],
     if value is not None and is_symbolic(value):
         return Resolved(target, symbolic_target(value))
     return Resolved(target, ref)
+
+
+class Move(NamedTuple):
+    """One value a ref had: the commit, since when (UTC epoch seconds), and why it moved."""
+
+    oid: str
+    time: float
+    reason: str
+
+
+def reflog_ref(name: str, read_ref: Callable[[str], str | None]) -> str:
+    """The full ref whose reflog ``NAME@{n}`` reads: HEAD (also for an empty NAME), a full
+    ref name, else the branch, else the tag called NAME."""
+    if name in ("", HEAD):
+        return HEAD
+    if name.startswith((HEADS, TAGS)):
+        return name
+    for ref in (HEADS + name, TAGS + name):
+        if _read(read_ref, ref) is not None:
+            return ref
+    raise UnknownRevisionError(f"unknown ref {name!r}: no branch or tag of that name")
+
+
+def ref_history(ref: str, reflog: Callable[[str], Sequence[ReflogEntry]]) -> list[Move]:
+    """The commits `ref` named, newest first: entry n is ``REF@{n}`` (0: the current value).
+
+    A branch or tag's history is its reflog. HEAD's own reflog records only HEAD's moves
+    (attach, detach); while attached, HEAD moved with its branch, so, as in git, HEAD's
+    history also holds the branch's moves of that time, and an attach counts as a move to
+    the branch's commit of that moment."""
+    entries = list(reflog(ref))
+    if ref != HEAD:
+        return [Move(e.new, e.time, e.reason) for e in reversed(entries)
+                if e.new is not None and not is_symbolic(e.new)]
+    moves: list[Move] = []
+    logs: dict[str, list[ReflogEntry]] = {}
+    for i, e in enumerate(entries):
+        if e.new is None:
+            continue
+        if not is_symbolic(e.new):
+            moves.append(Move(e.new, e.time, e.reason))
+            continue
+        branch = symbolic_target(e.new)
+        log = logs.setdefault(branch, list(reflog(branch)))
+        until = entries[i + 1].time if i + 1 < len(entries) else float("inf")
+        before = [x for x in log if x.time <= e.time and x.new is not None]
+        if before:  # None: attached to a branch with no commits yet (init)
+            moves.append(Move(str(before[-1].new), e.time, e.reason))
+        moves += [Move(x.new, x.time, x.reason) for x in log
+                  if e.time < x.time <= until and x.new is not None]
+    moves.reverse()
+    return moves
