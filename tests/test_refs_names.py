@@ -71,7 +71,9 @@ def test_cli_checkout_main_writes_mains_checkpoint_and_attaches(two, tmp_path):
     repo, a, b = two
     repo.switch("exp")
     _legacy_ref(repo, TAGS + a, b)
-    code, out, err = run(repo.path, "checkout", "main", "-o", str(tmp_path / "out.pt"))
+    # Without -o (checkout -o writes a copy and never moves HEAD, docs/cli.md).
+    repo.config.set("checkpoint.path", str(tmp_path / "out.pt"))
+    code, out, err = run(repo.path, "checkout", "main")
     assert code == 0, err
     assert "on branch main" in out
     assert torch.equal(torch.load(tmp_path / "out.pt")["w"], torch.zeros(4))
@@ -159,7 +161,9 @@ def test_full_ref_forms_resolve_exactly(two):
 def test_cli_checkout_full_ref_attaches(two, tmp_path):
     repo, a, b = two
     _legacy_ref(repo, HEADS + "refs/heads/exp", a)
-    code, out, err = run(repo.path, "checkout", "refs/heads/exp", "-o", str(tmp_path / "o.pt"))
+    # Without -o (checkout -o writes a copy and never moves HEAD, docs/cli.md).
+    repo.config.set("checkpoint.path", str(tmp_path / "o.pt"))
+    code, out, err = run(repo.path, "checkout", "refs/heads/exp")
     assert code == 0, err
     assert "on branch exp" in out and repo.current_branch() == "exp" and repo.head() == b
     assert torch.equal(torch.load(tmp_path / "o.pt")["w"], torch.ones(4))

@@ -21,7 +21,7 @@ a new process).  The commit pipeline hands it the levels of a landed commit
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -41,7 +41,7 @@ from mvc.repo.lossy import (
 from mvc.repo.objectdb import ObjectDB
 from mvc.repo.objects import Snapshot, TensorRecord
 from mvc.repo.tensors import parse_dtype, read_payload, read_tensor
-from mvc.state import unflatten
+from mvc.state import prune, unflatten
 
 
 class TensorReader:
@@ -59,13 +59,25 @@ class TensorReader:
         self.disk = disk
 
     # ------------------------------------------------------------------ states
-    def read_state(self, cid: str, *, map_location: str | torch.device | None = None) -> Any:
+    def read_state(self, cid: str, *, map_location: str | torch.device | None = None,
+                   only: Sequence[str] | None = None, weights_only: bool = False) -> Any:
         """The checkpoint of commit `cid` (an id, already resolved), rebuilt with its original
-        structure on `map_location` (default: the CPU)."""
+        structure on `map_location` (default: the CPU).
+
+        `only` (name patterns) and `weights_only` (drop optimizer state) restore a partial
+        state: the skeleton pruned to the selected tensors (`mvc.state.prune` says exactly
+        what each keeps), and only their payloads are read and decoded -- plus what a
+        selected tensor's restore needs: its delta chain, and an Adam first moment's
+        second moment (its bound). Raises `UsageError` when nothing is selected.
+        """
         sid = self.odb.read_commit(cid).snapshot
         snap = self.odb.read_snapshot(sid)
-        tensors = self.read_all(sid, snap.tensors)
-        return unflatten(snap.skeleton, tensors, map_location=map_location or "cpu")
+        skeleton, records = snap.skeleton, snap.tensors
+        if only or weights_only:
+            skeleton = prune(skeleton, only=only, weights_only=weights_only)
+            records = _needed(snap.tensors, skeleton["entries"])
+        tensors = self.read_all(sid, records)
+        return unflatten(skeleton, tensors, map_location=map_location or "cpu")
 
     # ------------------------------------------------------------------ tensors
     def read_quantized(self, snapshot_id: str, rec: TensorRecord,
@@ -190,6 +202,16 @@ def _values(rec: TensorRecord, q: QuantizedTensor) -> torch.Tensor:
     if domain == "linear":
         return q.dequantize()
     return restore(q, domain)
+
+
+def _needed(records: list[TensorRecord], entries: Mapping[str, Any]) -> list[TensorRecord]:
+    """The records a state of `entries` restores from, in snapshot order: the entries' own, and
+    the second moment of each quantized first moment (its bound needs it)."""
+    names = set(entries)
+    for rec in records:
+        if rec.name in names and is_quantized(rec) and rec.meta.get("moment"):
+            names.add(_partner(rec, records).name)
+    return [rec for rec in records if rec.name in names]
 
 
 def _partner(rec: TensorRecord, records: list[TensorRecord]) -> TensorRecord:

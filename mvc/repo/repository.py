@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -388,18 +388,25 @@ class Repo:
                 "delta chains instead"), stacklevel=3)
 
     # ------------------------------------------------------------------ checkout
-    def read_state(self, rev: str = "HEAD", *, map_location: str | torch.device | None = None) -> Any:
-        """The checkpoint stored at `rev`, rebuilt with its original structure; HEAD does not move."""
-        return self.reader.read_state(self.resolve(rev), map_location=map_location)
+    def read_state(self, rev: str = "HEAD", *, map_location: str | torch.device | None = None,
+                   only: Sequence[str] | None = None, weights_only: bool = False) -> Any:
+        """The checkpoint stored at `rev`, rebuilt with its original structure; HEAD does not move.
+
+        `only` (name patterns like ``model.*``) and `weights_only` (drop optimizer state)
+        restore part of it, reading only the payloads that part needs (`mvc.state.prune`)."""
+        return self.reader.read_state(self.resolve(rev), map_location=map_location,
+                                      only=only, weights_only=weights_only)
 
     def checkout(self, rev: str = "HEAD", *, move_head: bool = True,
-                 map_location: str | torch.device | None = None) -> Any:
+                 map_location: str | torch.device | None = None,
+                 only: Sequence[str] | None = None, weights_only: bool = False) -> Any:
         """Rebuild the checkpoint at `rev` and move HEAD there: attached if `rev` names a branch
-        (`main`, `refs/heads/main`, or `HEAD` while attached), detached otherwise."""
+        (`main`, `refs/heads/main`, or `HEAD` while attached), detached otherwise.
+        `only` / `weights_only`: a partial state, as for `read_state`."""
         cid, branch = self._resolve_rev(rev)
         # By the id resolved: never through revision parsing again, where a ref could be
         # named like it.
-        state = self.reader.read_state(cid, map_location=map_location)
+        state = self.reader.read_state(cid, map_location=map_location, only=only, weights_only=weights_only)
         if move_head:
             self._move_head(cid, branch, rev)
         return state

@@ -15,13 +15,16 @@ from mvc.state.nested import (
     skeleton_depth,
     unflatten,
 )
+from mvc.state.select import OPTIMIZER_KEYS, prune
 
 __all__ = [
     "MAX_SKELETON_DEPTH",
+    "OPTIMIZER_KEYS",
     "FlatState",
     "SkeletonTooDeepError",
     "UnsupportedStateError",
     "flatten",
+    "prune",
     "skeleton_depth",
     "unflatten",
 ]
