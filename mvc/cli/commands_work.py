@@ -123,20 +123,38 @@ def _remember_source(repo: Repo, cid: str, path: Path, st: os.stat_result) -> No
 @click.command()
 @click.argument("rev")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Where to write the checkpoint (default: checkpoint.path).")
+              help="Write a copy of REV's checkpoint to this file; HEAD does not move.")
 @click.option("--format", "fmt", type=click.Choice(["pt", "safetensors"]), default=None,
               help="File format (default: from the extension, else checkpoint.format, pt unless set).")
-def checkout(rev: str, output: str | None, fmt: str | None) -> None:
-    """Write the checkpoint of REV to a file and move HEAD to it."""
+@click.option("--only", "only", multiple=True, metavar="PATTERN",
+              help="Restore only the tensors whose flattened name matches PATTERN (glob, e.g. "
+                   "'model.*'; repeatable). Needs -o.")
+@click.option("--weights-only", is_flag=True,
+              help="Leave out optimizer state (the optimizer/optimizer_states/... subtrees and "
+                   ".../state/<i>/<key> tensors such as Adam moments). Needs -o.")
+def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...], weights_only: bool) -> None:
+    """Write the checkpoint of REV to checkpoint.path and move HEAD to REV, as git checkout
+    does (attached for a branch name, detached otherwise).
+
+    With -o FILE: write a copy of REV's checkpoint to FILE and leave HEAD, the branch and
+    checkpoint.path alone (like git show REV:path > FILE). --only / --weights-only restore
+    part of the state, reading only the payloads it needs; a partial state is never the
+    working checkpoint, so they need -o.
+    """
     from mvc.io.files import save_checkpoint
 
+    if (only or weights_only) and output is None:
+        raise UsageError("--only / --weights-only write a partial copy: give the file with -o FILE")
     repo = Repo.discover()
     path = _checkpoint_path(repo, output, "output file (-o)")
     # Resolve once: the id read is the id HEAD moves to, and HEAD attaches only to the
     # branch that resolution went through.
     cid, branch_ref = repo._resolve_rev(rev)
-    state = repo.reader.read_state(cid)
+    state = repo.reader.read_state(cid, only=only or None, weights_only=weights_only)
     save_checkpoint(state, path, _output_format(repo, path, fmt))
+    if output is not None:
+        echo(f"Wrote {path} ({human_bytes(path.stat().st_size)}) from {cid[:12]}; HEAD unchanged")
+        return
     repo._move_head(cid, branch_ref, rev)
     _remember_source(repo, cid, path, path.stat())
     branch = repo.current_branch()
