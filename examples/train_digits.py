@@ -177,7 +177,7 @@ def main() -> None:
     tracker.commit("scratch experiment")
     tracker.close()
     repo.switch("main")
-    repo.delete_branch("scratch")
+    repo.delete_branch("scratch", force=True)  # unmerged on purpose (branch -D)
     repo.close()
 
     mvc_cli(workdir, "log", "--oneline", "--graph", "-n", "5")

@@ -105,7 +105,8 @@ def test_branch_tag_switch_diff_gc_fsck_stats(work):
     code, out, _ = run(work, "diff", "main", "exp")
     assert code == 0 and "changed" in out
     assert run(work, "switch", "main")[0] == 0
-    assert run(work, "branch", "-d", "exp")[0] == 0
+    assert run(work, "branch", "-d", "exp")[0] == 135  # unmerged: "two" is on no other ref
+    assert run(work, "branch", "-D", "exp")[0] == 0
     code, out, _ = run(work, "gc", "--dry-run")
     assert code == 0 and "would remove" in out
     code, out, _ = run(work, "gc")

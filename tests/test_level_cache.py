@@ -191,7 +191,7 @@ def test_entries_made_stale_by_gc_are_misses_and_reported(tmp_path):
         side = r.commit(next(states(1, seed=7))[1], "side", quant=CFG, policy=POLICY)
         side_sid = snap_id(r, side)
         r.switch("main")
-        r.delete_branch("side")
+        r.delete_branch("side", force=True)
         r.store.delete_reflog("refs/heads/side")
         for name in r.store.reflog_names():
             if name == "HEAD":

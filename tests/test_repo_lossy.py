@@ -168,7 +168,7 @@ def test_deleted_branch_with_deltas_is_collected(tmp_path):
         repo.commit(s, f"exp {t}", quant=configs(t))
     repo.switch("main")
     keep = {cid: repo.read_state(cid) for cid in (c.id for c in repo.log("main"))}
-    repo.delete_branch("exp")
+    repo.delete_branch("exp", force=True)
     r = repo.gc()
     assert r.removed_objects > 0 and repo.fsck().ok
     for cid, st in keep.items():

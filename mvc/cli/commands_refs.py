@@ -15,14 +15,16 @@ from mvc.repo.revparse import ref_history, reflog_ref
 @click.command()
 @click.argument("name", required=False)
 @click.argument("rev", required=False)
-@click.option("-d", "--delete", is_flag=True, help="Delete branch NAME.")
-def branch(name: str | None, rev: str | None, delete: bool) -> None:
-    """List branches, create NAME at REV (default HEAD), or delete NAME with -d."""
+@click.option("-d", "--delete", is_flag=True,
+              help="Delete branch NAME if another branch, a tag or HEAD still reaches its tip.")
+@click.option("-D", "force_delete", is_flag=True, help="Delete branch NAME even if unmerged.")
+def branch(name: str | None, rev: str | None, delete: bool, force_delete: bool) -> None:
+    """List branches, create NAME at REV (default HEAD), or delete NAME with -d (-D: even unmerged)."""
     repo = Repo.discover()
-    if delete:
+    if delete or force_delete:
         if not name:
-            raise UsageError("branch -d needs a branch name")
-        old = repo.delete_branch(name)
+            raise UsageError(f"branch {'-D' if force_delete else '-d'} needs a branch name")
+        old = repo.delete_branch(name, force=force_delete)
         echo(f"Deleted branch {name} (was {old[:12]})")
         return
     if name:

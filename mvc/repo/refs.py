@@ -49,6 +49,12 @@ class CurrentBranchError(MvcError):
     exit_code = 18
 
 
+class UnmergedBranchError(MvcError):
+    """A branch whose tip no other branch, tag or HEAD reaches: deleting it needs force (-D)."""
+
+    exit_code = 135
+
+
 def check_ref_name(name: str, kind: str) -> None:
     """Raise RefNameError unless `name` is a valid branch/tag name.
 

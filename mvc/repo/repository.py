@@ -210,17 +210,34 @@ class Repo:
         except RefConflictError:
             raise R.RefExistsError(f"{kind} {ref.split('/', 2)[2]!r} already exists") from None
 
-    def delete_branch(self, name: str) -> str:
-        """Delete a branch (never the current one); its reflog goes with it. Returns its old id."""
+    def delete_branch(self, name: str, force: bool = False) -> str:
+        """Delete a branch (never the current one); its reflog goes with it. Returns its old id.
+
+        Like git's `branch -d`, a branch whose tip no other branch, tag or HEAD reaches is
+        refused (UnmergedBranchError): its commits would be left for gc. `force=True` (-D)
+        deletes it anyway."""
         if name == self.current_branch():
             raise R.CurrentBranchError(f"cannot delete branch {name!r}: HEAD is on it (switch first)")
-        return self._delete_ref(R.HEADS + name, "branch")
+        ref = R.HEADS + name
+        old = self.store.read_ref(ref)
+        if old is not None and not force:
+            others = {oid for n, oid in self.branches() if n != name} | {oid for _, oid in self.tags()}
+            head = self.head()
+            if head is not None:
+                others.add(head)
+            if old not in others and not any(c.id == old for c in self.odb.walk_commits(others)):
+                raise R.UnmergedBranchError(
+                    f"branch {name!r} is not fully merged: no other branch, tag or HEAD reaches "
+                    f"its tip {old[:12]} (delete it anyway with 'mvc branch -D {name}')")
+        # The value checked is the one swapped out: a commit landing on the branch meanwhile
+        # makes the delete fail rather than vanish unchecked.
+        return self._delete_ref(ref, "branch", old)
 
     def delete_tag(self, name: str) -> str:
         return self._delete_ref(R.TAGS + name, "tag")
 
-    def _delete_ref(self, ref: str, kind: str) -> str:
-        old = self.store.read_ref(ref)
+    def _delete_ref(self, ref: str, kind: str, old: str | None = None) -> str:
+        old = old or self.store.read_ref(ref)
         if old is None:
             raise R.NoSuchRefError(f"no {kind} named {ref.split('/', 2)[2]!r}")
         self.store.update_refs([RefUpdate(ref, old, None)], f"{kind}: deleted")
