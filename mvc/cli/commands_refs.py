@@ -5,7 +5,7 @@ from datetime import datetime, timezone
 
 import click
 
-from mvc.cli.format import echo, echo_json
+from mvc.cli.format import echo, echo_json, escape
 from mvc.errors import UsageError
 from mvc.repo.refs import HEAD, HEADS, TAGS
 from mvc.repo.repository import Repo
@@ -32,9 +32,12 @@ def branch(name: str | None, rev: str | None, delete: bool, force_delete: bool) 
         echo(f"Created branch {name} at {oid[:12]}")
         return
     current = repo.current_branch()
-    for bname, oid in repo.branches():
+    branches = repo.branches()
+    # Pad the name as shown (escaped), so ids and summaries line up in columns.
+    width = max((len(escape(bname)) for bname, _ in branches), default=0)
+    for bname, oid in branches:
         mark = "*" if bname == current else " "
-        echo(f"{mark} {bname}  {oid[:12]}  {repo.read_commit(oid).summary}")
+        echo(f"{mark} {escape(bname).ljust(width)}  {oid[:12]}  {repo.read_commit(oid).summary}")
     head = repo.head()
     if current is None and head:
         echo(f"* (HEAD detached at {head[:12]})")
