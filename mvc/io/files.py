@@ -30,6 +30,7 @@ import struct
 import sys
 import warnings
 import zipfile
+from collections import OrderedDict
 from pathlib import Path
 from typing import IO, Any, BinaryIO, NamedTuple, cast
 
@@ -41,6 +42,8 @@ from mvc.errors import DiskFullError, MvcError, UsageError, is_disk_full
 TORCH_SUFFIXES = frozenset({".pt", ".pth", ".ckpt", ".bin"})
 SAFETENSORS_SUFFIXES = frozenset({".safetensors"})
 FORMATS = ("pt", "safetensors")
+#: Key of a safetensors file's header metadata in the loaded state's ``_metadata`` (see `safetensors_metadata`).
+SAFETENSORS_METADATA_KEY = "__safetensors__"
 
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 # torch's legacy (non-zip) format opens with this pickled magic number.
@@ -107,6 +110,10 @@ def detect_format(path: str | os.PathLike) -> str:
 def load_checkpoint(path: str | os.PathLike) -> Any:
     """Load a checkpoint file safely into CPU memory (memory-mapped where possible).
 
+    A ``.safetensors`` file loads as a dict of its tensors; when its header has
+    ``__metadata__`` (e.g. ``{'format': 'pt'}``) it is an OrderedDict carrying that map in
+    ``_metadata`` (see `safetensors_metadata`), which commits keep and checkouts write back.
+
     Raises `CheckpointNotFoundError`, `CorruptCheckpointError`,
     `UnsafeCheckpointError` or `UnsupportedCheckpointError`.
     """
@@ -123,6 +130,7 @@ def save_checkpoint(state: Any, path: str | os.PathLike, format: str | None = No
     `format` defaults from the extension.  safetensors holds only a flat dict
     of str -> tensor and cannot express shared storage: tensors that share
     memory are written as independent copies (use ``"pt"`` to keep sharing).
+    A safetensors file gets the header metadata the state carries (`safetensors_metadata`).
     """
     target = Path(os.fspath(path))
     fmt = _save_format(target, format)
@@ -132,6 +140,7 @@ def save_checkpoint(state: Any, path: str | os.PathLike, format: str | None = No
     if not parent.is_dir():
         raise UsageError(f"{parent}: directory does not exist")
     tensors = _safetensors_payload(state, target) if fmt == "safetensors" else None
+    header_metadata = safetensors_metadata(state) if fmt == "safetensors" else None
     tmp = parent / f".{target.name}.{secrets.token_hex(6)}.tmp"
     try:
         if tensors is None:
@@ -143,7 +152,7 @@ def save_checkpoint(state: Any, path: str | os.PathLike, format: str | None = No
         else:
             from safetensors.torch import save_file
 
-            save_file(tensors, str(tmp))
+            save_file(tensors, str(tmp), metadata=header_metadata)
             _fsync_path(tmp, os.O_RDONLY)
         os.replace(tmp, target)
     except BaseException as exc:
@@ -521,13 +530,22 @@ def _pickle_globals(stream: IO[bytes]) -> list[str]:
 
 
 def _load_safetensors(target: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors import SafetensorError, safe_open
 
     try:
-        return load_file(str(target), device="cpu")
+        with safe_open(str(target), framework="pt", device="cpu") as f:
+            tensors = f.get_tensors()
+            metadata = f.metadata()
     except (SafetensorError, OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
         raise CorruptCheckpointError(f"{target}: truncated or not a safetensors file ({_short(exc)})") from None
+    if not metadata:
+        return tensors
+    # The header's __metadata__ rides in the state through the one per-container side channel
+    # the skeleton already stores (an OrderedDict's `_metadata`), under a key no module prefix
+    # uses, so load_state_dict ignores it and save_checkpoint can write it back.
+    state: OrderedDict[str, torch.Tensor] = OrderedDict(tensors)
+    state._metadata = {SAFETENSORS_METADATA_KEY: dict(metadata)}  # type: ignore[attr-defined]
+    return state
 
 
 def _save_format(target: Path, format: str | None) -> str:
@@ -543,6 +561,23 @@ def _save_format(target: Path, format: str | None) -> str:
     raise UnsupportedCheckpointError(
         f"{target}: cannot tell the format from the extension; use .pt/.pth/.ckpt/.bin or .safetensors, or give a format"
     )
+
+
+def safetensors_metadata(state: Any) -> dict[str, str] | None:
+    """The safetensors header metadata (``__metadata__``) `state` carries, or None.
+
+    `load_checkpoint` puts a file's metadata in ``state._metadata[SAFETENSORS_METADATA_KEY]``
+    (the state is then an OrderedDict); `save_checkpoint` writes it back to ``.safetensors``.
+    """
+    metadata = getattr(state, "_metadata", None)
+    if not isinstance(metadata, dict):
+        return None
+    value = metadata.get(SAFETENSORS_METADATA_KEY)
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(type(k) is str and type(v) is str for k, v in value.items()):
+        raise UsageError(f"_metadata[{SAFETENSORS_METADATA_KEY!r}] must map str to str, got {value!r}")
+    return dict(value)
 
 
 def _safetensors_payload(state: Any, target: Path) -> dict[str, torch.Tensor]:
