@@ -175,7 +175,9 @@ def _output_format(repo: Repo, path: Path, given: str | None) -> str | None:
 
 @click.command()
 def status() -> None:
-    """Show the current branch, HEAD, and whether the checkpoint file changed since."""
+    """Show the current branch and HEAD, and whether the checkpoint file (checkpoint.path) was
+    modified since mvc last wrote or committed it.
+    """
     import json
 
     repo = Repo.discover()

@@ -6,7 +6,9 @@ text) and the error class's own exit code; anything else is a bug and says so
 """
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -35,7 +37,16 @@ def _register() -> None:
 
     for mod in (commands_work, commands_refs, commands_history, commands_maint):
         for cmd in mod.COMMANDS:
+            if cmd.short_help is None and cmd.help:
+                cmd.short_help = first_sentence(cmd.help)
             cli.add_command(cmd)
+
+
+def first_sentence(help_text: str) -> str:
+    """The first sentence of a command's help, whole: `mvc --help` lists it (wrapped), where
+    click would cut it at about 45 characters with "..."."""
+    paragraph = " ".join(inspect.cleandoc(help_text).split("\n\n")[0].split())
+    return re.split(r"(?<=[.!?])\s", paragraph, maxsplit=1)[0]
 
 
 _register()
