@@ -7,37 +7,36 @@ so a pickle that needs any other global is refused before anything runs
 additionally allowed because RNG states carry them.  Every failure is one line
 naming the file, with its own exit code.
 
-Zip checkpoints are memory-mapped, not copied: each tensor's storage is a
-slice of one map of the file.  A slice trusts the zip and the pickle, so
-before a record becomes a storage `_TorchZip` checks it against what the
-pickle asks for (see there); anything torch.save would not have written is a
-`CorruptCheckpointError` naming the record, never bytes of the surrounding
-zip read as tensor values.
+Zip checkpoints are memory-mapped, not copied, and every record is validated
+before it becomes a storage (`mvc.io.torch_zip`).
 
 Writes are atomic: a temporary file in the target's directory is written,
 flushed and fsync-ed, then renamed over the target.
 """
 from __future__ import annotations
 
-import io
-import itertools
 import os
 import pickle
 import pickletools
 import re
 import secrets
-import struct
-import sys
 import warnings
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import IO, Any, BinaryIO, NamedTuple, cast
+from typing import IO, Any
 
 import torch
 
-from mvc.dtypes import dtype_name
-from mvc.errors import DiskFullError, MvcError, UsageError, is_disk_full
+from mvc.errors import DiskFullError, UsageError, is_disk_full
+from mvc.io.checkpoint_errors import (  # noqa: F401  (re-exported: callers import them from here)
+    CheckpointFileError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    UnsafeCheckpointError,
+    UnsupportedCheckpointError,
+)
+from mvc.io.torch_zip import LOCAL_MAGIC, WeightsOnlyRefusal, load_torch_zip, short_error
 
 TORCH_SUFFIXES = frozenset({".pt", ".pth", ".ckpt", ".bin"})
 SAFETENSORS_SUFFIXES = frozenset({".safetensors"})
@@ -49,38 +48,8 @@ _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 # torch's legacy (non-zip) format opens with this pickled magic number.
 _LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"
 _MAX_PICKLES_SCANNED = 8
-# torch.save pads every record's data to this boundary unless the file's .storage_alignment says otherwise.
-_DEFAULT_STORAGE_ALIGNMENT = 64
-_LOCAL_MAGIC = _ZIP_MAGIC[0]
-_LOCAL_HEADER = struct.Struct("<4s4xH12x4xHH")  # signature, method, name length, extra length (30 bytes)
 
 
-class CheckpointFileError(MvcError):
-    """Base of errors about a checkpoint file given to mvc."""
-
-
-class CheckpointNotFoundError(CheckpointFileError):
-    """The checkpoint path does not exist, is a directory, or cannot be opened."""
-
-    exit_code = 20
-
-
-class CorruptCheckpointError(CheckpointFileError):
-    """The file is truncated, damaged, or not a checkpoint at all."""
-
-    exit_code = 21
-
-
-class UnsafeCheckpointError(CheckpointFileError):
-    """The file's pickle needs globals outside torch's weights-only allowlist (it was not run)."""
-
-    exit_code = 22
-
-
-class UnsupportedCheckpointError(CheckpointFileError):
-    """The file's extension or format is not one mvc reads or writes."""
-
-    exit_code = 23
 
 
 def detect_format(path: str | os.PathLike) -> str:
@@ -189,15 +158,6 @@ def _read_head(target: Path, size: int) -> bytes:
         raise CheckpointNotFoundError(f"{target}: cannot be read ({exc.strerror or exc})") from None
 
 
-def _short(exc: BaseException) -> str:
-    """First sentence of an exception message, without torch's terminal escapes."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
-    line = text.splitlines()[0].strip() if text else ""
-    if len(line) > 120 and ". " in line:
-        line = line.split(". ", 1)[0]
-    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
-
-
 def _numpy_safe_globals() -> list:
     """numpy array/scalar reconstructors: they rebuild plain data and run no user code."""
     try:
@@ -214,256 +174,23 @@ def _load_torch(target: Path) -> Any:
         # Raw pickles (a refused payload, usually) make torch warn about the protocol; the error says it all.
         warnings.filterwarnings("ignore", message="Detected pickle protocol")
         try:
-            if _read_head(target, 4) == _LOCAL_MAGIC:  # torch's own test for its zip format
-                return _load_torch_zip(target)
+            if _read_head(target, 4) == LOCAL_MAGIC:  # torch's own test for its zip format
+                return load_torch_zip(target)
             # Legacy (pre-zip) files: torch copies each storage out of the stream and checks its size.
             return torch.load(target, weights_only=True, map_location="cpu")
         except (CheckpointFileError, MemoryError):
             raise
         except pickle.UnpicklingError as exc:
-            refusal = isinstance(exc, _WeightsOnlyRefusal) or "Weights only load failed" in str(exc)
+            refusal = isinstance(exc, WeightsOnlyRefusal) or "Weights only load failed" in str(exc)
             unsafe = _forbidden_globals(target, str(exc)) if refusal else []
             if unsafe:
                 raise UnsafeCheckpointError(
                     f"{target}: refused: the pickle needs {', '.join(unsafe)}, which torch.load(weights_only=True) "
                     "does not allow (nothing was executed)"
                 ) from None
-            raise CorruptCheckpointError(f"{target}: not a valid torch checkpoint ({_short(exc)})") from None
+            raise CorruptCheckpointError(f"{target}: not a valid torch checkpoint ({short_error(exc)})") from None
         except Exception as exc:  # untrusted bytes fail in many ways inside torch/pickle
-            raise CorruptCheckpointError(f"{target}: truncated or not a torch checkpoint ({_short(exc)})") from None
-
-
-class _WeightsOnlyRefusal(pickle.UnpicklingError):
-    """torch's weights-only unpickler refused the pickle (called directly, so without torch.load's wording)."""
-
-
-class _Record(NamedTuple):
-    """One zip entry: its name, where its local header and its data start, and its sizes."""
-
-    name: str
-    header: int
-    start: int
-    stored: int
-    size: int
-    method: int
-
-
-def _load_torch_zip(target: Path) -> Any:
-    """Load a zip checkpoint with every storage a validated slice of one memory map of the file."""
-    try:
-        # Private: where torch.load(weights_only=True) keeps its unpickler and zip reader.
-        from torch import _weights_only_unpickler as wou
-
-        unpickler_class, reader_class = wou.Unpickler, torch._C.PyTorchFileReader
-    except (ImportError, AttributeError):
-        # torch moved its internals: its copying reader still refuses records of the wrong size.
-        return torch.load(target, weights_only=True, map_location="cpu")
-    archive = _TorchZip(target, reader_class)
-    unpickler = unpickler_class(io.BytesIO(archive.read("data.pkl")), encoding="utf-8")
-    # pickle's documented hook is an instance attribute (torch.load assigns it the same way);
-    # torch's stubs declare it a method, hence the targeted ignore.
-    unpickler.persistent_load = archive.storage  # type: ignore[method-assign]
-    tls = getattr(torch.serialization, "_serialization_tls", None)
-    if tls is not None:
-        tls.map_location = "cpu"  # read by the rebuild functions of wrapper subclasses, as under torch.load
-    try:
-        result = unpickler.load()
-        validate = getattr(torch._utils, "_validate_loaded_sparse_tensors", None)
-        if validate is not None:
-            validate()  # what torch.load does after unpickling (sparse tensors, when torch's checks are on)
-    except pickle.UnpicklingError as exc:
-        raise _WeightsOnlyRefusal(str(exc)) from None
-    except (CheckpointFileError, MemoryError):
-        raise
-    except Exception as exc:
-        if archive.last_record is None:
-            raise
-        reason = _short(exc)
-        if "not resizable" in reason:  # set_ refusing to grow the fixed-size slice
-            reason = "its storage offset, sizes or strides reach past the end of the record"
-        raise CorruptCheckpointError(
-            f"{target}: bad tensor on storage record {archive.last_record}: {reason}"
-        ) from None
-    finally:
-        if tls is not None:
-            tls.map_location = None
-    return result
-
-
-class _TorchZip:
-    """The layout of a torch zip checkpoint, checked before any record becomes a tensor storage.
-
-    The zip structure is read with `zipfile` and every entry's local header
-    is read too: each entry's header and data lie inside the file, before the
-    central directory, overlapping no other entry, with a local header that
-    agrees with the central directory.  A storage record additionally must be
-    stored uncompressed, exactly ``numel * element size`` bytes long for the
-    storage id the pickle gives (so neither a short record nor a patched
-    numel or dtype reaches bytes outside it), aligned as the file declares
-    (torch.save pads to 64 bytes) and to its element size, and read with one
-    dtype and numel however many tensors view it.  Tensor offsets, sizes and
-    strides are then checked by torch when it sets each tensor on its
-    storage: the storage is a fixed-size slice of the map, so a tensor that
-    reaches past its record cannot grow it and is refused.
-    """
-
-    def __init__(self, target: Path, reader_class: Any) -> None:
-        self.target = target
-        try:
-            with open(target, "rb") as handle:
-                stat = os.fstat(handle.fileno())
-                self.file_size = stat.st_size
-                self._identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
-                with zipfile.ZipFile(handle) as archive:
-                    infos = archive.infolist()
-                    central = archive.start_dir
-                    self._entries = self._read_entries(handle, infos)
-                    self.prefix = infos[0].filename.split("/", 1)[0] + "/" if infos else ""
-                    self._small = {name: archive.read(self.prefix + name)
-                                   for name in ("data.pkl", ".storage_alignment", "byteorder", "constants.pkl")
-                                   if self.prefix + name in self._entries}
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, struct.error) as exc:
-            raise CorruptCheckpointError(f"{target}: truncated or not a zip archive ({_short(exc)})") from None
-        self._check_disjoint(central)
-        if "data.pkl" not in self._small:
-            raise CorruptCheckpointError(f"{target}: a zip archive without data.pkl, not a torch checkpoint")
-        if "constants.pkl" in self._small:
-            raise CorruptCheckpointError(
-                f"{target}: a TorchScript archive, not a checkpoint (torch.load(weights_only=True) refuses it)"
-            )
-        self.alignment = self._alignment()
-        order = self._small.get("byteorder", b"little")
-        if order not in (b"little", b"big"):
-            raise CorruptCheckpointError(f"{target}: unknown byteorder {order[:16]!r} in {self.prefix}byteorder")
-        self.swap = order.decode() != sys.byteorder
-        try:
-            # torch's reader must accept the archive (its version too) and find each record where we do.
-            self._reader = reader_class(str(target))
-        except (RuntimeError, ValueError, OSError) as exc:
-            raise CorruptCheckpointError(f"{target}: torch cannot read this zip archive ({_short(exc)})") from None
-        self._mapped: torch.UntypedStorage | None = None
-        self._loaded: dict[str, tuple[torch.storage.TypedStorage, torch.dtype, int]] = {}
-        self.last_record: str | None = None  # for errors raised while rebuilding the tensor that follows
-
-    def _read_entries(self, handle: BinaryIO, infos: list[zipfile.ZipInfo]) -> dict[str, _Record]:
-        entries: dict[str, _Record] = {}
-        for info in infos:
-            name = info.filename
-            if name in entries:
-                raise CorruptCheckpointError(f"{self.target}: duplicate zip entry {name}")
-            handle.seek(info.header_offset)
-            head = handle.read(_LOCAL_HEADER.size)
-            if len(head) < _LOCAL_HEADER.size:
-                raise CorruptCheckpointError(f"{self.target}: zip entry {name}: local header past the end of the file")
-            magic, method, name_len, extra_len = _LOCAL_HEADER.unpack(head)
-            local_name = handle.read(name_len)
-            encoding = "utf-8" if info.flag_bits & 0x800 else "cp437"
-            if magic != _LOCAL_MAGIC or local_name.decode(encoding, "replace") != info.orig_filename:
-                raise CorruptCheckpointError(
-                    f"{self.target}: zip entry {name}: the central directory points at no local header for it"
-                )
-            if method != info.compress_type:
-                raise CorruptCheckpointError(
-                    f"{self.target}: zip entry {name}: local header and central directory disagree on compression"
-                )
-            start = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
-            entries[name] = _Record(name, info.header_offset, start, info.compress_size, info.file_size, method)
-        return entries
-
-    def _check_disjoint(self, central: int) -> None:
-        """Every entry (header and data) lies before the central directory and overlaps no other one."""
-        spans = sorted(self._entries.values(), key=lambda e: e.header)
-        for entry, after in itertools.pairwise(spans):
-            if entry.start + entry.stored > after.header:
-                raise CorruptCheckpointError(
-                    f"{self.target}: zip entry {entry.name} runs into entry {after.name} "
-                    f"({entry.stored} bytes from offset {entry.start}, next header at {after.header})"
-                )
-        if spans and spans[-1].start + spans[-1].stored > min(central, self.file_size):
-            last = spans[-1]
-            raise CorruptCheckpointError(
-                f"{self.target}: zip entry {last.name} runs into the central directory "
-                f"({last.stored} bytes from offset {last.start}, central directory at {central})"
-            )
-
-    def _alignment(self) -> int:
-        raw = self._small.get(".storage_alignment")
-        if raw is None:
-            return _DEFAULT_STORAGE_ALIGNMENT
-        try:
-            value = int(raw.decode("ascii"))
-        except (UnicodeDecodeError, ValueError):
-            value = 0
-        if value <= 0 or value & (value - 1) or value > 1 << 20:
-            raise CorruptCheckpointError(f"{self.target}: bad {self.prefix}.storage_alignment {raw[:16]!r}")
-        return value
-
-    def read(self, name: str) -> bytes:
-        """The bytes of a small metadata entry (data.pkl, byteorder, ...) read at open time."""
-        return self._small[name]
-
-    def storage(self, pid: Any) -> torch.storage.TypedStorage:
-        """The unpickler's persistent_load: a validated storage for ``('storage', type, key, location, numel)``."""
-        if type(pid) is not tuple or len(pid) != 5:
-            raise CorruptCheckpointError(f"{self.target}: malformed storage id in data.pkl ({type(pid).__name__})")
-        _tag, storage_type, key, _location, numel = pid
-        if isinstance(key, bytes):
-            key = key.decode("ascii", "replace")
-        dtype = torch.uint8 if storage_type is torch.UntypedStorage else getattr(storage_type, "dtype", None)
-        if type(key) is not str or not isinstance(dtype, torch.dtype) or type(numel) is not int or numel < 0:
-            raise CorruptCheckpointError(f"{self.target}: malformed storage id in data.pkl ({pid[1:]!r:.80})")
-        name = self.last_record = f"{self.prefix}data/{key}"
-        if key in self._loaded:
-            storage, first_dtype, first_numel = self._loaded[key]
-            if (first_dtype, first_numel) != (dtype, numel):
-                raise CorruptCheckpointError(
-                    f"{self.target}: storage record {name} is read as {numel} x {dtype_name(dtype)} and as "
-                    f"{first_numel} x {dtype_name(first_dtype)}; torch.save writes one dtype per storage"
-                )
-            return storage
-        data = self._validated_record(name, dtype, numel)
-        if self._mapped is None:
-            stat = os.stat(self.target)
-            if (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns) != self._identity:
-                raise CorruptCheckpointError(f"{self.target}: the file changed while it was being read")
-            # from_file is typed on _StorageBase (returns a union); on UntypedStorage it returns one.
-            self._mapped = cast(torch.UntypedStorage,
-                                torch.UntypedStorage.from_file(str(self.target), False, self.file_size))
-        raw = self._mapped[data.start:data.start + data.size]
-        if self.swap and dtype.itemsize > 1:
-            raw.byteswap(dtype)  # the map is private (copy-on-write): the file is untouched
-        storage = torch.storage.TypedStorage(wrap_storage=raw, dtype=dtype, _internal=True)
-        self._loaded[key] = (storage, dtype, numel)
-        return storage
-
-    def _validated_record(self, name: str, dtype: torch.dtype, numel: int) -> _Record:
-        record = self._entries.get(name)
-        where = f"{self.target}: storage record {name}"
-        if record is None:
-            raise CorruptCheckpointError(f"{where} is missing from the archive")
-        if record.method != zipfile.ZIP_STORED or record.stored != record.size:
-            raise CorruptCheckpointError(
-                f"{where} is compressed (zip method {record.method}); torch.save stores storages uncompressed"
-            )
-        need = numel * dtype.itemsize
-        if record.size != need:
-            raise CorruptCheckpointError(
-                f"{where} is {record.size} bytes, but data.pkl reads it as {numel} x {dtype_name(dtype)} "
-                f"({need} bytes)"
-            )
-        if record.size and (record.start % self.alignment or record.start % dtype.itemsize):
-            raise CorruptCheckpointError(
-                f"{where} starts at offset {record.start}, not aligned to {self.alignment} bytes as torch.save writes"
-            )
-        try:
-            torch_offset = self._reader.get_record_offset(name[len(self.prefix):])
-        except (RuntimeError, ValueError) as exc:
-            raise CorruptCheckpointError(f"{where}: torch cannot read it ({_short(exc)})") from None
-        if torch_offset != record.start:
-            raise CorruptCheckpointError(
-                f"{where}: torch finds it at offset {torch_offset}, the zip directory at {record.start}"
-            )
-        return record
+            raise CorruptCheckpointError(f"{target}: truncated or not a torch checkpoint ({short_error(exc)})") from None
 
 
 def _forbidden_globals(target: Path, message: str) -> list[str]:
@@ -537,7 +264,7 @@ def _load_safetensors(target: Path) -> dict[str, torch.Tensor]:
             tensors = f.get_tensors()
             metadata = f.metadata()
     except (SafetensorError, OSError, ValueError, RuntimeError, KeyError, TypeError) as exc:
-        raise CorruptCheckpointError(f"{target}: truncated or not a safetensors file ({_short(exc)})") from None
+        raise CorruptCheckpointError(f"{target}: truncated or not a safetensors file ({short_error(exc)})") from None
     if not metadata:
         return tensors
     # The header's __metadata__ rides in the state through the one per-container side channel
