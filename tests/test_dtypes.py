@@ -35,12 +35,12 @@ def test_bits_view_keeps_bytes():
 
 
 def test_every_layer_uses_the_one_implementation():
-    from mvc.io import files
+    from mvc.io import torch_zip
     from mvc.repo import tensors
     from mvc.state import leaves, nested
 
     assert tensors.dtype_name is dtypes.dtype_name and tensors.parse_dtype is dtypes.parse_dtype
-    assert files.dtype_name is nested.dtype_name is leaves.dtype_name is dtypes.dtype_name
+    assert torch_zip.dtype_name is nested.dtype_name is leaves.dtype_name is dtypes.dtype_name
     root = Path(mvc.__file__).resolve().parent
     copies = []
     for path in root.rglob("*.py"):
