@@ -1,29 +1,15 @@
 """`branch -d` refuses an unmerged branch, `-D` forces (issue 19 item 6, "data loss by habit")."""
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 from pathlib import Path
 
 import pytest
+from cli_helpers import run
 import torch
 
-from mvc.cli.main import main
 from mvc.repo.refs import CurrentBranchError, UnmergedBranchError
 from mvc.repo.repository import Repo
 
-
-def run(cwd: Path, *args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(list(args))
-    finally:
-        os.chdir(old)
-    return code, out.getvalue(), err.getvalue()
 
 
 def make(path: Path) -> tuple[Repo, str, str]:

@@ -8,27 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import run
 import torch
 
 from checkpoints import assert_same
-from mvc.cli.main import main
 from mvc.repo.repository import Repo
 
-
-def run(cwd: Path, *args: str) -> tuple[int, str, str]:
-    """Run the CLI in-process (fast) and return (exit code, stdout, stderr)."""
-    import contextlib
-    import io
-
-    out, err = io.StringIO(), io.StringIO()
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(list(args))
-    finally:
-        os.chdir(old)
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture

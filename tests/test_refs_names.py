@@ -1,14 +1,11 @@
 """Ref names and revisions: a name never hijacks an id, full ref forms, no trimming (issue 12, #8)."""
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 
 import pytest
+from cli_helpers import run
 import torch
 
-from mvc.cli.main import main
 from mvc.repo.refs import AmbiguousRefNameError, RefNameError, check_ref_name
 from mvc.repo.repository import Repo
 from mvc.repo.revparse import UnknownRevisionError
@@ -16,17 +13,6 @@ from mvc.store import RefUpdate
 
 HEADS, TAGS = "refs/heads/", "refs/tags/"
 
-
-def run(cwd, *args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(list(args))
-    finally:
-        os.chdir(old)
-    return code, out.getvalue(), err.getvalue()
 
 
 def _legacy_ref(repo: Repo, ref: str, oid: str) -> None:
