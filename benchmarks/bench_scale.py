@@ -1,0 +1,394 @@
+"""Commit and checkout at real scale (issue 14): mvc against torch.save / torch.load and ZipNN.
+
+The workload is built here: a GPT-2-small-shaped model (12 layers, d = 768,
+vocabulary 50257, 124M parameters) trained a few AdamW steps on real text (the
+Python standard library's sources, word-level tokens by frequency rank), and two
+consecutive checkpoints (weights + Adam moments), `--gap` steps apart.  Then,
+each measurement in its own child process (so its peak RSS is its own):
+
+    torch.save        the checkpoint to a file, fsync included
+    torch.load        that file (warm page cache)
+    first commit      repo.commit(state) into a new repository (default search, proxy)
+    next commit       the second checkpoint on top (neighbourhood search, deltas)
+    lossless commit   repo.commit(state, lossless=True) into another repository,
+                      against ZipNN compressing the same tensors (its ratio and time)
+    checkout HEAD     repo.read_state("HEAD") (the level cache the commit left)
+    checkout worst    the deepest commit under the default chain policy, with the
+                      level cache off (the delta chain is walked from its base)
+
+Peak extra RSS: the child's peak RSS during the step minus its RSS once the input
+was in memory (for save and commit: the loaded state; for load and checkout: the
+bare interpreter with torch imported).  Ratios are against peers timed in the same
+run.  Timings on a shared machine are noisy: compare ratios, not seconds.
+
+    python benchmarks/bench_scale.py                  # 124M parameters
+    python benchmarks/bench_scale.py --params 30e6    # d scaled down (CI: --params 2e6)
+    python benchmarks/bench_scale.py --device cuda --json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import resource
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+GPT2_SMALL = {"layers": 12, "d": 768, "vocab": 50257, "ctx": 1024}
+
+
+# ------------------------------------------------------------------ the model
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.ln_1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """GPT-2's shape: token + position embeddings, pre-norm blocks, tied LM head."""
+
+    def __init__(self, layers: int, d: int, vocab: int, ctx: int) -> None:
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+        self.h = nn.ModuleList(Block(d, max(1, d // 64)) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        for p in self.parameters():
+            if p.dim() >= 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        mask = torch.triu(torch.full((t, t), float("-inf"), device=idx.device), 1)
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
+        for blk in self.h:
+            x = blk(x, mask)
+        return self.ln_f(x) @ self.wte.weight.t()
+
+
+def shape_for(params: float) -> dict[str, int]:
+    """GPT-2-small's shape with d (a multiple of 64) scaled so the model has about `params`
+    parameters; below what d = 64 gives, fewer layers and a smaller vocabulary."""
+    layers, vocab, ctx = GPT2_SMALL["layers"], GPT2_SMALL["vocab"], GPT2_SMALL["ctx"]
+
+    def count(layers: int, d: int, vocab: int) -> int:
+        return layers * (12 * d * d + 13 * d) + (vocab + ctx) * d + 2 * d
+
+    if count(layers, 64, vocab) > params:
+        layers, ctx = 2, 256
+        vocab = max(256, int((params - count(layers, 64, 0)) / 64))
+        return {"layers": layers, "d": 64, "vocab": vocab, "ctx": ctx}
+    d = max(64, min(range(64, 4097, 64), key=lambda d: abs(count(layers, d, vocab) - params)))
+    return {"layers": layers, "d": d, "vocab": vocab, "ctx": ctx}
+
+
+def corpus_tokens(vocab: int, limit: int = 2_000_000) -> torch.Tensor:
+    """Word-level tokens of the standard library's sources, ids by frequency rank."""
+    words: list[str] = []
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(stdlib.glob("*.py")):
+        words += re.findall(r"\w+|[^\w\s]", path.read_text(errors="replace"))
+        if len(words) >= limit:
+            break
+    rank = {w: i for i, (w, _) in enumerate(Counter(words).most_common(vocab - 1))}
+    return torch.tensor([rank.get(w, vocab - 1) for w in words[:limit]], dtype=torch.int64)
+
+
+def train(shape: dict[str, int], steps: list[int], device: str, batch: int, seq: int,
+          seed: int = 0) -> list[dict]:
+    """Checkpoints {"model", "optimizer", "step"} after each count of AdamW steps in `steps`."""
+    torch.manual_seed(seed)
+    model = GPT(**shape).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    data = corpus_tokens(shape["vocab"])
+    out = []
+    g = torch.Generator().manual_seed(seed)
+    for step in range(1, max(steps) + 1):
+        starts = torch.randint(0, data.numel() - seq - 1, (batch,), generator=g)
+        x = torch.stack([data[s:s + seq] for s in starts]).to(device)
+        y = torch.stack([data[s + 1:s + seq + 1] for s in starts]).to(device)
+        loss = nn.functional.cross_entropy(model(x).reshape(-1, shape["vocab"]), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step in steps:
+            out.append({"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+                        "optimizer": _clone(opt.state_dict()), "step": step})
+    return out
+
+
+def _clone(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clone(v) for v in obj]
+    return obj
+
+
+def tensor_bytes(state: Any) -> int:
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(tensor_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(tensor_bytes(v) for v in state)
+    return 0
+
+
+# ------------------------------------------------------------------ children
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _to(state: Any, device: str) -> Any:
+    if device == "cpu":
+        return state
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, dict):
+        return {k: _to(v, device) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_to(v, device) for v in state]
+    return state
+
+
+def _load(path: str, device: str) -> Any:
+    return _to(torch.load(path, map_location="cpu", weights_only=True), device)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def child(task: dict) -> dict:
+    """One measurement; returns seconds, peak extra RSS and what the step reports."""
+    from mvc.repo.repository import Repo
+
+    kind, device, work = task["kind"], task["device"], task["dir"]
+    out: dict[str, Any] = {}
+    state = None
+    if kind in ("save", "commit_first", "commit_next", "commit_lossless", "zipnn"):
+        state = _load(task["ckpt"], device)
+        _sync(device)
+    base_rss = _rss()
+    # ru_maxrss only grows: a step's peak is what it adds on top of the setup's peak.
+    setup_peak = _peak()
+    t0 = time.perf_counter()
+    if kind == "save":
+        with open(os.path.join(work, "save.pt"), "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+    elif kind == "load":
+        state = torch.load(task["ckpt"], map_location=device, weights_only=True)
+        _sync(device)
+    elif kind.startswith("commit"):
+        root = os.path.join(work, task["repo"])
+        repo = Repo.init(root) if kind != "commit_next" else Repo(root)
+        try:
+            cid = repo.commit(state, kind, step=task.get("step"),
+                              lossless=True if kind == "commit_lossless" else None)
+            c = repo.read_commit(cid)
+            out.update(commit=cid, chain_depth=c.chain_depth,
+                       quant=c.quant, stored=_stored_bytes(repo, c.snapshot),
+                       value=(c.quality or {}).get("value"),
+                       mode=(c.quality or {}).get("mode"),
+                       trials=len((c.quality or {}).get("trials") or []))
+        finally:
+            repo.close()
+    elif kind == "zipnn":
+        import zipnn
+
+        z = zipnn.ZipNN(input_format="torch")
+        tensors = _leaves(state)
+        copies = [t.detach().cpu().clone() for t in tensors]  # compress() mutates its input
+        t0 = time.perf_counter()
+        out["stored"] = sum(len(z.compress(t)) for t in copies)
+    elif kind == "checkout":
+        repo = Repo(os.path.join(work, task["repo"]))
+        try:
+            if not task.get("cache", True):
+                repo.disk_levels = None
+            rev = task.get("rev", "HEAD")
+            state = repo.read_state(rev, map_location=device)
+            _sync(device)
+        finally:
+            repo.close()
+    else:
+        raise SystemExit(f"unknown task {kind}")
+    out["seconds"] = time.perf_counter() - t0
+    out["peak_extra_rss"] = max(0, _peak() - max(setup_peak, base_rss))
+    out["base_rss"] = base_rss
+    return out
+
+
+def _leaves(state: Any) -> list[torch.Tensor]:
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        return [t for v in state.values() for t in _leaves(v)]
+    if isinstance(state, (list, tuple)):
+        return [t for v in state for t in _leaves(v)]
+    return []
+
+
+def _stored_bytes(repo: Any, snapshot_id: str) -> int:
+    # The record's own bytes (a delta's, not its chain's): what this commit added.
+    return sum(r.stored_bytes for r in repo.read_snapshot(snapshot_id).tensors)
+
+
+def run_child(task: dict, timeout: float = 3600) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(task)],
+                          capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
+    if proc.returncode != 0:
+        raise RuntimeError(f"{task['kind']} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------ the run
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", type=float, default=124e6, help="model size (default GPT-2 small)")
+    ap.add_argument("--steps", type=int, default=3, help="AdamW steps before the first checkpoint")
+    ap.add_argument("--gap", type=int, default=3, help="steps between the two checkpoints")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
+    ap.add_argument("--json", action="store_true", help="print the raw figures as JSON")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child is not None:
+        print(json.dumps(child(json.loads(args.child))))
+        return {}
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device here")
+    shape = GPT2_SMALL if args.params == 124e6 else shape_for(args.params)
+    with tempfile.TemporaryDirectory(prefix="mvc-bench-scale-", dir=args.dir) as work:
+        t0 = time.perf_counter()
+        cks = train(shape, [args.steps, args.steps + args.gap], args.device, args.batch, args.seq)
+        train_s = time.perf_counter() - t0
+        paths = []
+        for i, ck in enumerate(cks):
+            paths.append(os.path.join(work, f"ck{i}.pt"))
+            torch.save(_to(ck, "cpu"), paths[-1])
+        nbytes = tensor_bytes(cks[0])
+        nparams = sum(t.numel() for t in cks[0]["model"].values())
+        del cks
+        dev = args.device
+        r: dict[str, Any] = {}
+        common = {"device": dev, "dir": work}
+        r["torch.save"] = run_child({"kind": "save", "ckpt": paths[0], **common})
+        r["torch.load"] = run_child({"kind": "load", "ckpt": paths[0], **common})
+        r["first commit"] = run_child({"kind": "commit_first", "ckpt": paths[0], "repo": "repo",
+                                       "step": args.steps, **common})
+        r["next commit"] = run_child({"kind": "commit_next", "ckpt": paths[1], "repo": "repo",
+                                      "step": args.steps + args.gap, **common})
+        r["lossless commit"] = run_child({"kind": "commit_lossless", "ckpt": paths[0],
+                                          "repo": "repo-lossless", **common})
+        try:
+            r["zipnn compress"] = run_child({"kind": "zipnn", "ckpt": paths[0], **common})
+        except RuntimeError as exc:  # bench extra not installed
+            print(f"zipnn: {exc}", file=sys.stderr)
+        r["checkout HEAD"] = run_child({"kind": "checkout", "repo": "repo", **common})
+        deepest = max(("first commit", "next commit"), key=lambda k: r[k]["chain_depth"])
+        r["checkout worst"] = run_child({"kind": "checkout", "repo": "repo", "cache": False,
+                                         "rev": r[deepest]["commit"], **common})
+        r["checkout worst"]["of"] = deepest
+    report = {"params": nparams, "shape": shape, "device": dev, "checkpoint_bytes": nbytes,
+              "train_s": train_s, "steps": [args.steps, args.steps + args.gap],
+              "cpus": os.cpu_count(), "torch": torch.__version__, "results": r,
+              "ratios": ratios(r, nbytes)}
+    print(table(report))
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    return report
+
+
+def ratios(r: dict, nbytes: int) -> dict[str, float | None]:
+    save, load = r["torch.save"]["seconds"], r["torch.load"]["seconds"]
+    z = r.get("zipnn compress")
+    out: dict[str, float | None] = {
+        "first commit / torch.save": r["first commit"]["seconds"] / save,
+        "next commit / torch.save": r["next commit"]["seconds"] / save,
+        "lossless commit / zipnn": (r["lossless commit"]["seconds"] / z["seconds"]) if z else None,
+        "lossless ratio": nbytes / r["lossless commit"]["stored"],
+        "zipnn ratio": (nbytes / z["stored"]) if z else None,
+        "checkout HEAD / torch.load": r["checkout HEAD"]["seconds"] / load,
+        "checkout worst / torch.load": r["checkout worst"]["seconds"] / load,
+        "first commit ratio": nbytes / r["first commit"]["stored"],
+        "next commit ratio": nbytes / r["next commit"]["stored"],
+    }
+    for k in ("first commit", "next commit", "lossless commit", "checkout HEAD", "checkout worst"):
+        out[f"{k} peak extra RSS / checkpoint"] = r[k]["peak_extra_rss"] / nbytes
+    return out
+
+
+def table(rep: dict) -> str:
+    r, q, nb = rep["results"], rep["ratios"], rep["checkpoint_bytes"]
+    save, load = r["torch.save"]["seconds"], r["torch.load"]["seconds"]
+    z = r.get("zipnn compress")
+    rows = [("torch.save (incl. fsync)", r["torch.save"], "1x"),
+            ("torch.load", r["torch.load"], "1x"),
+            ("first commit (search, proxy)", r["first commit"],
+             f"{r['first commit']['seconds'] / save:.2f}x torch.save"),
+            ("next commit (neighbourhood)", r["next commit"],
+             f"{r['next commit']['seconds'] / save:.2f}x torch.save"),
+            ("lossless commit", r["lossless commit"],
+             f"{q['lossless commit / zipnn']:.2f}x ZipNN" if z else "-"),
+            ("ZipNN compress", z, "1x") if z else None,
+            ("checkout HEAD", r["checkout HEAD"], f"{r['checkout HEAD']['seconds'] / load:.2f}x torch.load"),
+            (f"checkout worst ({r['checkout worst']['of']}, depth "
+             f"{r[r['checkout worst']['of']]['chain_depth']}, no level cache)", r["checkout worst"],
+             f"{r['checkout worst']['seconds'] / load:.2f}x torch.load")]
+    lines = [f"bench_scale: {rep['params'] / 1e6:.1f}M parameters {rep['shape']}, checkpoint "
+             f"{nb / 1e9:.2f} GB (weights + AdamW moments), device {rep['device']}, "
+             f"{rep['cpus']} CPUs, torch {rep['torch']}",
+             "", "| step | time | vs peer | peak extra RSS (x checkpoint) | ratio |",
+             "|---|---|---|---|---|"]
+    for row in rows:
+        if row is None:
+            continue
+        name, m, vs = row
+        ratio = f"{nb / m['stored']:.2f}x" if m.get("stored") else ""
+        lines.append(f"| {name} | {m['seconds']:.2f} s | {vs} | "
+                     f"{m['peak_extra_rss'] / 1e9:.2f} GB ({m['peak_extra_rss'] / nb:.2f}x) | {ratio} |")
+    for k in ("first commit", "next commit"):
+        m = r[k]
+        lines.append(f"{k}: mode {m['mode']}, {m['trials']} trials, proxy {m['value']}, "
+                     f"config {json.dumps(m['quant'], separators=(',', ':'))}")
+    if math.isfinite(q["lossless ratio"]) and z:
+        lines.append(f"lossless ratio {q['lossless ratio']:.3f} vs ZipNN {q['zipnn ratio']:.3f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
