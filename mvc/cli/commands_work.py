@@ -57,24 +57,27 @@ def init(path: str) -> None:
               help="Bound on relative quality degradation for the config search.")
 def commit(message: str, checkpoint: str | None, step: int | None, metrics: tuple[str, ...],
            lossless: bool, epsilon: float | None) -> None:
-    """Commit CHECKPOINT (.pt/.pth/.ckpt/.safetensors; default: checkpoint.path).
+    """Commit CHECKPOINT (.pt/.pth/.ckpt/.safetensors, or a checkpoint directory such as
+    a Hugging Face checkpoint-N/; default: checkpoint.path).
 
     By default (commit.mode = search) the most compressive quantization whose
     quality loss stays within epsilon is chosen, measured by the quality.hook
     function when configured, else by a proxy metric."""
+    from mvc.io.dirs import load_dir
     from mvc.io.files import load_checkpoint
 
     repo = Repo.discover()
     path = _checkpoint_path(repo, checkpoint, "checkpoint")
     metric_values = _parse_metrics(metrics)
-    state = load_checkpoint(path)
+    state = load_dir(path) if path.is_dir() else load_checkpoint(path)
     st = path.stat()
     hook = repo.config.get("quality.hook")
     quality = load_hook(hook, repo.path) if hook and not lossless else None
     cid = repo.commit(state, message, step=step, metrics=metric_values,
                       lossless=True if lossless else None, quality=quality, epsilon=epsilon)
     try:
-        _remember_source(repo, cid, path, st)
+        if not path.is_dir():  # `status` tracks a checkpoint file, not a tree
+            _remember_source(repo, cid, path, st)
     except MvcError as exc:  # the commit has landed; only `status` loses its hint
         warnings.warn(MvcWarning(f"commit {cid[:12]} is stored, but {exc}"), stacklevel=1)
     branch = repo.current_branch()
@@ -122,8 +125,9 @@ def _remember_source(repo: Repo, cid: str, path: Path, st: os.stat_result) -> No
 
 @click.command()
 @click.argument("rev")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Write a copy of REV's checkpoint to this file; HEAD does not move.")
+@click.option("-o", "--output", type=click.Path(), default=None,
+              help="Write a copy of REV's checkpoint to this file (a directory for a committed "
+                   "directory: absent or empty); HEAD does not move.")
 @click.option("--format", "fmt", type=click.Choice(["pt", "safetensors"]), default=None,
               help="File format (default: from the extension, else checkpoint.format, pt unless set).")
 @click.option("--only", "only", multiple=True, metavar="PATTERN",
@@ -141,6 +145,7 @@ def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...
     part of the state, reading only the payloads it needs; a partial state is never the
     working checkpoint, so they need -o.
     """
+    from mvc.io.dirs import is_dir_state, save_dir
     from mvc.io.files import save_checkpoint
 
     if (only or weights_only) and output is None:
@@ -151,6 +156,12 @@ def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...
     # branch that resolution went through.
     cid, branch_ref = repo._resolve_rev(rev)
     state = repo.reader.read_state(cid, only=only or None, weights_only=weights_only)
+    if is_dir_state(state):
+        if output is None:
+            raise UsageError(f"{rev} holds a checkpoint directory: give the directory to write with -o DIR")
+        save_dir(state, path)
+        echo(f"Wrote directory {path} from {cid[:12]}; HEAD unchanged")
+        return
     save_checkpoint(state, path, _output_format(repo, path, fmt))
     if output is not None:
         echo(f"Wrote {path} ({human_bytes(path.stat().st_size)}) from {cid[:12]}; HEAD unchanged")
