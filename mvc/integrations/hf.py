@@ -1,0 +1,142 @@
+"""Hugging Face `Trainer` integration: commit every ``checkpoint-N/`` to mvc, resume from mvc.
+
+    from mvc.integrations.hf import MvcCallback, resume_from_mvc
+    trainer = Trainer(model, args, train_dataset=ds, callbacks=[MvcCallback("runs/exp1", delete=True)])
+    trainer.train()
+    # after a failure, in a new process:
+    trainer.train(resume_from_checkpoint=resume_from_mvc("runs/exp1", args.output_dir))
+
+`MvcCallback.on_save` runs after the Trainer has written the whole checkpoint directory
+(weights, optimizer, scheduler, RNG states, ``trainer_state.json``); on the world's process
+zero it commits the directory as one commit (`mvc.io.dirs`) with the global step and the
+metrics ``trainer_state.json`` logged at that step, and with ``delete=True`` removes the
+directory afterwards (mvc keeps every checkpoint, compressed: it replaces ``save_total_limit``).
+Needs ``pip install mvc[hf]``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+from transformers import TrainerCallback
+
+from mvc.errors import UsageError
+from mvc.integrations.grad_ema import GradientEMA
+from mvc.io.dirs import DEFAULT_OPAQUE, checkout_dir, commit_dir
+from mvc.repo.repository import Repo
+
+#: The checkpoint directories the Trainer writes: ``<output_dir>/checkpoint-<global step>``.
+CHECKPOINT_PREFIX = "checkpoint-"
+#: Where a single-file model's weights live in a committed directory (what the gradient EMA is keyed by).
+MODEL_PREFIX = "files/model.safetensors/state/"
+
+
+class HfIntegrationError(UsageError):
+    """The Trainer integration was used in a way that cannot work (a delete with
+    load_best_model_at_end, a resume from a commit without a step)."""
+
+    exit_code = 153
+
+
+def open_repo(repo: str | os.PathLike | Repo) -> Repo:
+    """`repo` itself, or the repository at that path (created when there is none)."""
+    return repo if isinstance(repo, Repo) else Repo.init(repo)
+
+
+def step_metrics(state_file: str | os.PathLike, step: int) -> dict[str, float]:
+    """The finite numbers ``trainer_state.json`` logged at `step` (its ``log_history`` entries
+    of that step, merged: loss, learning_rate, eval_loss, epoch, ...); {} when there are none."""
+    try:
+        history = json.loads(Path(state_file).read_text()).get("log_history") or []
+    except (OSError, ValueError, AttributeError):
+        return {}
+    metrics: dict[str, float] = {}
+    for entry in history:
+        if not isinstance(entry, dict) or entry.get("step") != step:
+            continue
+        for key, value in entry.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                    and math.isfinite(value):
+                metrics[str(key)] = float(value)
+    return metrics
+
+
+class MvcCallback(TrainerCallback):
+    """Commits each checkpoint directory the Trainer saves (world process zero only).
+
+    repo: a `Repo` or a path (a repository is created there if none exists); delete: remove
+    ``checkpoint-N/`` once committed; grad_ema: keep an EMA of the gradients (before each
+    optimizer step) for sensitivity-based pruning/protection of ``model.safetensors``'s
+    tensors; opaque: file patterns kept as bytes (`mvc.io.dirs.DEFAULT_OPAQUE`);
+    commit_args: passed to `Repo.commit` (``lossless=True``, ``epsilon=``, ``space=``, ...).
+    `commits` lists (step, commit id) of the commits made.
+    """
+
+    def __init__(self, repo: str | os.PathLike | Repo, *, delete: bool = False, grad_ema: bool = False,
+                 opaque: Sequence[str] = DEFAULT_OPAQUE, **commit_args: Any) -> None:
+        self.repo = open_repo(repo)
+        self.delete = delete
+        self.opaque = tuple(opaque)
+        self.commit_args = commit_args
+        self.commits: list[tuple[int, str]] = []
+        self._want_ema = grad_ema
+        self._ema: GradientEMA | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        """Refuse settings that need the deleted directories; start the gradient EMA."""
+        if self.delete and getattr(args, "load_best_model_at_end", False):
+            raise HfIntegrationError("MvcCallback(delete=True) removes the checkpoint directories that "
+                                     "load_best_model_at_end reloads; use one or the other")
+        if self._want_ema and model is not None:
+            self._ema = GradientEMA(model, prefix=MODEL_PREFIX)
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """The gradients are complete here (after clipping, before the step zeroes them)."""
+        if self._ema is not None:
+            self._ema.accumulate()
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Commit ``<output_dir>/checkpoint-<global step>`` with its step and logged metrics."""
+        if not state.is_world_process_zero:
+            return
+        step = int(state.global_step)
+        folder = Path(args.output_dir) / f"{CHECKPOINT_PREFIX}{step}"
+        metrics = step_metrics(folder / "trainer_state.json", step)
+        extra = dict(self.commit_args)
+        if self._ema is not None and "grads" not in extra:
+            extra["grads"] = self._ema.take()
+        cid = commit_dir(self.repo, folder, f"{folder.name}", step=step, metrics=metrics,
+                         opaque=self.opaque, **extra)
+        self.commits.append((step, cid))
+        if self.delete:
+            shutil.rmtree(folder)
+
+
+def checkout_checkpoint(repo: str | os.PathLike | Repo, output_dir: str | os.PathLike,
+                        rev: str = "HEAD") -> str:
+    """Write the checkpoint directory committed at `rev` to ``<output_dir>/checkpoint-<its step>``
+    (absent or empty) and return that path, for ``trainer.train(resume_from_checkpoint=...)``."""
+    r = open_repo(repo)
+    cid = r.resolve(rev)
+    step = r.read_commit(cid).step
+    if step is None:
+        raise HfIntegrationError(f"{rev}: commit {cid[:12]} records no step; check it out with "
+                                 "`mvc checkout REV -o DIR` and name the directory yourself")
+    target = Path(output_dir) / f"{CHECKPOINT_PREFIX}{step}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    checkout_dir(r, cid, target)
+    return str(target)
+
+
+#: The short name the module doc uses.
+resume_from_mvc = checkout_checkpoint
+
+
+def train_from_mvc(trainer: Any, repo: str | os.PathLike | Repo, rev: str = "HEAD", **train_args: Any) -> Any:
+    """Check `rev` out into the trainer's output directory and resume training from it."""
+    path = checkout_checkpoint(repo, trainer.args.output_dir, rev)
+    return trainer.train(resume_from_checkpoint=path, **train_args)
