@@ -54,7 +54,7 @@ def test_memory_is_a_fresh_store_each_time() -> None:
 @pytest.mark.parametrize("url", ["s3://bucket/prefix", "S3://bucket", "file:///srv/mvc-remote",
                                  "file://relative"])
 @pytest.mark.parametrize("create", [False, True])
-def test_remote_urls_are_not_supported_yet(url: str, create: bool, tmp_path: Path,
+def test_remote_urls_are_not_repository_stores(url: str, create: bool, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(RemoteNotSupportedError) as ei:
@@ -62,7 +62,7 @@ def test_remote_urls_are_not_supported_yet(url: str, create: bool, tmp_path: Pat
     err = ei.value
     assert isinstance(err, UnsupportedLocationError) and isinstance(err, UsageError)
     assert err.exit_code == 121
-    assert "not supported yet" in str(err) and "issue 18" in str(err) and url in str(err)
+    assert "is a remote, not a repository store" in str(err) and url in str(err)
     assert os.listdir(tmp_path) == []  # never taken for a relative path
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from mvc.cli.format import echo, human_bytes
+from mvc.cli.progress import quiet_option, terminal_progress
 from mvc.errors import DataError
 from mvc.repo.repository import Repo
 
@@ -20,10 +21,12 @@ class FsckFailed(DataError):
 @click.option("--max-chain", type=click.IntRange(min=0), default=None,
               help="Re-encode tensors with deeper delta chains as bases (default: gc.max_chain; "
                    "0: no depth bound, commit.chain_budget still applies).")
-def gc(dry_run: bool, shrink: bool, max_chain: int | None) -> None:
+@quiet_option
+def gc(dry_run: bool, shrink: bool, max_chain: int | None, quiet: bool) -> None:
     """Bound delta chains and remove objects unreachable from any ref or reflog entry."""
     repo = Repo.discover()
-    r = repo.gc(dry_run=dry_run, max_chain=max_chain, shrink=shrink)
+    with terminal_progress(quiet=quiet) as progress:
+        r = repo.gc(dry_run=dry_run, max_chain=max_chain, shrink=shrink, progress=progress)
     if r.snapshots_rewritten:
         echo(f"gc: re-encoded {r.tensors_rebased} tensors in {r.snapshots_rewritten} snapshots "
              f"as bases (chain depth {r.max_chain_before} -> {r.max_chain_after})")
@@ -37,13 +40,15 @@ def gc(dry_run: bool, shrink: bool, max_chain: int | None) -> None:
 @click.command()
 @click.option("--prune-cache", is_flag=True,
               help="Delete the level-cache files fsck warns about (the cache is disposable).")
-def fsck(prune_cache: bool) -> None:
+@quiet_option
+def fsck(prune_cache: bool, quiet: bool) -> None:
     """Verify every object against its id and every reference; exit non-zero on problems.
 
     Unusable level-cache entries and a recounted store counter are warnings: they never
     reach a checkout and do not change the exit status."""
     repo = Repo.discover()
-    r = repo.fsck()
+    with terminal_progress(quiet=quiet) as progress:
+        r = repo.fsck(progress=progress)
     for p in r.problems:
         echo(p)
     for w in r.warnings:

@@ -9,7 +9,9 @@ import click
 
 from mvc.cli.commands_history import storage_line
 from mvc.cli.format import echo, human_bytes
+from mvc.cli.progress import quiet_option, terminal_progress
 from mvc.errors import MvcError, MvcWarning, UsageError
+from mvc.progress import phase
 from mvc.repo.repository import Repo
 
 
@@ -55,26 +57,31 @@ def init(path: str) -> None:
 @click.option("--lossless", is_flag=True, default=False, help="Store every tensor exactly.")
 @click.option("--epsilon", type=float, default=None,
               help="Bound on relative quality degradation for the config search.")
+@quiet_option
 def commit(message: str, checkpoint: str | None, step: int | None, metrics: tuple[str, ...],
-           lossless: bool, epsilon: float | None) -> None:
+           lossless: bool, epsilon: float | None, quiet: bool) -> None:
     """Commit CHECKPOINT (.pt/.pth/.ckpt/.safetensors, or a checkpoint directory such as
     a Hugging Face checkpoint-N/; default: checkpoint.path).
 
     By default (commit.mode = search) the most compressive quantization whose
     quality loss stays within epsilon is chosen, measured by the quality.hook
-    function when configured, else by a proxy metric."""
+    function when configured, else by a proxy metric. On a terminal a progress bar
+    shows the load, the search and the tensors written (-q: none)."""
     from mvc.io.dirs import load_dir
     from mvc.io.files import load_checkpoint
 
     repo = Repo.discover()
     path = _checkpoint_path(repo, checkpoint, "checkpoint")
     metric_values = _parse_metrics(metrics)
-    state = load_dir(path) if path.is_dir() else load_checkpoint(path)
-    st = path.stat()
     hook = repo.config.get("quality.hook")
     quality = load_hook(hook, repo.path) if hook and not lossless else None
-    cid = repo.commit(state, message, step=step, metrics=metric_values,
-                      lossless=True if lossless else None, quality=quality, epsilon=epsilon)
+    with terminal_progress(quiet=quiet) as progress:
+        with phase(progress, f"loading {path.name}", total_items=1, unit="files"):
+            state = load_dir(path) if path.is_dir() else load_checkpoint(path)
+        st = path.stat()
+        cid = repo.commit(state, message, step=step, metrics=metric_values,
+                          lossless=True if lossless else None, quality=quality, epsilon=epsilon,
+                          progress=progress)
     try:
         if not path.is_dir():  # `status` tracks a checkpoint file, not a tree
             _remember_source(repo, cid, path, st)
@@ -136,14 +143,17 @@ def _remember_source(repo: Repo, cid: str, path: Path, st: os.stat_result) -> No
 @click.option("--weights-only", is_flag=True,
               help="Leave out optimizer state (the optimizer/optimizer_states/... subtrees and "
                    ".../state/<i>/<key> tensors such as Adam moments). Needs -o.")
-def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...], weights_only: bool) -> None:
+@quiet_option
+def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...], weights_only: bool,
+             quiet: bool) -> None:
     """Write the checkpoint of REV to checkpoint.path and move HEAD to REV, as git checkout
     does (attached for a branch name, detached otherwise).
 
     With -o FILE: write a copy of REV's checkpoint to FILE and leave HEAD, the branch and
     checkpoint.path alone (like git show REV:path > FILE). --only / --weights-only restore
     part of the state, reading only the payloads it needs; a partial state is never the
-    working checkpoint, so they need -o.
+    working checkpoint, so they need -o. On a terminal a progress bar shows the tensors
+    restored (-q: none).
     """
     from mvc.io.dirs import is_dir_state, save_dir
     from mvc.io.files import save_checkpoint
@@ -155,7 +165,8 @@ def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...
     # Resolve once: the id read is the id HEAD moves to, and HEAD attaches only to the
     # branch that resolution went through.
     cid, branch_ref = repo._resolve_rev(rev)
-    state = repo.reader.read_state(cid, only=only or None, weights_only=weights_only)
+    with terminal_progress(quiet=quiet) as progress:
+        state = repo.reader.read_state(cid, only=only or None, weights_only=weights_only, progress=progress)
     if is_dir_state(state):
         if output is None:
             raise UsageError(f"{rev} holds a checkpoint directory: give the directory to write with -o DIR")

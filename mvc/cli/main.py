@@ -33,9 +33,9 @@ def cli(directory: str | None) -> None:
 
 
 def _register() -> None:
-    from mvc.cli import commands_history, commands_maint, commands_refs, commands_work
+    from mvc.cli import commands_history, commands_maint, commands_refs, commands_remote, commands_work
 
-    for mod in (commands_work, commands_refs, commands_history, commands_maint):
+    for mod in (commands_work, commands_refs, commands_history, commands_maint, commands_remote):
         for cmd in mod.COMMANDS:
             if cmd.short_help is None and cmd.help:
                 cmd.short_help = first_sentence(cmd.help)

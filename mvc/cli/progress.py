@@ -98,6 +98,8 @@ class _RichProgress:
             by_bytes = total_bytes is not None or total_items is None
             self._task = self._bar.add_task(description, total=total_bytes if by_bytes else total_items,
                                             done=self._done_text(), unit="B" if by_bytes else unit)
+            # Drawn now, not at the next tick: every phase shows, however short.
+            self._bar.refresh()
 
     def advance(self, nbytes: int = 0, items: int = 0) -> None:
         with self._lock:
@@ -111,6 +113,7 @@ class _RichProgress:
     def end(self) -> None:
         with self._lock:
             if self._task is not None:
+                self._bar.refresh()
                 self._bar.remove_task(self._task)
                 self._task = None
 

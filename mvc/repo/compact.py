@@ -22,6 +22,7 @@ import torch
 
 from mvc.codecs.quantized import encode_base
 from mvc.errors import InternalError
+from mvc.progress import NO_PROGRESS, Progress
 from mvc.repo import lossy
 from mvc.repo.objectdb import ObjectDB
 from mvc.repo.objects import Snapshot, TensorRecord
@@ -41,7 +42,7 @@ class CompactReport:
 
 def compact_chains(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefStore,
                    roots: Iterable[str], *, max_chain: int, budget: float = 0.0,
-                   chunk_size: int) -> CompactReport:
+                   chunk_size: int, progress: Progress | None = None) -> CompactReport:
     """Re-encode every quantized tensor whose chain is deeper than `max_chain` (0: any depth)
     or costs more than `budget` passes to walk (0: no budget; see `lossy.chain_cost`) as a base.
 
@@ -50,12 +51,15 @@ def compact_chains(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefSt
     The caller holds the write lock. Commits are visited parents-first, so a
     rebased ancestor shortens every descendant's chain before it is measured.
     A step's cost is the difference of the costs its commit recorded.
+    `progress` hears of each commit visited.
     """
     report = CompactReport()
     depth: dict[tuple[str, str], int] = {}
     cost: dict[tuple[str, str], float] = {}      # after the rebases decided so far
     recorded: dict[tuple[str, str], float] = {}  # as committed
+    p = progress if progress is not None else NO_PROGRESS
     for commit in odb.walk_commits(roots, order="topo"):
+        p.advance(items=1)
         sid = commit.snapshot
         snap = odb.read_snapshot(sid)
         rebase: list[int] = []

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from mvc.codecs.base import find_codec
 from mvc.errors import DataError, MvcError
+from mvc.progress import Progress, phase
 from mvc.repo import refs as R
 from mvc.repo.levelcache import DiskLevelCache, check_level_cache
 from mvc.repo.lossy import is_quantized, parent_ref
@@ -41,9 +42,10 @@ class FsckReport:
 
 
 def check_repository(odb: ObjectDB, maintenance: StoreMaintenance,
-                     level_cache: DiskLevelCache) -> FsckReport:
+                     level_cache: DiskLevelCache, progress: Progress | None = None) -> FsckReport:
     """Verify every stored object against its id, and every ref, reflog entry, snapshot link and
-    replacement; recount the store's derived counters (repaired) and check the level cache."""
+    replacement; recount the store's derived counters (repaired) and check the level cache.
+    `progress` hears of each object verified, then of each commit walked."""
     blobs, refs = odb.blobs, odb.refs
     problems: list[str] = []
     unreadable: set[str] = set()  # names of refs whose record could not be decoded
@@ -55,13 +57,16 @@ def check_repository(odb: ObjectDB, maintenance: StoreMaintenance,
 
     n_objects = 0
     present: set[str] = set()
-    for oid in blobs.iter_ids():
-        n_objects += 1
-        present.add(oid)
-        try:
-            blobs.verify(oid)
-        except MvcError as exc:
-            problems.append(f"object {oid}: {exc}")
+    ids = list(blobs.iter_ids())
+    with phase(progress, "verifying objects", total_items=len(ids), unit="objects") as p:
+        for oid in ids:
+            n_objects += 1
+            present.add(oid)
+            try:
+                blobs.verify(oid)
+            except MvcError as exc:
+                problems.append(f"object {oid}: {exc}")
+            p.advance(items=1)
     all_refs = dict(refs.iter_refs("", on_corrupt=corrupt))
     for name, value in all_refs.items():
         if R.is_symbolic(value):
@@ -81,13 +86,15 @@ def check_repository(odb: ObjectDB, maintenance: StoreMaintenance,
     commits = 0
     named: set[str] = set()  # snapshot ids that reachable commits name
     records = _RecordChecks(odb, present)
-    for reached in odb.reachable([c for c in roots if c in present],
-                                 on_damage=lambda d: problems.append(str(d))):
-        if reached.kind == "commit":
-            commits += 1
-            named.add(reached.obj.snapshot)  # type: ignore[union-attr]
-        elif reached.kind == "snapshot" and reached.obj is not None:
-            problems.extend(records.check(reached))
+    with phase(progress, "checking history", unit="commits") as p:
+        for reached in odb.reachable([c for c in roots if c in present],
+                                     on_damage=lambda d: problems.append(str(d))):
+            if reached.kind == "commit":
+                commits += 1
+                named.add(reached.obj.snapshot)  # type: ignore[union-attr]
+                p.advance(items=1)
+            elif reached.kind == "snapshot" and reached.obj is not None:
+                problems.extend(records.check(reached))
     problems.extend(check_replacements(odb, present, named, corrupt))
     warnings = maintenance.check_meta(repair=True) + check_level_cache(level_cache, odb.read_snapshot)
     # One line per problem object, however many commits share it.

@@ -11,12 +11,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mvc.errors import DataError, UsageError
+from mvc.progress import Progress, phase
 from mvc.repo.compact import compact_chains
 from mvc.repo.objectdb import Damage, ObjectDB
 from mvc.repo.reader import TensorReader
 from mvc.repo.replace import REPLACE
 from mvc.store import InvalidIdError, RefUpdate, StoreMaintenance, TransactionalRefStore
 from mvc.store.base import check_oid
+
+
+#: Objects deleted per store transaction: progress moves between batches; any prefix of the
+#: deletions leaves a consistent store (only unreachable objects go).
+_DELETE_BATCH = 256
 
 
 class UnsafeGcError(DataError):
@@ -59,7 +65,8 @@ class GcSettings:
 
 def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefStore,
                     maintenance: StoreMaintenance, settings: GcSettings, *,
-                    dry_run: bool = False, shrink: bool = False) -> GcReport:
+                    dry_run: bool = False, shrink: bool = False,
+                    progress: Progress | None = None) -> GcReport:
     """Compact delta chains deeper than `settings.max_chain` or costlier than
     `settings.chain_budget`, then delete every object no ref or reflog entry reaches.
 
@@ -68,7 +75,8 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
     Refuses (`UnsafeGcError`) to change anything when stored data is damaged:
     an unreadable object anywhere in reachable history (a commit, a snapshot,
     a replacement, a delta's parent) or a damaged object key in the store. With
-    `shrink`, the store then gives the freed space back.
+    `shrink`, the store then gives the freed space back. `progress` hears of the commits
+    compaction visits and of the objects deleted.
     """
     if settings.max_chain < 0:
         raise UsageError(f"max_chain must be >= 0 (0: no depth bound), got {settings.max_chain}")
@@ -79,8 +87,10 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
         keep = _reachable(odb, roots)
         compacted = None
         if not dry_run and (settings.max_chain > 0 or settings.chain_budget > 0):
-            compacted = compact_chains(odb, reader, refs, roots, max_chain=settings.max_chain,
-                                       budget=settings.chain_budget, chunk_size=settings.chunk_size)
+            with phase(progress, "bounding delta chains", unit="commits") as p:
+                compacted = compact_chains(odb, reader, refs, roots, max_chain=settings.max_chain,
+                                           budget=settings.chain_budget, chunk_size=settings.chunk_size,
+                                           progress=p)
             if compacted.snapshots_rewritten:
                 keep = _reachable(odb, roots)
         # Replacements of snapshots nothing reaches any more go too.
@@ -92,9 +102,14 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
                 refs.delete_reflog(u.name)
         # Objects compaction wrote are not in `stored`: all of them are reachable.
         doomed = [oid for oid in stored if oid not in keep]
-        freed = sum(blobs.size(oid) for oid in doomed)
+        sizes = {oid: blobs.size(oid) for oid in doomed}
+        freed = sum(sizes.values())
         if not dry_run and doomed:
-            blobs.delete(doomed)
+            with phase(progress, "deleting", total_bytes=freed, total_items=len(doomed), unit="objects") as p:
+                for i in range(0, len(doomed), _DELETE_BATCH):
+                    batch = doomed[i:i + _DELETE_BATCH]
+                    blobs.delete(batch)
+                    p.advance(sum(sizes[oid] for oid in batch), len(batch))
         report = GcReport(removed_objects=len(doomed), freed_bytes=freed,
                           kept_objects=len(keep), dry_run=dry_run)
         if compacted is not None:

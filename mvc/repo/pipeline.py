@@ -31,7 +31,7 @@ for the one compare-and-swap and plain configuration values (`CommitSettings`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -41,6 +41,7 @@ import torch
 import mvc.search
 from mvc.codecs.base import BytesLike, tensor_codec
 from mvc.errors import InternalError, MvcError, UsageError
+from mvc.progress import Progress, phase
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy, quantize_state
 from mvc.quant.optimizer import quantize_optimizer_state
 from mvc.repo import lossy
@@ -330,7 +331,8 @@ Bases = dict[str, tuple[Any, torch.dtype, tuple[int, ...]]]
 
 
 def write(plan: CommitPlan, names: Iterable[str], *, blobs: BlobSink,
-          read_quantized: ReadQuantized, bases: Bases | None = None) -> list[TensorRecord]:
+          read_quantized: ReadQuantized, bases: Bases | None = None,
+          progress: Progress | None = None) -> list[TensorRecord]:
     """Encode and store `names` (tensors of `plan`); returns their records, in plan order.
 
     Every chunk a returned record names is stored when this returns.  Idempotent and safe
@@ -339,6 +341,7 @@ def write(plan: CommitPlan, names: Iterable[str], *, blobs: BlobSink,
     record.  A quantized tensor equal to the parent's is the parent's record, reused as is;
     otherwise it is a delta against the parent or a base (`lossy.choose_encoding`).
     `bases`, when given, receives each quantized tensor's base encoding (for the level cache).
+    `progress` hears of each tensor written (its raw bytes) in one "writing" phase.
     """
     wanted = set(names)
     unknown = wanted - set(plan.names)
@@ -348,12 +351,33 @@ def write(plan: CommitPlan, names: Iterable[str], *, blobs: BlobSink,
     if missing:
         raise UsageError(f"this plan does not carry the tensors of {sorted(missing)[:5]} "
                          "(a subset made for another writer)")
+    writer = ChunkWriter(blobs, plan.settings.chunk_size)
+    todo = [n for n in plan.names if n in wanted]
+    with phase(progress, "writing", total_items=len(todo),
+               total_bytes=sum(_nbytes(plan.tensors[n]) for n in todo)) as p:
+        records = _write_all(plan, todo, writer, read_quantized, bases, p)
+        writer.flush()
+    return records
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _reported(names: list[str], tensors: Mapping[str, torch.Tensor], progress: Progress) -> Iterator[str]:
+    """`names`, telling `progress` of each one when the loop comes back for the next."""
+    for name in names:
+        yield name
+        progress.advance(_nbytes(tensors[name]), 1)
+
+
+def _write_all(plan: CommitPlan, todo: list[str], writer: ChunkWriter, read_quantized: ReadQuantized,
+               bases: Bases | None, progress: Progress) -> list[TensorRecord]:
     s = plan.settings
     exact, raw = tensor_codec(s.lossless_codec), tensor_codec("raw/1")
     parent = plan.parent
-    writer = ChunkWriter(blobs, s.chunk_size)
     records: list[TensorRecord] = []
-    for name in (n for n in plan.names if n in wanted):
+    for name in _reported(todo, plan.tensors, progress):
         t = plan.tensors[name]
         q = plan.quantized.get(name)
         if q is None:
@@ -382,7 +406,6 @@ def write(plan: CommitPlan, names: Iterable[str], *, blobs: BlobSink,
             bases[name] = (base, q.dtype, tuple(q.shape))
         records.append(writer.write_encoded(enc, cname, name, q.dtype, tuple(q.shape), extra,
                                             depth, raw_bytes=t.numel() * t.element_size()))
-    writer.flush()
     return records
 
 

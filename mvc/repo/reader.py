@@ -28,6 +28,7 @@ import torch
 
 from mvc.codecs.base import quantized_codec
 from mvc.native.parallel import pmap
+from mvc.progress import Progress, phase
 from mvc.quant import QuantizedTensor
 from mvc.quant.optimizer import restore
 from mvc.repo.levelcache import BaseEntries, DiskLevelCache, LevelCache
@@ -60,7 +61,8 @@ class TensorReader:
 
     # ------------------------------------------------------------------ states
     def read_state(self, cid: str, *, map_location: str | torch.device | None = None,
-                   only: Sequence[str] | None = None, weights_only: bool = False) -> Any:
+                   only: Sequence[str] | None = None, weights_only: bool = False,
+                   progress: Progress | None = None) -> Any:
         """The checkpoint of commit `cid` (an id, already resolved), rebuilt with its original
         structure on `map_location` (default: the CPU).
 
@@ -69,6 +71,7 @@ class TensorReader:
         what each keeps), and only their payloads are read and decoded -- plus what a
         selected tensor's restore needs: its delta chain, and an Adam first moment's
         second moment (its bound). Raises `UsageError` when nothing is selected.
+        `progress` hears of each tensor restored (see `read_all`).
         """
         sid = self.odb.read_commit(cid).snapshot
         snap = self.odb.read_snapshot(sid)
@@ -76,7 +79,7 @@ class TensorReader:
         if only or weights_only:
             skeleton = prune(skeleton, only=only, weights_only=weights_only)
             records = _needed(snap.tensors, skeleton["entries"])
-        tensors = self.read_all(sid, records)
+        tensors = self.read_all(sid, records, progress=progress)
         return unflatten(skeleton, tensors, map_location=map_location or "cpu")
 
     # ------------------------------------------------------------------ tensors
@@ -137,15 +140,23 @@ class TensorReader:
                 self.levels.put((sid, rec.name), hit)
         return hit
 
-    def read_all(self, snapshot_id: str, records: list[TensorRecord]) -> dict[str, torch.Tensor]:
+    def read_all(self, snapshot_id: str, records: list[TensorRecord], *,
+                 progress: Progress | None = None) -> dict[str, torch.Tensor]:
         """Every tensor of a snapshot, by name (in record order).
 
         The quantized tensors are decoded on the native thread pool (chain walks,
         entropy decoding and level lookups run in C without the GIL) through one
         shared snapshot memo, so at most one tensor per thread is being walked at a
         time; Adam first moments are then bounded by their second moments,
-        restored once for both.
+        restored once for both. `progress` hears of each tensor decoded (its raw bytes), from
+        the pool's threads, in one "reading" phase.
         """
+        with phase(progress, "reading", total_bytes=sum(r.raw_bytes for r in records),
+                   total_items=len(records)) as p:
+            return self._read_all(snapshot_id, records, p)
+
+    def _read_all(self, snapshot_id: str, records: list[TensorRecord],
+                  progress: Progress) -> dict[str, torch.Tensor]:
         quant = [r for r in records if is_quantized(r)]
         memo: dict[str, Snapshot] = {}
         out: dict[str, torch.Tensor] = {}
@@ -155,6 +166,7 @@ class TensorReader:
                 out[rec.name] = _values(rec, self.read_quantized(snapshot_id, rec, memo))
             else:
                 out[rec.name] = read_tensor(self.odb.blobs, rec)
+            progress.advance(rec.raw_bytes, 1)
 
         # Costliest first (size times chain cost): the pool takes tasks in order, and the longest
         # walk is the critical path.

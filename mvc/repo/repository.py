@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 
 from mvc.errors import MvcError, MvcWarning, UsageError
+from mvc.progress import Progress, phase
 from mvc.state import flatten
 from mvc.quant import QuantConfig, QuantPolicy
 from mvc.repo import refs as R
@@ -277,7 +278,8 @@ class Repo:
                quant: QuantConfig | None = None, policy: QuantPolicy | None = None,
                grads: Mapping[str, torch.Tensor] | None = None,
                quality: Callable[[Any], float] | None = None,
-               epsilon: float | None = None, space: SearchSpace | None = None) -> str:
+               epsilon: float | None = None, space: SearchSpace | None = None,
+               progress: Progress | None = None) -> str:
         """Store `state` (any nested checkpoint structure) as a new commit on HEAD; returns its id.
 
         Objects are written first, then the snapshot and the commit object, and
@@ -305,6 +307,9 @@ class Repo:
         The work runs as the pipeline of `mvc.repo.pipeline`: plan (outside the
         lock: the search is the slow part), then, under the write lock, write
         and publish against the branch's commit at that moment.
+
+        `progress` (a `mvc.progress.Progress`; default: none) hears of the plan ("choosing
+        storage") and of each tensor written (its raw bytes).
         """
         if not isinstance(message, str) or not message.strip():
             raise UsageError("a commit needs a non-empty message")
@@ -317,8 +322,10 @@ class Repo:
         lossy_plan = how.mode != "lossless"
         # HEAD now is only a hint for the plan (warm start, the search's starting config):
         # the branch may move before the lock is taken, which costs nothing but compression.
-        plan = pipeline.plan(flatten(state), how, self._parent_info(self.head(), lossy_plan),
-                             read_quantized=read_quantized, settings=settings, grads=grads)
+        flat = flatten(state)
+        with phase(progress, "choosing storage", total_items=len(flat.tensors)):
+            plan = pipeline.plan(flat, how, self._parent_info(self.head(), lossy_plan),
+                                 read_quantized=read_quantized, settings=settings, grads=grads)
         info = pipeline.CommitInfo(
             message=message, author=author(self.config.get("user.name"),
                                            self.config.get("user.email")),
@@ -330,7 +337,7 @@ class Repo:
                 # Records read under the lock: the deltas are made against them.
                 plan = plan.against(self._parent_info(parent, bool(plan.quantized)))
             records = pipeline.write(plan, plan.names, blobs=self.store,
-                                     read_quantized=read_quantized, bases=bases)
+                                     read_quantized=read_quantized, bases=bases, progress=progress)
             cid, snap_id = pipeline.publish(plan, records, info, blobs=self.store,
                                             refs=self.store, ref=ref)
         self._remember_levels(cid, snap_id, plan.quantized, bases)
@@ -406,24 +413,28 @@ class Repo:
 
     # ------------------------------------------------------------------ checkout
     def read_state(self, rev: str = "HEAD", *, map_location: str | torch.device | None = None,
-                   only: Sequence[str] | None = None, weights_only: bool = False) -> Any:
+                   only: Sequence[str] | None = None, weights_only: bool = False,
+                   progress: Progress | None = None) -> Any:
         """The checkpoint stored at `rev`, rebuilt with its original structure; HEAD does not move.
 
         `only` (name patterns like ``model.*``) and `weights_only` (drop optimizer state)
-        restore part of it, reading only the payloads that part needs (`mvc.state.prune`)."""
+        restore part of it, reading only the payloads that part needs (`mvc.state.prune`).
+        `progress`: hears of each tensor restored (default: none)."""
         return self.reader.read_state(self.resolve(rev), map_location=map_location,
-                                      only=only, weights_only=weights_only)
+                                      only=only, weights_only=weights_only, progress=progress)
 
     def checkout(self, rev: str = "HEAD", *, move_head: bool = True,
                  map_location: str | torch.device | None = None,
-                 only: Sequence[str] | None = None, weights_only: bool = False) -> Any:
+                 only: Sequence[str] | None = None, weights_only: bool = False,
+                 progress: Progress | None = None) -> Any:
         """Rebuild the checkpoint at `rev` and move HEAD there: attached if `rev` names a branch
         (`main`, `refs/heads/main`, or `HEAD` while attached), detached otherwise.
-        `only` / `weights_only`: a partial state, as for `read_state`."""
+        `only` / `weights_only` / `progress`: as for `read_state`."""
         cid, branch = self._resolve_rev(rev)
         # By the id resolved: never through revision parsing again, where a ref could be
         # named like it.
-        state = self.reader.read_state(cid, map_location=map_location, only=only, weights_only=weights_only)
+        state = self.reader.read_state(cid, map_location=map_location, only=only, weights_only=weights_only,
+                                       progress=progress)
         if move_head:
             self._move_head(cid, branch, rev)
         return state
@@ -451,7 +462,7 @@ class Repo:
 
     # ------------------------------------------------------------------ maintenance / inspection
     def gc(self, *, dry_run: bool = False, max_chain: int | None = None,
-           shrink: bool = False) -> GcReport:
+           shrink: bool = False, progress: Progress | None = None) -> GcReport:
         """Bound delta chains (`gc.max_chain`, `commit.chain_budget`), remove objects unreachable
         from refs and reflogs, and with `shrink` give the freed space back to the file system.
 
@@ -462,11 +473,11 @@ class Repo:
             chain_budget=float(get("commit.chain_budget")),
             chunk_size=int(get("commit.chunk_mib")) << 20, lock_timeout=self._lock_timeout())
         return collect_garbage(self.odb, self.reader, self.store.refs, self.store.maintenance,
-                               settings, dry_run=dry_run, shrink=shrink)
+                               settings, dry_run=dry_run, shrink=shrink, progress=progress)
 
-    def fsck(self) -> FsckReport:
+    def fsck(self, *, progress: Progress | None = None) -> FsckReport:
         """Verify every object and every reference; warn about unusable level-cache entries."""
-        return check_repository(self.odb, self.store.maintenance, self._level_cache)
+        return check_repository(self.odb, self.store.maintenance, self._level_cache, progress)
 
     def prune_level_cache(self) -> list[str]:
         """Delete the level-cache files fsck warns about (the cache is disposable); returns the

@@ -3,8 +3,9 @@
 A location is a filesystem path of a ``.mvc`` directory (an `LmdbStore`),
 ``memory:`` (a fresh `MemoryStore`, for tests and throwaway repositories), or
 a URL.  Remote URLs (``s3://bucket/prefix``, ``file:///dir``) name object
-storage for push and fetch; they are recognised but not supported yet
-(issue 18).
+storage for push, fetch and clone: they hold blobs and refs but no local
+store (no write lock, no metadata), so `open_store` refuses them and
+`mvc.store.objstore.open_remote` opens their parts.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ class UnsupportedLocationError(UsageError):
 
 
 class RemoteNotSupportedError(UnsupportedLocationError):
-    """The location is a remote (object storage) URL, which cannot be opened yet."""
+    """The location is a remote (object storage) URL, not a repository store (use clone/push/fetch)."""
 
     exit_code = 121
 
@@ -42,7 +43,7 @@ def open_store(location: str | os.PathLike[str], *, create: bool = False) -> Obj
     A path is a ``.mvc`` directory: `LmdbStore.open` (`StoreNotFoundError` when
     it holds no store) or `LmdbStore.create` (`StoreExistsError` when it does).
     ``memory:`` is a new, empty `MemoryStore` either way.  ``s3://`` and
-    ``file://`` raise `RemoteNotSupportedError`; any other URL scheme
+    ``file://`` (remotes: `mvc.store.objstore.open_remote`) raise `RemoteNotSupportedError`; any other URL scheme
     `UnsupportedLocationError`.
     """
     if isinstance(location, str):
@@ -56,8 +57,8 @@ def open_store(location: str | os.PathLike[str], *, create: bool = False) -> Obj
             scheme = url.group(1).lower()
             if scheme in REMOTE_SCHEMES:
                 raise RemoteNotSupportedError(
-                    f"{location!r}: {scheme}:// stores (remotes) are not supported yet "
-                    "(remotes: issue 18)")
+                    f"{location!r}: {scheme}:// is a remote, not a repository store: "
+                    "use it with mvc clone, push, fetch or pull")
             raise UnsupportedLocationError(
                 f"{location!r}: unknown store location scheme {scheme!r} (want a path to a "
                 f"'.mvc' directory or {MEMORY!r})")

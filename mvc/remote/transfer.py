@@ -1,0 +1,258 @@
+"""Push and fetch: move the objects the other side lacks, then its refs, by compare-and-swap.
+
+What to send is one call of the reachability walker (`ObjectDB.reachable`)
+from the refs being sent, with `have` = what the other side already holds:
+
+* **push**: `have` is the remote's branch and tag values that this repository
+  knows -- a side that has a commit has its whole history, because objects are
+  always stored before the ref that reaches them (here as everywhere).  What
+  the walk yields is then checked against one listing of the remote's objects,
+  so the objects of a killed push are not sent again.
+* **fetch**: `have` is the local store itself (`has`), for the same reason:
+  fetched objects are stored chunks first, then snapshots, then commits
+  parents first, so a commit stored here always has its history.
+
+The walk follows delta parents and gc's replacement snapshots; a replacement
+travels with its ``refs/replace/`` ref, written after the objects.
+
+Consistency on storage without transactions: every object is uploaded (and
+every upload has finished) before any ref moves; each ref then moves by one
+compare-and-swap from the value read before the upload.  A push killed at any
+moment leaves the remote's refs pointing at complete histories; a pusher that
+lost a race gets `NonFastForwardError` and nothing of its own is referenced.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+
+from mvc.errors import MvcError
+from mvc.progress import NO_PROGRESS, Progress
+from mvc.repo import refs as R
+from mvc.repo.objectdb import ObjectDB, Reached
+from mvc.repo.replace import REPLACE
+from mvc.store import ANY, BlobStore, RefConflictError, RefStore
+from mvc.store.objstore import Remote
+
+#: Objects are read and sent in batches of about this many bytes (bounded memory).
+BATCH_BYTES = 256 << 20
+#: Where fetched branches are kept: ``refs/remotes/<remote>/<branch>``.
+REMOTES = "refs/remotes/"
+
+
+class NonFastForwardError(MvcError):
+    """A push or pull that would drop commits: the remote branch moved on (fetch first, or
+    push --force), or the branches diverged."""
+
+    exit_code = 142
+
+
+@dataclass
+class RefResult:
+    """What happened to one ref: `status` is "up to date", "new", "fast-forward" or "forced"."""
+
+    ref: str
+    old: str | None
+    new: str | None
+    status: str
+
+
+@dataclass
+class TransferReport:
+    """Objects and bytes moved (`sent` / `fetched`), objects already there, and the refs."""
+
+    objects: int = 0
+    bytes: int = 0
+    skipped: int = 0
+    refs: list[RefResult] = field(default_factory=list)
+
+
+def is_ancestor(odb: ObjectDB, old: str, new: str) -> bool:
+    """Whether commit `old` is `new` or in its history (through `odb`'s one walker)."""
+    return any(c.id == old for c in odb.walk_commits([new]))
+
+
+def _batches(oids: Iterable[str], read: Callable[[str], bytes]) -> Iterator[list[bytes]]:
+    batch: list[bytes] = []
+    size = 0
+    for oid in oids:
+        data = read(oid)
+        batch.append(data)
+        size += len(data)
+        if size >= BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _dependency_order(reached: list[Reached]) -> tuple[list[str], list[str], list[str]]:
+    """(chunks, snapshots, commits) of a walk: snapshots in reverse walk order (a delta
+    parent before the snapshot encoded against it), commits parents first."""
+    chunks = [r.oid for r in reached if r.kind == "chunk"]
+    snaps = [r.oid for r in reversed(reached) if r.kind == "snapshot"]
+    commits = {r.oid: r.obj for r in reached if r.kind == "commit"}
+    order: list[str] = []
+    done: set[str] = set()
+    for cid in sorted(commits):
+        stack = [(cid, False)]
+        while stack:
+            c, expanded = stack.pop()
+            if c in done:
+                continue
+            if expanded:
+                done.add(c)
+                order.append(c)
+                continue
+            stack.append((c, True))
+            obj = commits[c]
+            for p in getattr(obj, "parents", ()):
+                if p in commits and p not in done:
+                    stack.append((p, False))
+    return chunks, snaps, order
+
+
+# ---------------------------------------------------------------------------- push
+def push(odb: ObjectDB, remote: Remote, updates: dict[str, str], *, force: bool = False,
+         progress: Progress = NO_PROGRESS) -> TransferReport:
+    """Send `updates` (remote ref name -> local commit id) to `remote`.
+
+    A ref that exists on the remote moves only forward (its value in the new
+    commit's history; a tag not at all) unless `force`; otherwise
+    `NonFastForwardError` is raised before anything is sent.  The objects the
+    remote lacks go first, then the refs, each by compare-and-swap from the
+    value seen at the start (`force`: whatever it holds then).
+    """
+    remote.ensure_format()
+    remote_refs = dict(remote.refs.iter_refs("refs/"))
+    report = TransferReport()
+    todo: dict[str, tuple[str | None, str]] = {}
+    rejected: list[str] = []
+    for ref, new in sorted(updates.items()):
+        old = remote_refs.get(ref)
+        if old == new:
+            report.refs.append(RefResult(ref, old, new, "up to date"))
+            continue
+        if old is not None and not force:
+            if ref.startswith(R.TAGS) or not odb.is_commit(old) or not is_ancestor(odb, old, new):
+                rejected.append(ref)
+                continue
+        todo[ref] = (old, new)
+    if rejected:
+        raise NonFastForwardError(
+            f"rejected {', '.join(rejected)}: the remote holds commits this repository does not "
+            "have there (fetch and look, or push --force to overwrite)")
+    if not todo:
+        return report
+    had = {v for n, v in remote_refs.items()
+           if (n.startswith(R.HEADS) or n.startswith(R.TAGS)) and odb.is_commit(v)}
+    # The snapshots of those commits too: a new commit's deltas are encoded against its
+    # parent's snapshot, and the walk need not go down that delta chain again. (Objects merely
+    # present on the remote are no `have`: a killed push may have left a snapshot there without
+    # its delta parents; they are only not sent again.)
+    have = had | {odb.read_commit(c).snapshot for c in had}
+    progress.phase("finding objects to send", unit="objects")
+    reached = list(odb.reachable([new for _, new in todo.values()], have=have))
+    present = remote.blobs.known_ids()
+    progress.end()
+    missing = [r for r in reached if r.oid not in present]
+    report.skipped = len(reached) - len(missing)
+    chunks, snaps, commits = _dependency_order(missing)
+    total = sum(odb.blobs.size(o) for o in chunks + snaps + commits)
+    progress.phase(f"pushing to {remote.url}", total_bytes=total,
+                   total_items=len(missing), unit="objects")
+    # Chunks, then snapshots, then commits, each group's uploads all finished before the next.
+    for group in (chunks, snaps, commits):
+        for batch in _batches(group, odb.blobs.get):
+            remote.blobs.put_many(batch)
+            n = sum(len(b) for b in batch)
+            report.objects += len(batch)
+            report.bytes += n
+            progress.advance(n, len(batch))
+    progress.end()
+    for r in missing:
+        if r.replaces is not None:
+            try:
+                remote.refs.update_ref(REPLACE + r.replaces, None, r.oid, "push: replacement")
+            except RefConflictError:
+                pass  # the remote has its own (equally valid) re-encoding of that snapshot
+    for ref, (old, new) in todo.items():
+        try:
+            remote.refs.update_ref(ref, ANY if force else old, new, "push")
+        except RefConflictError as exc:
+            raise NonFastForwardError(
+                f"rejected {ref}: it changed on the remote while pushing (now {exc.actual}); "
+                "fetch and look, then push again") from None
+        status = "new" if old is None else ("forced" if force and old is not None
+                                            and not (odb.is_commit(old) and is_ancestor(odb, old, new))
+                                            else "fast-forward")
+        report.refs.append(RefResult(ref, old, new, status))
+    return report
+
+
+# ---------------------------------------------------------------------------- fetch
+def fetch(blobs: BlobStore, refs: RefStore, remote: Remote, name: str, *,
+          lock: AbstractContextManager[None] | None = None,
+          progress: Progress = NO_PROGRESS) -> TransferReport:
+    """Copy what `remote`'s branches and tags reach into `blobs`, then set
+    ``refs/remotes/<name>/<branch>`` to each remote branch and create each remote tag
+    that is not here (an existing tag is never moved).  `lock`: held while writing."""
+    report = TransferReport()
+    if not remote.check_format():
+        return report  # an empty remote
+    remote_refs = {n: v for n, v in remote.refs.iter_refs("refs/")
+                   if n.startswith(R.HEADS) or n.startswith(R.TAGS)}
+    remote_odb = ObjectDB(remote.blobs, remote.refs)
+    progress.phase(f"finding objects in {remote.url}", unit="objects")
+    reached = list(remote_odb.reachable(sorted(set(remote_refs.values())), have=blobs.has))
+    progress.end()
+    chunks, snaps, commits = _dependency_order(reached)
+    with lock if lock is not None else nullcontext():
+        progress.phase(f"fetching from {remote.url}", total_items=len(reached), unit="objects")
+        for group in (chunks, snaps, commits):
+            got = dict(remote.blobs.get_many(group)) if group is not chunks else None
+            if got is None:
+                # Chunks in bounded batches, in any order: nothing refers to them yet.
+                batch: list[bytes] = []
+                size = 0
+                for _, data in remote.blobs.get_many(group):
+                    batch.append(data)
+                    size += len(data)
+                    if size >= BATCH_BYTES:
+                        _store(blobs, batch, report, progress)
+                        batch, size = [], 0
+                _store(blobs, batch, report, progress)
+            else:
+                _store(blobs, [got[o] for o in group], report, progress)
+        progress.end()
+        for r in reached:
+            if r.replaces is not None and refs.read_ref(REPLACE + r.replaces) is None:
+                try:
+                    refs.update_ref(REPLACE + r.replaces, None, r.oid, f"fetch: {name}")
+                except RefConflictError:
+                    pass
+        for ref, value in sorted(remote_refs.items()):
+            if ref.startswith(R.HEADS):
+                local = f"{REMOTES}{name}/{ref[len(R.HEADS):]}"
+                old = refs.read_ref(local)
+                if old != value:
+                    refs.update_ref(local, ANY, value, f"fetch: {name}")
+                    report.refs.append(RefResult(local, old, value, "new" if old is None else "updated"))
+            elif refs.read_ref(ref) is None:
+                try:
+                    refs.update_ref(ref, None, value, f"fetch: {name}")
+                    report.refs.append(RefResult(ref, None, value, "new"))
+                except RefConflictError:
+                    pass
+    return report
+
+
+def _store(blobs: BlobStore, batch: list[bytes], report: TransferReport, progress: Progress) -> None:
+    if not batch:
+        return
+    blobs.put_many(batch)
+    n = sum(len(b) for b in batch)
+    report.objects += len(batch)
+    report.bytes += n
+    progress.advance(n, len(batch))

@@ -1,0 +1,105 @@
+"""Key/value object storage: the few operations a remote needs, and its errors.
+
+A remote (``s3://bucket/prefix`` or ``file:///dir``) is a flat namespace of
+keys holding byte strings.  `ObjectStorage` is what the remote blob and ref
+stores (`blobs.py`, `refs.py`) are written against:
+
+* `get` / `get_range` / `head` / `list` / `delete` -- plain reads and removal;
+* `put` with a *mode*: overwrite, create-only (``If-None-Match: *``) or
+  replace-if-unchanged (``If-Match: <etag>``).  The last two are what make
+  compare-and-swap of refs possible on storage without transactions;
+  `PreconditionFailed` says the condition did not hold.
+
+Errors a user can act on are `MvcError`s with their own exit codes: access
+denied (`RemoteAccessError`), no such bucket / directory
+(`RemoteMissingError`), the service still failing after the client's retries
+(`RemoteUnavailableError`).
+"""
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from mvc.errors import DataError, MvcError, UsageError
+from mvc.store.base import BytesLike
+
+#: `put` modes: replace whatever is there, or create only when the key is absent.
+OVERWRITE = "overwrite"
+CREATE = "create"
+
+
+class RemoteAccessError(UsageError):
+    """The object storage refused access (HTTP 403, bad credentials, or file permissions)."""
+
+    exit_code = 140
+
+
+class RemoteMissingError(UsageError):
+    """The remote's bucket or directory does not exist."""
+
+    exit_code = 141
+
+
+class RemoteUnavailableError(MvcError):
+    """The object storage kept failing (5xx, timeouts, resets) after every retry."""
+
+    exit_code = 144
+
+
+class CorruptRemoteError(DataError):
+    """A remote's own bookkeeping (a pack index, a ref record, its format marker) is unreadable."""
+
+    exit_code = 146
+
+
+class PreconditionFailed(Exception):
+    """A conditional `put` found the key in another state than it asked for (not an MvcError:
+    the ref store turns it into a retry or a `RefConflictError`)."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One object as read: its bytes and the tag a conditional write names it by."""
+
+    data: bytes
+    etag: str
+
+
+class ObjectStorage(abc.ABC):
+    """A flat key -> bytes namespace with conditional writes (safe to share between threads)."""
+
+    #: The URL this storage was opened from (for messages).
+    url: str
+
+    @abc.abstractmethod
+    def get(self, key: str) -> Stored | None:
+        """The object at `key` with its etag, or None if there is none."""
+
+    @abc.abstractmethod
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the object at `key` (`KeyError` if there is none)."""
+
+    @abc.abstractmethod
+    def head(self, key: str) -> int | None:
+        """The size of the object at `key`, or None if there is none."""
+
+    @abc.abstractmethod
+    def put(self, key: str, data: BytesLike, mode: str = OVERWRITE) -> str:
+        """Write `data` at `key`; return the new etag.
+
+        `mode`: `OVERWRITE`, `CREATE` (fails if the key exists) or an etag (fails
+        unless the key holds exactly that version).  A failed condition raises
+        `PreconditionFailed` and changes nothing.
+        """
+
+    @abc.abstractmethod
+    def list(self, prefix: str) -> Iterator[tuple[str, int]]:
+        """(key, size) of every object whose key starts with `prefix` (a "dir/" prefix)."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object at `key` (no error if there is none)."""
+
+    def close(self) -> None:
+        """Release connections (idempotent)."""

@@ -1,0 +1,92 @@
+"""moto's S3 server on 127.0.0.1 for the remote tests, with a thin WSGI layer in front:
+
+* writes (PUT, POST, DELETE) are serialized: moto checks a conditional PUT's If-Match /
+  If-None-Match and then writes without a lock, so two racing requests could both pass;
+  S3 itself decides them atomically, and so does this server;
+* counters of the bytes received in PUT bodies and sent in GET answers, per run
+  (``GET /__mvc/stats``, ``POST /__mvc/reset``), counted here on the server's side;
+* fault injection: ``POST /__mvc/fail?status=503&count=N[&method=PUT]`` answers the next N
+  matching requests with that status instead of passing them to moto.
+
+Run as ``python s3_server.py PORTFILE``: writes the port it listens on to PORTFILE.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from urllib.parse import parse_qs
+
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+from werkzeug.serving import make_server
+
+
+class Counting:
+    def __init__(self, app):
+        self.app = app
+        self.write_lock = threading.Lock()
+        self.guard = threading.Lock()
+        self.stats = {"put_bytes": 0, "puts": 0, "get_bytes": 0, "gets": 0, "failed": 0}
+        self.fail: dict = {"count": 0}
+
+    def _ctl(self, environ, start_response):
+        path = environ["PATH_INFO"]
+        qs = {k: v[0] for k, v in parse_qs(environ.get("QUERY_STRING", "")).items()}
+        with self.guard:
+            if path == "/__mvc/reset":
+                for k in self.stats:
+                    self.stats[k] = 0
+            elif path == "/__mvc/fail":
+                self.fail = {"count": int(qs.get("count", 1)), "status": int(qs.get("status", 503)),
+                             "method": qs.get("method")}
+            body = json.dumps(self.stats).encode()
+        start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    def __call__(self, environ, start_response):
+        if environ["PATH_INFO"].startswith("/__mvc/"):
+            return self._ctl(environ, start_response)
+        method = environ["REQUEST_METHOD"]
+        with self.guard:
+            f = self.fail
+            if f["count"] > 0 and (f.get("method") in (None, method)):
+                f["count"] -= 1
+                self.stats["failed"] += 1
+                body = b"<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>"
+                # Drain the request body so the client sees the answer, not a reset.
+                n = int(environ.get("CONTENT_LENGTH") or 0)
+                if n:
+                    environ["wsgi.input"].read(n)
+                start_response(f"{f['status']} Injected", [("Content-Length", str(len(body)))])
+                return [body]
+            if method == "PUT":
+                self.stats["puts"] += 1
+                self.stats["put_bytes"] += int(environ.get("CONTENT_LENGTH") or 0)
+            elif method == "GET":
+                self.stats["gets"] += 1
+
+        def counting_start(status, headers, exc_info=None):
+            if method == "GET":
+                for k, v in headers:
+                    if k.lower() == "content-length":
+                        with self.guard:
+                            self.stats["get_bytes"] += int(v)
+            return start_response(status, headers, exc_info)
+        if method in ("PUT", "POST", "DELETE"):
+            with self.write_lock:
+                return list(self.app(environ, counting_start))
+        return self.app(environ, counting_start)
+
+
+def main() -> None:
+    app = Counting(DomainDispatcherApplication(create_backend_app))
+    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler)
+    with open(sys.argv[1] + ".tmp", "w") as fh:
+        fh.write(str(server.server_address[1]))
+    import os
+    os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""push / clone / fetch / pull against file:// and s3:// (moto's server, `remote_helpers`).
+
+A lossy history of 12 commits is pushed, cloned into a fresh directory, and every commit
+restores bit-identically to the original repository; one more commit's push sends about
+that commit's bytes (counted by the server); two pushers race on one branch; injected 503s
+are retried.
+"""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from cli_helpers import run
+from remote_helpers import S3Server, s3_server  # noqa: F401 - the fixture
+from test_repo_lossy import configs, trajectory
+
+from mvc.remote.porcelain import clone
+from mvc.remote.transfer import NonFastForwardError, fetch, push
+from mvc.repo.repository import Repo
+from mvc.store.objstore import open_remote
+
+N = 12
+
+
+def bits(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+
+
+def same_state(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and bits(a[k]) == bits(b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory):
+    """A repository with N lossy commits on main and a tag; (repo path, commit ids, states)."""
+    root = tmp_path_factory.mktemp("src") / "r"
+    repo = Repo.init(root)
+    repo.config.set("commit.base_every", 4)
+    ids = [repo.commit(state, f"step {t}", quant=configs(t)) for t, state in trajectory(N)]
+    repo.tag("v1", ids[5])
+    states = {cid: repo.read_state(cid) for cid in ids}
+    repo.close()
+    return root, ids, states
+
+
+def url_for(kind: str, tmp_path) -> str:
+    if kind == "file":
+        return f"file://{tmp_path / 'remote'}"
+    return S3Server.shared().fresh_url()
+
+
+@pytest.mark.parametrize("kind", ["file", "s3"])
+def test_push_clone_restores_every_commit(kind, history, tmp_path):
+    root, ids, states = history
+    url = url_for(kind, tmp_path)
+    assert run(root, "remote", "add", f"r-{kind}", url)[0] == 0
+    code, out, err = run(root, "push", f"r-{kind}", "main", "v1")
+    assert code == 0, err
+    assert "refs/heads/main" in out and "(new)" in out
+    code, out, err = run(tmp_path, "clone", url, "copy")
+    assert code == 0, err
+    clone_repo = Repo(tmp_path / "copy")
+    assert clone_repo.head() == ids[-1] and clone_repo.current_branch() == "main"
+    assert clone_repo.store.read_ref("refs/tags/v1") == ids[5]
+    assert [c.id for c in clone_repo.log()] == ids[::-1]
+    for cid in ids:
+        assert same_state(clone_repo.read_state(cid), states[cid]), cid
+    assert clone_repo.fsck().problems == []
+    clone_repo.close()
+    # a second push of the same refs sends nothing
+    code, out, _ = run(root, "push", f"r-{kind}", "main")
+    assert code == 0 and "sent 0 objects" in out and "(up to date)" in out
+
+
+def test_second_push_sends_about_one_commit(history, tmp_path):
+    root, ids, states = history
+    server = S3Server.shared()
+    url = server.fresh_url()
+    src = Repo(root)
+    work = tmp_path / "w"
+    remote = open_remote(url)
+    push(src.odb, remote, {"refs/heads/main": ids[-1]})
+    # a new commit in a clone, pushed: the server receives about its stored bytes
+    res = clone(url, work)
+    assert res.commit == ids[-1]
+    repo = Repo(work)
+    g = torch.Generator().manual_seed(5)
+    state = {k: v + (0.002 * torch.randn(v.shape, generator=g)).to(v.dtype) if v.is_floating_point() else v
+             for k, v in states[ids[-1]].items()}
+    before = set(repo.store.iter_ids())
+    new = repo.commit(state, "one more", quant=configs(N))
+    new_bytes = sum(repo.store.size(o) for o in set(repo.store.iter_ids()) - before)
+    server.reset()
+    report = push(repo.odb, remote, {"refs/heads/main": new})
+    put_bytes = server.stats()["put_bytes"]
+    assert report.bytes == new_bytes
+    # the objects plus pack indexes and one ref record: a few hundred bytes of bookkeeping
+    assert new_bytes <= put_bytes <= new_bytes + 4096, (new_bytes, put_bytes)
+    total = sum(src.store.size(o) for o in src.store.iter_ids())
+    assert put_bytes < total / 3
+    # fetch into the original: it gets exactly that commit's objects
+    got = fetch(src.store.blobs, src.store.refs, remote, "s3")
+    assert got.bytes == new_bytes
+    assert src.store.read_ref("refs/remotes/s3/main") == new
+    assert same_state(src.read_state(new), repo.read_state(new))
+    repo.close()
+    src.close()
+    remote.close()
+
+
+@pytest.mark.parametrize("kind", ["file", "s3"])
+def test_racing_pushers_exactly_one_wins(kind, history, tmp_path):
+    root, ids, states = history
+    url = url_for(kind, tmp_path)
+    src = Repo(root)
+    push(src.odb, open_remote(url), {"refs/heads/main": ids[3]})
+    results: dict[str, object] = {}
+    barrier = threading.Barrier(2)
+
+    def pusher(tag: str, target: str) -> None:
+        remote = open_remote(url)
+        # both read the remote's ref before either moves it
+        orig = remote.refs.iter_refs
+
+        def synced(*a, **kw):
+            out = list(orig(*a, **kw))
+            barrier.wait(30)
+            return iter(out)
+        remote.refs.iter_refs = synced  # type: ignore[method-assign]
+        try:
+            results[tag] = push(src.odb, remote, {"refs/heads/main": target})
+        except NonFastForwardError as exc:
+            results[tag] = exc
+    threads = [threading.Thread(target=pusher, args=("a", ids[6])),
+               threading.Thread(target=pusher, args=("b", ids[8]))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    errors = [v for v in results.values() if isinstance(v, NonFastForwardError)]
+    assert len(errors) == 1 and errors[0].exit_code == 142
+    winner = ids[6] if not isinstance(results["a"], Exception) else ids[8]
+    assert open_remote(url).refs.read_ref("refs/heads/main") == winner
+    src.close()
+
+
+def test_non_fast_forward_and_force(history, tmp_path):
+    root, ids, _ = history
+    url = f"file://{tmp_path / 'remote'}"
+    assert run(root, "remote", "add", "nf", url)[0] == 0
+    assert run(root, "push", "nf", "main")[0] == 0
+    assert run(root, "branch", "old", ids[2])[0] == 0
+    code, _, err = run(root, "push", "nf", "old")
+    assert code == 0, err
+    # rewind: pushing an older commit to main is refused, --force allows it
+    src = Repo(root)
+    remote = open_remote(url)
+    with pytest.raises(NonFastForwardError):
+        push(src.odb, remote, {"refs/heads/main": ids[2]})
+    assert remote.refs.read_ref("refs/heads/main") == ids[-1]
+    report = push(src.odb, remote, {"refs/heads/main": ids[2]}, force=True)
+    assert report.refs[0].status == "forced" and report.objects == 0
+    assert remote.refs.read_ref("refs/heads/main") == ids[2]
+    src.close()
+    run(root, "branch", "-D", "old")
+    run(root, "remote", "remove", "nf")
+
+
+def test_pull_fast_forwards_and_refuses_divergence(history, tmp_path):
+    root, ids, states = history
+    url = f"file://{tmp_path / 'remote'}"
+    src = Repo(root)
+    remote = open_remote(url)
+    push(src.odb, remote, {"refs/heads/main": ids[4]})
+    res = clone(url, tmp_path / "c")
+    assert res.commit == ids[4]
+    push(src.odb, remote, {"refs/heads/main": ids[9]})
+    code, out, err = run(tmp_path / "c", "pull")
+    assert code == 0, err
+    assert "fast-forward" in out
+    c = Repo(tmp_path / "c")
+    assert c.head() == ids[9]
+    # diverge: a local commit, and the remote forced elsewhere
+    c.commit(states[ids[1]], "local work", quant=configs(1))
+    push(src.odb, remote, {"refs/heads/main": ids[10]}, force=True)
+    code, _, err = run(tmp_path / "c", "pull")
+    assert code == 142 and "diverged" in err
+    # pushing the local commit is refused too
+    code, _, err = run(tmp_path / "c", "push")
+    assert code == 142 and "rejected" in err
+    c.close()
+    src.close()
+
+
+def test_injected_503s_are_retried(history, tmp_path):
+    root, ids, states = history
+    server = S3Server.shared()
+    url = server.fresh_url()
+    src = Repo(root)
+    remote = open_remote(url)
+    server.reset()
+    server.fail(6, 503, method="PUT")
+    push(src.odb, remote, {"refs/heads/main": ids[-1]})
+    assert server.stats()["failed"] == 6
+    server.fail(4, 500, method="GET")
+    clone(url, tmp_path / "c")
+    assert server.stats()["failed"] == 10
+    c = Repo(tmp_path / "c")
+    assert same_state(c.read_state(ids[-1]), states[ids[-1]])
+    c.close()
+    src.close()
+
+
+def test_permanent_errors_are_one_line(history, tmp_path, monkeypatch):
+    root, _, _ = history
+    S3Server.shared()
+    run(root, "remote", "add", "nobucket", "s3://no-such-bucket-x/p")
+    code, out, err = run(root, "push", "nobucket")
+    assert code == 141 and err.count("\n") == 1 and "no such bucket" in err
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    code, _, err = run(tmp_path, "clone", "s3://no-such-bucket-x/p", "x")
+    assert code in (140, 141) and err.count("\n") == 1
+    assert not (tmp_path / "x").exists()
+    code, _, err = run(root, "push", "nothere")
+    assert code == 143
+    code, _, err = run(root, "remote", "add", "bad", "ftp://x")
+    assert code == 148
+    run(root, "remote", "remove", "nobucket")
+
+
+def test_clone_of_an_empty_remote_and_into_a_used_directory(tmp_path):
+    res = clone(f"file://{tmp_path / 'nothing'}", tmp_path / "empty")
+    assert res.branch is None and res.report.objects == 0
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "f").write_text("x")
+    code, _, err = run(tmp_path, "clone", f"file://{tmp_path / 'nothing'}", "used")
+    assert code == 149 and (tmp_path / "used" / "f").exists()
+    assert sorted(p.name for p in (tmp_path / "used").iterdir()) == ["f"]
