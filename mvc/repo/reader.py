@@ -41,6 +41,7 @@ from mvc.repo.lossy import (
 )
 from mvc.repo.objectdb import ObjectDB
 from mvc.repo.objects import Snapshot, TensorRecord
+from mvc.repo.shards import assemble, expand_names
 from mvc.repo.tensors import parse_dtype, read_payload, read_tensor
 from mvc.state import prune, unflatten
 
@@ -80,7 +81,8 @@ class TensorReader:
             skeleton = prune(skeleton, only=only, weights_only=weights_only)
             records = _needed(snap.tensors, skeleton["entries"])
         tensors = self.read_all(sid, records, progress=progress)
-        return unflatten(skeleton, tensors, map_location=map_location or "cpu")
+        # Shards of a sharded save (mvc.dcp) come back as the full tensors the skeleton names.
+        return unflatten(skeleton, assemble(records, tensors), map_location=map_location or "cpu")
 
     # ------------------------------------------------------------------ tensors
     def read_quantized(self, snapshot_id: str, rec: TensorRecord,
@@ -219,7 +221,7 @@ def _values(rec: TensorRecord, q: QuantizedTensor) -> torch.Tensor:
 def _needed(records: list[TensorRecord], entries: Mapping[str, Any]) -> list[TensorRecord]:
     """The records a state of `entries` restores from, in snapshot order: the entries' own, and
     the second moment of each quantized first moment (its bound needs it)."""
-    names = set(entries)
+    names = expand_names(records, entries)
     for rec in records:
         if rec.name in names and is_quantized(rec) and rec.meta.get("moment"):
             names.add(_partner(rec, records).name)

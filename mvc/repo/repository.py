@@ -184,6 +184,16 @@ class Repo:
             return target, self.store.read_ref(target)
         return R.HEAD, value
 
+    def commit_target(self) -> tuple[str, str | None]:
+        """(the ref the next commit moves, its current value): what a sharded save
+        (`mvc.dcp`) plans against and publishes to, with one compare-and-swap."""
+        return self._head_update_target()
+
+    def commit_settings(self) -> pipeline.CommitSettings:
+        """The `commit.*` configuration values, read now: what every rank of a sharded save
+        (`mvc.dcp`) hands the pipeline's write stage."""
+        return self._commit_settings()
+
     def branches(self) -> list[tuple[str, str]]:
         """(name, commit id) of every branch, sorted by name."""
         return [(n[len(R.HEADS):], v) for n, v in self.store.iter_refs(R.HEADS)]

@@ -1,0 +1,18 @@
+"""`torch.distributed.checkpoint` storage for mvc: one `dcp.save` is one commit.
+
+    import torch.distributed.checkpoint as dcp
+    from mvc.dcp import MvcStorageReader, MvcStorageWriter
+
+    dcp.save(state, storage_writer=MvcStorageWriter("runs/exp1", message="step 1000"))
+    dcp.load(state, storage_reader=MvcStorageReader("runs/exp1", rev="HEAD"))
+
+Every rank encodes and stores its own tensors and shards; the coordinator publishes the
+commit (`mvc.dcp.writer`).  A load reads the regions each rank asks for, at any world size
+(`mvc.dcp.reader`).  See docs/distributed.md.
+"""
+from mvc.dcp.lossy import all_gather, all_sum
+from mvc.dcp.reader import DcpLayoutError, MvcStorageReader
+from mvc.dcp.writer import DcpOptionError, DcpValueError, MvcStorageWriter
+
+__all__ = ["DcpLayoutError", "DcpOptionError", "DcpValueError", "MvcStorageReader",
+           "MvcStorageWriter", "all_gather", "all_sum"]

@@ -1,0 +1,306 @@
+"""`MvcStorageWriter`: a `torch.distributed.checkpoint` save as one mvc commit.
+
+DCP drives a StorageWriter through plan -> write -> finish; mvc's commit pipeline has the
+same three stages (`mvc.repo.pipeline`), and they line up:
+
+    prepare_global_plan  (coordinator)  the branch to move and its commit (the parent every
+                                        rank writes against), the tensor names -> every rank
+    write_data           (every rank)   encode and store this rank's tensors and shards
+                                        (`pipeline.write`; a shard is its own record, see
+                                        `mvc.repo.shards`); lossy: the search runs here, its
+                                        sketches and verdicts agreed over the process group
+                                        (`mvc.dcp.lossy`)
+    finish               (coordinator)  the skeleton from DCP's metadata, then
+                                        `pipeline.publish` under the repository write lock:
+                                        the snapshot, the commit, one compare-and-swap
+
+So one `dcp.save` is one commit, and a rank that fails in `write_data` fails the save
+before `finish`: its siblings' chunks stay unreachable (gc removes them), no ref moves.
+A branch moved by someone else between plan and finish is `RefConflictError`: the save
+fails rather than overwrite that commit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.futures import Future
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+
+from mvc.errors import UsageError
+from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy
+from mvc.repo import pipeline
+from mvc.repo.objects import TensorRecord
+from mvc.repo.provenance import author, code_provenance
+from mvc.repo.repository import Repo
+from mvc.repo.shards import SHARD_KEY, covers_whole, shard_meta, shard_name, shard_of
+from mvc.search.space import SearchSpace
+
+from mvc.dcp import lossy
+from mvc.dcp.layout import Paths, merged_paths, skeleton, tensor_names
+
+#: Options `MvcStorageWriter` takes besides `lossless` (as `Repo.commit` takes them).
+COMMIT_OPTIONS = ("step", "metrics", "quant", "policy", "space", "epsilon", "tensor_cap")
+
+
+class DcpOptionError(UsageError):
+    """`MvcStorageWriter` was given an option it does not take, or one of the wrong type."""
+
+    exit_code = 161
+
+
+class DcpValueError(UsageError):
+    """A non-tensor value of the saved state cannot be stored safely (it needs pickle code
+    that `torch.load(weights_only=True)` refuses)."""
+
+    exit_code = 162
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """What the coordinator decides for every rank (sent in each `SavePlan.storage_data`)."""
+
+    ref: str
+    parent: str | None
+    names: dict[str, str]     # fqn -> tensor name in the commit
+    paths: Paths              # fqn -> path in the nested state
+    how: lossy.How
+
+
+@dataclass(frozen=True)
+class _Value:
+    """A non-tensor leaf, as one rank's `WriteResult` carries it to the coordinator."""
+
+    value: Any
+
+
+class MvcStorageWriter(StorageWriter):
+    """Write a DCP checkpoint as one commit of the mvc repository at `repo` (a path or `Repo`;
+    it must exist: ``mvc init``).
+
+    ``dcp.save(state, storage_writer=MvcStorageWriter("runs/exp1", message="step 1000"))``:
+    every rank encodes and stores its own tensors and shards, the coordinator publishes.
+    `lossless=True` stores every tensor exactly; otherwise the repository's ``commit.mode``
+    decides, as for `Repo.commit`: ``fixed`` (``commit.quant``, or `quant=`), ``search``
+    (the default: the config search with the proxy gate, its sketches merged and its
+    verdicts agreed over the ranks; `space=`, `epsilon=`, `tensor_cap=`) or ``lossless``.
+    `step=`, `metrics=` and `policy=` as for `Repo.commit`.  After the save the
+    coordinator's writer holds the new commit's id in `commit_id`.
+    """
+
+    def __init__(self, repo: str | os.PathLike | Repo, message: str, *, lossless: bool = False,
+                 **commit_options: Any) -> None:
+        super().__init__()
+        if not isinstance(message, str) or not message.strip():
+            raise DcpOptionError("a commit needs a non-empty message")
+        unknown = sorted(set(commit_options) - set(COMMIT_OPTIONS))
+        if unknown:
+            raise DcpOptionError(f"MvcStorageWriter takes {', '.join(COMMIT_OPTIONS)} and "
+                                 f"lossless; not {', '.join(unknown)}")
+        _check_types(commit_options)
+        self._repo = repo if isinstance(repo, Repo) else None
+        self.path = Path(repo.path if isinstance(repo, Repo) else repo)
+        self.message = message
+        self.lossless = bool(lossless)
+        self.options = dict(commit_options)
+        self.is_coordinator = True
+        self.rank = 0
+        self.commit_id: str | None = None
+        self._shared: _Shared | None = None
+        self._chosen: tuple[dict | None, dict | None] = (None, None)
+
+    # -------------------------------------------------------------- the repository
+    @property
+    def repo(self) -> Repo:
+        """The repository, opened by this process on first use (every rank opens its own)."""
+        if self._repo is None:
+            self._repo = Repo(self.path)
+        return self._repo
+
+    def close(self) -> None:
+        """Close the repository this writer opened."""
+        if self._repo is not None:
+            self._repo.close()
+            self._repo = None
+
+    # -------------------------------------------------------------- StorageWriter
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        """A new save begins; `checkpoint_id`, when given, is another repository's path."""
+        if checkpoint_id and Path(checkpoint_id) != self.path:
+            self.close()
+            self.path = Path(checkpoint_id)
+        self.commit_id = None
+        self._shared = None
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        """True for the work tree of an mvc repository."""
+        return (Path(checkpoint_id) / ".mvc" / "store").is_dir()
+
+    @property
+    def checkpoint_id(self) -> Path:
+        """The repository's work tree."""
+        return self.path
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.is_coordinator = bool(is_coordinator)
+        self.rank = int(kwargs.get("rank") or 0)
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        repo = self.repo
+        ref, parent = repo.commit_target()
+        items = [item for p in plans for item in p.items]
+        fqns = list(dict.fromkeys(item.index.fqn for item in items))
+        paths = merged_paths([p.planner_data for p in plans], fqns)
+        tensors = [item.index.fqn for item in items if item.type != WriteItemType.BYTE_IO]
+        names = tensor_names(paths, dict.fromkeys(tensors))
+        how = lossy.How.of(repo, self.lossless, self.options)
+        self._shared = _Shared(ref, parent, names, paths, how)
+        return [dataclasses.replace(p, storage_data=self._shared) for p in plans]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        shared: _Shared = plan.storage_data
+        repo = self.repo
+        results: list[WriteResult] = []
+        tensors: dict[str, torch.Tensor] = {}
+        shards: dict[str, dict] = {}
+        index: dict[str, WriteItem] = {}
+        for item in plan.items:
+            if item.type == WriteItemType.BYTE_IO:
+                results.append(_value_result(item, planner.resolve_data(item)))
+                continue
+            name, meta, t = _shard(item, planner.resolve_data(item), shared.names)
+            tensors[name] = t
+            index[name] = item
+            if meta is not None:
+                shards[name] = meta
+        parent = _parent_info(repo, shared.parent, shared.how.lossy)
+        quantized: dict[str, QuantizedTensor] = {}
+        config = quality = None
+        if shared.how.lossy:
+            quantized, config, quality = lossy.choose(
+                tensors, shards, shared.how, pipeline.parent_centroids(parent,
+                                                                       repo.reader.read_quantized))
+        self._chosen = (config, quality)
+        cplan = pipeline.CommitPlan(
+            names=list(tensors), tensors=tensors, skeleton={}, quantized=quantized, domains={},
+            moments={}, config=config, quality=quality, parent=parent,
+            settings=repo.commit_settings())
+        records = pipeline.write(cplan, cplan.names, blobs=repo.store,
+                                 read_quantized=repo.reader.read_quantized)
+        for rec in records:
+            if rec.name in shards:
+                rec = dataclasses.replace(rec, meta=dict(rec.meta, **{SHARD_KEY: shards[rec.name]}))
+            results.append(WriteResult(index=index[rec.name].index,
+                                       size_in_bytes=rec.stored_bytes, storage_data=rec))
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        shared = self._shared
+        if shared is None:
+            raise UsageError("MvcStorageWriter.finish() before prepare_global_plan()")
+        repo = self.repo
+        records = [wr.storage_data for rank in results for wr in rank
+                   if isinstance(wr.storage_data, TensorRecord)]
+        values = {wr.index.fqn: wr.storage_data.value for rank in results for wr in rank
+                  if isinstance(wr.storage_data, _Value)}
+        globals_ = {}
+        for fqn in shared.names:
+            md = metadata.state_dict_metadata[fqn]
+            assert isinstance(md, TensorStorageMetadata)
+            globals_[fqn] = (md.properties.dtype, list(md.size))
+        skel = skeleton(shared.paths, globals_, values, shared.names)
+        config, quality = self._chosen
+        cplan = pipeline.CommitPlan(
+            names=_record_order(skel, records), tensors={}, skeleton=skel, quantized={},
+            domains={}, moments={}, config=config, quality=quality,
+            parent=pipeline.ParentInfo(shared.parent), settings=repo.commit_settings())
+        opts = self.options
+        info = pipeline.CommitInfo(
+            message=self.message,
+            author=author(repo.config.get("user.name"), repo.config.get("user.email")),
+            step=opts.get("step"), metrics=dict(opts.get("metrics") or {}),
+            provenance=code_provenance(os.getcwd()))
+        with repo.store.write_lock(float(repo.config.get("core.lock_timeout"))):
+            self.commit_id, _ = pipeline.publish(cplan, records, info, blobs=repo.store,
+                                                 refs=repo.store, ref=shared.ref)
+
+
+def _check_types(options: dict[str, Any]) -> None:
+    types: dict[str, tuple[type, ...]] = {
+        "step": (int,), "metrics": (dict,), "quant": (QuantConfig,), "policy": (QuantPolicy,),
+        "space": (SearchSpace,), "epsilon": (int, float), "tensor_cap": (int, float)}
+    for key, value in options.items():
+        if value is not None and (not isinstance(value, types[key])
+                                  or isinstance(value, bool)):
+            raise DcpOptionError(f"{key}= must be {' or '.join(t.__name__ for t in types[key])},"
+                                 f" got {type(value).__name__}")
+    metrics = options.get("metrics") or {}
+    for k, v in metrics.items():
+        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)) \
+                or not math.isfinite(v):
+            raise DcpOptionError(f"metrics must map names to finite numbers, got {k!r}: {v!r}")
+
+
+def _value_result(item: WriteItem, data: Any) -> WriteResult:
+    """A BYTE_IO item (DCP pickled it with `torch.save`) as a value for the skeleton."""
+    buf = data if isinstance(data, io.BytesIO) else io.BytesIO(bytes(data))
+    size = buf.getbuffer().nbytes
+    buf.seek(0)
+    try:
+        value = torch.load(buf, weights_only=True)
+    except Exception as exc:  # torch raises UnpicklingError / RuntimeError / others here
+        raise DcpValueError(f"state value {item.index.fqn!r} cannot be stored safely: "
+                            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                            ) from None
+    return WriteResult(index=item.index, size_in_bytes=size, storage_data=_Value(value))
+
+
+def _shard(item: WriteItem, data: Any, names: dict[str, str]
+           ) -> tuple[str, dict | None, torch.Tensor]:
+    """(record name, shard meta or None, the values) of a tensor item."""
+    td = item.tensor_data
+    assert td is not None and isinstance(data, torch.Tensor)
+    offsets, sizes = list(td.chunk.offsets), list(td.chunk.sizes)
+    t = data.detach().to("cpu").reshape(sizes).contiguous()
+    base = names[item.index.fqn]
+    if covers_whole(offsets, sizes, list(td.size)):
+        return base, None, t
+    return shard_name(base, offsets, sizes), shard_meta(base, offsets, list(td.size)), t
+
+
+def _parent_info(repo: Repo, cid: str | None, records: bool) -> pipeline.ParentInfo:
+    if cid is None:
+        return pipeline.ParentInfo()
+    if not records:
+        return pipeline.ParentInfo(cid)
+    commit = repo.read_commit(cid)
+    return pipeline.ParentInfo.of(cid, commit, commit.snapshot, repo.read_snapshot(commit.snapshot))
+
+
+def _record_order(skel: dict, records: list[TensorRecord]) -> list[str]:
+    """Record names in skeleton order, a tensor's shards by their offsets."""
+    groups: dict[str, list[tuple[list[int], str]]] = {}
+    for rec in records:
+        info = shard_of(rec)
+        of = info["of"] if info is not None else rec.name
+        groups.setdefault(of, []).append((info["offsets"] if info else [], rec.name))
+    order: list[str] = []
+    for entry in skel["entries"]:
+        order.extend(dict.fromkeys(name for _, name in sorted(groups.pop(entry, []))))
+    for rest in groups.values():  # records the skeleton does not name: publish refuses them
+        order.extend(name for _, name in sorted(rest))
+    return order
