@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard native/*.c native/*.h nat
 	$(PIP) install -q --upgrade pip
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
 	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[test,bench,lightning,hf]"
+	$(PIP) install -q -e ".[test,bench,s3,lightning,hf]"
 	touch $@
 
 install: $(VENV)/.installed
