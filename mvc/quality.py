@@ -14,8 +14,9 @@ quality record names the one used, `gate`, with its bound; `mvc show` prints it)
 * a function returning per-example losses (1-D tensor or sequence): the one-sided
   95% upper confidence bound of the paired relative degradation <= epsilon
   (``per-example-ucb``);
-* `fidelity(...)`: agreement with the exact checkpoint's outputs within an
-  absolute threshold (``fidelity``).
+* `fidelity(...)`: agreement with the exact checkpoint's outputs: the 95% upper
+  confidence bound of the mean per-example divergence within an absolute
+  threshold (``fidelity``).
 
 Whatever the gate, each quantized tensor's relative L2 error must stay within
 `quality.tensor_cap`.  Details: `mvc.search.gate` and `mvc.search.fidelity`.

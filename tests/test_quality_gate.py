@@ -241,6 +241,16 @@ def classifier():
     return net, flat, x, outputs_fn, calls
 
 
+def _per_example(metric, ref, out):
+    with torch.no_grad():
+        if metric == "kl":
+            p = torch.log_softmax(ref.double(), -1)
+            return (p.exp() * (p - torch.log_softmax(out.double(), -1))).sum(-1)
+        if metric == "cosine":
+            return 1 - torch.nn.functional.cosine_similarity(ref.double(), out.double(), -1)
+        return (ref.argmax(-1) != out.argmax(-1)).double()
+
+
 def _divergence(metric, ref, out):
     if metric == "kl":
         p = torch.log_softmax(ref.double(), -1)
@@ -253,8 +263,11 @@ def _divergence(metric, ref, out):
 @pytest.mark.parametrize("metric", ["kl", "cosine", "top1"])
 def test_fidelity_gate_accepts_within_its_threshold(classifier, metric):
     _, flat, x, outputs_fn, calls = classifier
-    fid = fidelity(outputs_fn, x, metric=metric)
-    assert fid.threshold == DEFAULT_THRESHOLDS[metric]
+    # 128 single-answer examples: the 95% bound on a top-1 disagreement rate stays above
+    # 0.02 unless no answer flips at all, so top-1 gets a looser bound here
+    thr = 0.05 if metric == "top1" else None
+    fid = fidelity(outputs_fn, x, metric=metric, threshold=thr)
+    assert fid.threshold == (thr or DEFAULT_THRESHOLDS[metric]) and fid.confidence == 0.95
     calls.clear()
     res = find_config(flat, evaluate=fid)
     q = res.quality
@@ -270,6 +283,11 @@ def test_fidelity_gate_accepts_within_its_threshold(classifier, metric):
         value = _divergence(metric, outputs_fn(flat, x), outputs_fn(restored, x))
     assert q["fidelity"] == pytest.approx(value, abs=1e-5) and value <= fid.threshold
     assert q["degradation"] == q["fidelity"] and q["baseline"] == 0.0
+    # the gate held the upper confidence bound of the per-example divergence to the threshold
+    per = _per_example(metric, outputs_fn(flat, x), outputs_fn(restored, x))
+    ucb = float(per.mean() + t_quantile(0.95, 127) * per.std() / math.sqrt(128))
+    assert q["fidelity_ucb"] == pytest.approx(ucb, abs=1e-5) and q["confidence"] == 0.95
+    assert value <= q["fidelity_ucb"] <= fid.threshold
     json.dumps(q, allow_nan=False)
 
 
@@ -293,12 +311,46 @@ def test_fidelity_gate_refuses_beyond_its_threshold(classifier, metric):
         assert zero.config is None
 
 
+@pytest.mark.parametrize("metric", ["kl", "top1"])
+def test_fidelity_confidence_bound_refuses_what_the_mean_alone_accepts(classifier, metric):
+    """A mean divergence within the threshold on 128 examples is not enough: the gate holds
+    the 95% upper bound to it, so a threshold between the mean and the bound refuses."""
+    _, flat, x, outputs_fn, _ = classifier
+    one = SearchSpace(bins=(6,), prune=(0.2,), prune_metric=("magnitude",), protect=(0.0005,))
+    probe = find_config(flat, evaluate=fidelity(outputs_fn, x, metric, threshold=1.0),
+                        space=one, tensor_cap=math.inf).quality
+    mean, ucb = probe["fidelity"], probe["fidelity_ucb"]
+    assert 0 < mean < ucb
+    thr = (mean + ucb) / 2
+    bounded = find_config(flat, evaluate=fidelity(outputs_fn, x, metric, threshold=thr),
+                          space=one, tensor_cap=math.inf)
+    assert bounded.config is None and bounded.quality["trials"][0]["ucb"] == pytest.approx(ucb)
+    mean_only = find_config(flat, evaluate=fidelity(outputs_fn, x, metric, threshold=thr,
+                                                    confidence=None),
+                            space=one, tensor_cap=math.inf)
+    q = mean_only.quality
+    assert mean_only.config is not None and q["confidence"] is None
+    assert q["fidelity"] == pytest.approx(mean) and q["fidelity_ucb"] == pytest.approx(ucb)
+    # a stricter confidence widens the bound
+    strict = find_config(flat, evaluate=fidelity(outputs_fn, x, metric, threshold=1.0,
+                                                 confidence=0.99), space=one,
+                         tensor_cap=math.inf).quality
+    assert strict["fidelity_ucb"] > ucb and strict["confidence"] == 0.99
+    # one example: no spread to bound, the gate reads the mean
+    single = find_config(flat, evaluate=fidelity(outputs_fn, x[:1], metric, threshold=1.0),
+                         space=one, tensor_cap=math.inf).quality
+    assert single["fidelity_ucb"] is None and single["fidelity"] is not None
+
+
 def test_fidelity_errors(classifier):
     _, flat, x, outputs_fn, _ = classifier
     with pytest.raises(FidelityError):
         fidelity(outputs_fn, x, metric="l2")
     with pytest.raises(FidelityError):
         fidelity(outputs_fn, x, metric="top1", threshold=1.5)
+    for bad in (0.3, 1.0, True, "0.95"):
+        with pytest.raises(FidelityError):
+            fidelity(outputs_fn, x, confidence=bad)
     with pytest.raises(FidelityError):
         fidelity("not callable", x)
     with pytest.raises(FidelityError) as ei:     # outputs without a class dimension
@@ -396,13 +448,13 @@ def test_tracker_with_fidelity(classifier, tmp_path):
 
     net, _, x, _, _ = classifier
     model = copy_of(net)
-    fid = fidelity(lambda m, inputs: 10.0 * m(inputs), x, metric="top1")
+    fid = fidelity(lambda m, inputs: 10.0 * m(inputs), x, metric="top1", threshold=0.05)
     with _search_repo(tmp_path) as repo:
         tracker = Tracker(repo, model, quality=fid)
         cid = tracker.commit("tracked")
         q = repo.read_commit(cid).quality
         assert q["gate"] == "fidelity" and q["fidelity_metric"] == "top1"
-        assert q["fidelity"] <= fid.threshold
+        assert q["fidelity"] <= q["fidelity_ucb"] <= fid.threshold
         assert tracker.history[-1]["quality"]["gate"] == "fidelity"
         restored = copy_of(net)
         restored.load_state_dict(repo.read_state(cid)["model"])

@@ -77,9 +77,16 @@ def describe_gate(q: dict) -> str:
     elif q.get("value") is None:
         main = f"{gate}: no configuration passed"
     elif gate == "fidelity":
-        main = (f"fidelity ({q.get('fidelity_metric')}): {q.get('fidelity', q['value']):.4g} "
-                f"{q.get('units', '')} <= {q.get('threshold', eps):g}, agreement with the "
-                "exact checkpoint")
+        mean = q.get("fidelity", q["value"])
+        ucb, conf = q.get("fidelity_ucb"), q.get("confidence")
+        if ucb is not None and conf is not None:  # gated on the upper confidence bound
+            main = (f"fidelity ({q.get('fidelity_metric')}): {conf:.0%} upper bound {ucb:.4g} "
+                    f"{q.get('units', '')} <= {q.get('threshold', eps):g} (mean {mean:.4g}), "
+                    "agreement with the exact checkpoint")
+        else:
+            main = (f"fidelity ({q.get('fidelity_metric')}): {mean:.4g} "
+                    f"{q.get('units', '')} <= {q.get('threshold', eps):g}, agreement with the "
+                    "exact checkpoint")
     elif gate == "per-example-ucb":
         ucb = q.get("ucb")
         main = (f"per-example-ucb: {q.get('confidence', 0.95):.0%} upper bound "
@@ -109,6 +116,9 @@ def short_gate(q: dict) -> str:
     gate = _gate_name(q)
     eps = q.get("epsilon", 0)
     if gate == "fidelity":
+        if q.get("fidelity_ucb") is not None and q.get("confidence") is not None:
+            return (f"fidelity {q.get('fidelity_metric')} ucb {q['fidelity_ucb']:.3g} "
+                    f"(bound {eps:g})")
         return f"fidelity {q.get('fidelity_metric')} {q['degradation']:.3g} (bound {eps:g})"
     if gate == "per-example-ucb" and q.get("ucb") is not None:
         return f"quality ucb {_pct(q['ucb'])} (bound {eps:.2%})"
@@ -151,18 +161,22 @@ def log(rev: str, oneline: bool, graph: bool, max_count: int | None, as_json: bo
     """Show the history reachable from REV (default HEAD)."""
     repo = Repo.discover()
     commits = repo.log(rev, max_count)
+    pruned = repo.pruned()
     if as_json:
-        echo_json([commit_dict(c) for c in commits])
+        echo_json([dict(commit_dict(c), pruned=c.id in pruned) for c in commits])
         return
     deco = _decorations(repo)
     for i, c in enumerate(commits):
         refs = f" ({', '.join(deco[c.id])})" if c.id in deco else ""
         bullet = "* " if graph else ""
         if oneline:
-            echo(f"{bullet}{c.id[:12]}{refs} {c.summary}")
+            mark = " [pruned]" if c.id in pruned else ""
+            echo(f"{bullet}{c.id[:12]}{refs}{mark} {c.summary}")
             continue
         pad = "| " if graph else ""
         echo(f"{bullet}commit {c.id}{refs}")
+        if c.id in pruned:
+            echo(f"{pad}Pruned: checkpoint not stored (gc retention policy)")
         echo(f"{pad}Author: {c.author}")
         echo(f"{pad}Date:   {c.time}")
         extra = []
@@ -189,8 +203,12 @@ def show(rev: str, as_json: bool) -> None:
     """Show a commit: message, metadata, provenance and how each tensor is stored."""
     repo = Repo.discover()
     c = repo.read_commit(repo.resolve(rev))
-    snap = repo.read_snapshot(c.snapshot)
-    tensors = [{
+    pruned = c.id in repo.pruned()
+    if pruned and as_json:
+        echo_json({**commit_dict(c), "pruned": True, "tensors": None})
+        return
+    snap = repo.read_snapshot(c.snapshot) if not pruned else None
+    tensors = [] if snap is None else [{
         "name": t.name, "dtype": t.dtype, "shape": t.shape, "codec": t.codec,
         "raw_bytes": t.raw_bytes, "stored_bytes": t.stored_bytes, "depth": t.depth,
         "ratio": (t.raw_bytes / t.stored_bytes) if t.stored_bytes else None,
@@ -221,6 +239,9 @@ def show(rev: str, as_json: bool) -> None:
     for line in message_lines(c.message):
         echo(f"    {line}", multiline=True)
     echo()
+    if snap is None:
+        echo("Pruned:  checkpoint not stored (gc retention policy)")
+        return
     rows = [(t.name, t.dtype, "x".join(map(str, t.shape)) or "()", t.codec,
              human_bytes(t.stored_bytes), ratio(t.raw_bytes / t.stored_bytes)
              if t.stored_bytes else "-") for t in snap.tensors]
@@ -267,7 +288,8 @@ def stats(as_json: bool) -> None:
     if as_json:
         echo_json(s.to_dict())
         return
-    rows = [(c.id[:12], c.message[:40], human_bytes(c.raw_bytes), human_bytes(c.stored_bytes),
+    rows = [(c.id[:12], c.message[:40], "pruned", "-", "-") if c.pruned else
+            (c.id[:12], c.message[:40], human_bytes(c.raw_bytes), human_bytes(c.stored_bytes),
              ratio(c.ratio)) for c in s.commits]
     click.echo(table(rows, ["commit", "message", "raw", "stored", "ratio"], "llrrr"))
     echo()

@@ -28,10 +28,22 @@ trial.  Per example (averaged over positions) it measures
     cosine  1 - cos(exact, candidate) of the embeddings (two all-zero vectors agree);
     top1    1 if argmax differs, else 0 (the mean is the disagreement rate);
 
-and a trial is accepted when the mean over the examples is <= `threshold`: an
-absolute bound, not one relative to the reference (whose divergence from itself
-is 0).  Non-finite candidate outputs make a trial infeasible.  `epsilon` does not
-apply to a fidelity gate; its threshold does.
+an absolute divergence, not one relative to the reference (whose divergence from
+itself is 0).  Non-finite candidate outputs make a trial infeasible.  `epsilon`
+does not apply to a fidelity gate; its threshold does.
+
+Confidence bound.  The mean over N calibration examples is itself a noisy
+estimate of the divergence on the data the model will see.  With d_i the
+per-example divergences, a trial is accepted only when the one-sided upper
+confidence bound (Student t, N - 1 degrees of freedom, `confidence` 95% by
+default, as the per-example loss gate)
+
+    UCB = mean(d) + t_{confidence, N-1} * sd(d) / sqrt(N)
+
+is <= `threshold`; the commit records both the mean (`fidelity`) and the bound
+(`fidelity_ucb`, with `confidence`).  `confidence=None` gates on the mean alone
+(the bound is still recorded, at the default confidence); so does a calibration
+set of one example (no spread to bound: `fidelity_ucb` is None).
 
 Default thresholds (`DEFAULT_THRESHOLDS`): KL 0.01 nats per example, cosine
 distance 0.01, top-1 disagreement 0.02 (2 answers in 100).  They are provisional:
@@ -46,7 +58,7 @@ from typing import Any
 
 import torch
 
-from mvc.search.gate import GATE_FIDELITY, Verdict
+from mvc.search.gate import DEFAULT_CONFIDENCE, GATE_FIDELITY, Verdict, t_quantile
 from mvc.search.quality import QualityFunctionError
 
 METRICS = ("kl", "cosine", "top1")
@@ -83,10 +95,11 @@ class Fidelity:
     them as a loss.
     """
 
-    __slots__ = ("inputs", "metric", "outputs_fn", "threshold")
+    __slots__ = ("confidence", "inputs", "metric", "outputs_fn", "threshold")
 
     def __init__(self, outputs_fn: Callable[[Any, Any], Any], inputs: Any, metric: str = "kl",
-                 threshold: float | None = None) -> None:
+                 threshold: float | None = None,
+                 confidence: float | None = DEFAULT_CONFIDENCE) -> None:
         if not callable(outputs_fn):
             raise FidelityError("outputs_fn must be callable as outputs_fn(state_or_model, inputs)")
         if metric not in METRICS:
@@ -97,8 +110,13 @@ class Fidelity:
                 or not 0.0 <= threshold <= _MAX_THRESHOLD[metric] or math.isnan(threshold):
             raise FidelityError(f"fidelity threshold for {metric!r} must be a number in "
                                 f"[0, {_MAX_THRESHOLD[metric]:g}], got {threshold!r}")
+        if confidence is not None and (isinstance(confidence, bool) or not isinstance(
+                confidence, (int, float)) or not 0.5 <= confidence < 1.0):
+            raise FidelityError(f"fidelity confidence must be in [0.5, 1) or None, "
+                                f"got {confidence!r}")
         self.outputs_fn, self.inputs = outputs_fn, inputs
         self.metric, self.threshold = metric, float(threshold)
+        self.confidence = None if confidence is None else float(confidence)
 
     @property
     def units(self) -> str:
@@ -106,7 +124,8 @@ class Fidelity:
 
     def __repr__(self) -> str:
         name = getattr(self.outputs_fn, "__qualname__", type(self.outputs_fn).__name__)
-        return f"Fidelity({name}, metric={self.metric!r}, threshold={self.threshold:g})"
+        return (f"Fidelity({name}, metric={self.metric!r}, threshold={self.threshold:g}, "
+                f"confidence={self.confidence!r})")
 
     def __call__(self, subject: Any) -> FidelityOutputs:
         with torch.no_grad():
@@ -173,7 +192,8 @@ class Fidelity:
 
 
 def fidelity(outputs_fn: Callable[[Any, Any], Any], inputs: Any, metric: str = "kl",
-             threshold: float | None = None) -> Fidelity:
+             threshold: float | None = None,
+             confidence: float | None = DEFAULT_CONFIDENCE) -> Fidelity:
     """A quality gate on agreement with the exact checkpoint (see `mvc.search.fidelity`).
 
     outputs_fn: ``outputs_fn(state_or_model, inputs) -> tensor (N, ..., C)`` of logits
@@ -184,11 +204,14 @@ def fidelity(outputs_fn: Callable[[Any, Any], Any], inputs: Any, metric: str = "
     threshold:  bound on the mean divergence; None takes DEFAULT_THRESHOLDS[metric]
                 (KL 0.01, cosine 0.01, top-1 0.02: provisional until the transfer
                 benchmark measures them).
+    confidence: the bound applies to the one-sided upper confidence bound of the
+                mean divergence at this confidence (default 0.95); None: to the
+                mean itself.
 
     Pass the result as `quality=` to `Repo.commit` or the Tracker, or expose it in
     the module named by `quality.hook` (``quality.hook = mymodule:fid``).
     """
-    return Fidelity(outputs_fn, inputs, metric, threshold)
+    return Fidelity(outputs_fn, inputs, metric, threshold, confidence)
 
 
 class FidelityJudge:
@@ -201,16 +224,26 @@ class FidelityJudge:
         self.ref = self.spec.reference(reference.outputs)
         self.baseline = 0.0
         self.epsilon = self.spec.threshold
+        self.t = t_quantile(self.spec.confidence or DEFAULT_CONFIDENCE,
+                            max(1, int(self.ref["shape"][0]) - 1))
 
     def verdict(self, raw: Any, what: str) -> Verdict:
         if not isinstance(raw, FidelityOutputs) or raw.gate is not self.spec:
             raise FidelityError(f"{what} returned the outputs of a fidelity gate for the exact "
                                 f"state but {type(raw).__name__} for a candidate")
         per = self.spec.divergence(self.ref, raw.outputs)
-        value = float(per.mean()) if bool(torch.isfinite(per).all()) else math.inf
-        return Verdict(value, value, value <= self.epsilon)
+        if not bool(torch.isfinite(per).all()):
+            return Verdict(math.inf, math.inf, False, {"ucb": None})
+        value = float(per.mean())
+        n = per.numel()
+        ucb = value + self.t * float(per.std()) / math.sqrt(n) if n >= 2 else None
+        bounded = ucb if ucb is not None and self.spec.confidence is not None else value
+        return Verdict(value, value, bounded <= self.epsilon, {"ucb": ucb})
 
     def record(self, v: Verdict | None) -> dict[str, Any]:
-        return {"fidelity": v.value if v is not None and math.isfinite(v.value) else None,
+        ok = v is not None and math.isfinite(v.value)
+        return {"fidelity": v.value if v is not None and ok else None,
+                "fidelity_ucb": v.info.get("ucb") if v is not None and ok else None,
+                "confidence": self.spec.confidence,
                 "fidelity_metric": self.spec.metric, "threshold": self.spec.threshold,
                 "units": self.spec.units}
