@@ -12,7 +12,13 @@ degradation and the proxy metric), `gate` (which gate judges a trial: scalar
 metric, per-example confidence bound, fidelity, proxy; the per-tensor distortion
 cap), `fidelity` (agreement with the exact checkpoint), `driver` (`find_config`).
 """
-from mvc.search.driver import DEFAULT_EXCLUDE, SearchResult, default_policy, find_config
+from mvc.search.driver import (
+    DEFAULT_EXCLUDE,
+    SearchResult,
+    default_policy,
+    find_config,
+    serve_trials,
+)
 from mvc.search.fidelity import (
                                  DEFAULT_THRESHOLDS,
                                  Fidelity,
@@ -23,6 +29,7 @@ from mvc.search.fidelity import (
 from mvc.search.gate import DEFAULT_CONFIDENCE, DEFAULT_TENSOR_CAP, tensor_distortion
 from mvc.search.guided import MonotoneOracle, diagonal, guided_search
 from mvc.search.neighbourhood import SWITCH_MARGIN, neighbourhood
+from mvc.search.parallel import ranks
 from mvc.search.quality import (
                                  DEFAULT_EPSILON,
                                  PROXY_EPSILON,
@@ -57,5 +64,7 @@ __all__ = [
                                  "guided_search",
                                  "neighbourhood",
                                  "proxy_error",
+                                 "ranks",
+                                 "serve_trials",
                                  "tensor_distortion",
 ]

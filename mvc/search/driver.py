@@ -19,6 +19,7 @@ the sketches, only the current trial's and the best trials' levels are kept.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping
@@ -52,7 +53,8 @@ from mvc.search.gate import (
     tensor_distortion,
 )
 from mvc.search.guided import MonotoneOracle, guided_search
-from mvc.search.neighbourhood import Outcome, neighbourhood_search
+from mvc.search.neighbourhood import Outcome, neighbourhood, neighbourhood_search
+from mvc.search.parallel import ParallelSearchError, Ranks, active, default_ranks
 from mvc.search.quality import DEFAULT_EPSILON, PROXY_EPSILON, proxy_error, proxy_name
 from mvc.search.space import Point, SearchError, SearchSpace, short
 
@@ -182,6 +184,8 @@ class _Runner:
         self.log: list[dict[str, Any]] = []
         self._last: dict[tuple, QuantizedTensor] = {}
         self._dist: dict[tuple, float] = {}       # quantization key -> relative L2 error
+        self.par: Ranks | None = None             # leading a parallel search over these
+        self.rounds = 0                           # parallel rounds (batches of trials)
 
     @property
     def baseline(self) -> float:
@@ -280,28 +284,66 @@ class _Runner:
         point = sp.canonical((metric, idx), emb)
         tr = self.memo.get(point)
         if tr is None:
-            config = sp.config(point, emb)
-            qmap, keys = self.quantize(config)
-            verdict = self.score(qmap)
-            worst, worst_name = self.worst(keys)
-            capped = not worst <= self.tensor_cap
-            tr = _Trial(config, verdict, verdict.feasible and not capped, self.bits(qmap),
-                        worst, worst_name, qmap, keys)
+            tr, entry = self._evaluate(point)
             self.memo[point] = tr
-            entry = {"config": short(config), "value": _finite(verdict.value),
-                     "degradation": _finite(verdict.degradation), "feasible": tr.feasible,
-                     "bits": round(tr.bits, 4), **_json_info(verdict.info),
-                     "distortion": _finite(round(worst, 6))}
-            if capped:
-                entry["refused"] = (f"tensor_cap: {worst_name} has relative L2 error "
-                                    f"{worst:.4g} > {self.tensor_cap:g}")
             self.log.append(entry)
+        self._keep_best(metric, point, tr)
+        self._release()
+        return tr
+
+    def _evaluate(self, point: Point) -> tuple[_Trial, dict[str, Any]]:
+        config = self.space.config(point, self.prep.embeddings)
+        qmap, keys = self.quantize(config)
+        verdict = self.score(qmap)
+        worst, worst_name = self.worst(keys)
+        capped = not worst <= self.tensor_cap
+        tr = _Trial(config, verdict, verdict.feasible and not capped, self.bits(qmap),
+                    worst, worst_name, qmap, keys)
+        entry = {"config": short(config), "value": _finite(verdict.value),
+                 "degradation": _finite(verdict.degradation), "feasible": tr.feasible,
+                 "bits": round(tr.bits, 4), **_json_info(verdict.info),
+                 "distortion": _finite(round(worst, 6))}
+        if capped:
+            entry["refused"] = (f"tensor_cap: {worst_name} has relative L2 error "
+                                f"{worst:.4g} > {self.tensor_cap:g}")
+        return tr, entry
+
+    def _keep_best(self, metric: str, point: Point, tr: _Trial) -> None:
         if tr.feasible:
             cur = self.best.get(metric)
             if cur is None or self._key(point) < self._key(cur):
                 self.best[metric] = point
+
+    # -------------------------------------------------------------- parallel rounds
+    def share(self, batch: list[Point], rank: int) -> tuple[_Trial, dict[str, Any]] | None:
+        """This rank's trial of a round (`batch[rank]`), without its levels (they stay here)."""
+        if rank >= len(batch):
+            return None
+        tr, entry = self._evaluate(batch[rank])
+        return dataclasses.replace(tr, qmap=None, keys={}), entry
+
+    def prefetch(self, points: list[tuple[str, tuple[int, ...]]]) -> list[bool]:
+        """Evaluate `points` ((metric, idx) pairs) in rounds of one trial per rank; their
+        verdicts (feasible or not), in order.  Only the leader of a parallel search calls it."""
+        par = self.par
+        if par is None:
+            return [self.trial(m, i).feasible for m, i in points]
+        sp, emb = self.space, self.prep.embeddings
+        canon = [sp.canonical(p, emb) for p in points]
+        todo = list(dict.fromkeys(c for c in canon if c not in self.memo))
+        for k in range(0, len(todo), par.size):
+            batch = todo[k:k + par.size]
+            par.send(("batch", batch))
+            results = par.gather(self.share(batch, par.rank))
+            self.rounds += 1
+            for point, res in zip(batch, results):
+                assert res is not None
+                self.memo[point], entry = res
+                self.log.append(entry)
+        for (metric, _), c in zip(points, canon):
+            self._keep_best(metric, c, self.memo[c])
         self._release()
-        return tr
+        return [self.memo[c].feasible for c in canon]
 
     def _key(self, point: Point) -> tuple:
         return (self.space.cost(point[1], self.prep.embeddings, self.prep.embedding_share), point[1])
@@ -338,8 +380,15 @@ def _exhaustive(run: _Runner, metrics: list[str]) -> Point | None:
         for point, tr in run.memo.items():  # seed with what earlier trials showed
             if point[0] == metric or sp.axes(emb)[1][point[1][1]] == 0:
                 oracle.seed(point[1], tr.feasible)
+        prefetch = None
+        if run.par is not None:
+            def prefetch(idxs: list[tuple[int, ...]], metric: str = metric,
+                         oracle: MonotoneOracle = oracle) -> None:
+                for i, ok in zip(idxs, run.prefetch([(metric, i) for i in idxs])):
+                    oracle.seed(i, ok)
         while True:
-            idx = guided_search(shape, cost, oracle)
+            idx = guided_search(shape, cost, oracle, prefetch=prefetch,
+                                width=run.par.size if run.par is not None else 1)
             if idx is None:
                 break
             # A winner inferred by monotonicity alone is probed before it is accepted;
@@ -408,6 +457,58 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
         raise SearchError(f"previous must be a QuantConfig, got {type(previous).__name__}")
     prep = _Prepared(tensors, dict(grads or {}), policy, space.alpha)
     run = _Runner(prep, space, evaluate, float(epsilon), seed, init, cap, float(confidence))
+    par = active()
+    if par is None:
+        return _find(run, previous, radius, metric_name)
+    if not par.leader:
+        raise ParallelSearchError(f"rank {par.rank} of a parallel search must serve_trials(), "
+                                  "not search")
+    # Workers build the same runner from these (and their own tensors, gradients, function).
+    par.send(("start", {"policy": policy, "space": space, "epsilon": float(epsilon),
+                        "seed": seed, "init": dict(init or {}), "cap": cap,
+                        "confidence": float(confidence), "metric_name": metric_name}))
+    run.par = par
+    try:
+        return _find(run, previous, radius, metric_name)
+    finally:
+        par.send(("done", None))
+
+
+def serve_trials(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | None = None,
+                 grads: Mapping[str, torch.Tensor] | None = None, group: Any = None) -> Any:
+    """A worker's part of parallel searches (`mvc.search.parallel`): while rank 0 of `group`
+    runs `find_config` in a `ranks(group)` block (any number of times), evaluate the trials
+    it hands this rank, on this replica's `tensors` (the same state as the leader's), with
+    `evaluate` and `grads` as `find_config` takes them.  Returns the first message rank 0
+    sends (`Ranks.send`) that is not part of a search: what rank 0 does after its searches
+    (e.g. the commit id), which also ends the wait when rank 0 does not search at all."""
+    par = default_ranks(group)
+    while True:
+        msg = par.send()
+        if not (isinstance(msg, tuple) and len(msg) == 2 and msg[0] == "start"):
+            return msg
+        _serve(par, msg[1], tensors, evaluate, grads)
+
+
+def _serve(par: Ranks, kw: dict[str, Any], tensors: Mapping[str, torch.Tensor],
+           evaluate: Evaluate | None, grads: Mapping[str, torch.Tensor] | None) -> None:
+    prep = _Prepared(tensors, dict(grads or {}), kw["policy"], kw["space"].alpha)
+    run = _Runner(prep, kw["space"], evaluate, kw["epsilon"], kw["seed"], kw["init"],
+                  kw["cap"], kw["confidence"])
+    while True:
+        msg = par.send()
+        if msg == ("done", None):
+            return
+        if not (isinstance(msg, tuple) and len(msg) == 2 and msg[0] == "batch"):
+            raise ParallelSearchError(f"expected a batch of trials, got {msg!r:.80}")
+        if not run.started:
+            run.start(kw["metric_name"])    # this replica's own baseline (the same batch)
+        par.gather(run.share(msg[1], par.rank))
+
+
+def _find(run: _Runner, previous: QuantConfig | None, radius: int, metric_name: str | None
+          ) -> SearchResult:
+    prep, space, tensors = run.prep, run.space, run.prep.tensors
     if not prep.names:
         return SearchResult(None, {n: None for n in tensors},
                             _record(run, None, "nothing-to-quantize"), 0)
@@ -423,11 +524,15 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
         mode = "neighbourhood"
         current = previous.prune_metric if previous.prune_metric in metrics else metrics[0]
         others = [m for m in metrics if m != current]
+        start = space.snap(previous, emb)
+        outcome: Callable[[str, tuple[int, ...]], Outcome] = run.outcome
+        if run.par is not None:
+            outcome = _lookahead(run, start, current, others[0] if others else None, radius)
         found = neighbourhood_search(
-            space.snap(previous, emb), current, others[0] if others else None,
+            start, current, others[0] if others else None,
             space.shape(emb), lambda i: space.cost(i, emb, share),
             lambda i: space.axes(emb)[1][i[1]] > 0,
-            run.outcome,
+            outcome,
             run.epsilon, radius)
         if found is not None:
             winner = space.canonical(found, emb)
@@ -440,6 +545,26 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
                             run.evaluations)
     return SearchResult(run.memo[winner].config, run.qmap_of(winner), _record(run, winner, mode),
                         run.evaluations)
+
+
+def _lookahead(run: _Runner, p: tuple[int, ...], current: str, other: str | None, radius: int
+               ) -> Callable[[str, tuple[int, ...]], Outcome]:
+    """`run.outcome` for the neighbourhood search of a parallel search: a trial not yet run
+    is run in a round with the next ones the search would ask for, in its order (the metric
+    check at p, then the neighbourhood cheapest first), so a round of N ranks runs N."""
+    sp, emb, share = run.space, run.prep.embeddings, run.prep.embedding_share
+    rest = neighbourhood(p, sp.shape(emb), lambda i: sp.cost(i, emb, share), radius)[1:]
+    order: list[tuple[str, tuple[int, ...]]] = ([(other, p)] if other else []) + [(current, p)]
+    order += [(current, q) for q in rest] + ([(other, q) for q in rest] if other else [])
+
+    def outcome(metric: str, idx: tuple[int, ...]) -> Outcome:
+        if sp.canonical((metric, idx), emb) not in run.memo:
+            at = order.index((metric, idx)) if (metric, idx) in order else len(order)
+            ahead = [q for q in order[at + 1:] if sp.canonical(q, emb) not in run.memo]
+            assert run.par is not None
+            run.prefetch([(metric, idx)] + ahead[:run.par.size - 1])
+        return run.outcome(metric, idx)
+    return outcome
 
 
 def _record(run: _Runner, winner: Point | None, mode: str) -> dict[str, Any]:
@@ -461,4 +586,6 @@ def _record(run: _Runner, winner: Point | None, mode: str) -> dict[str, Any]:
     rec["max_distortion"] = _finite(round(tr.worst, 6)) if tr else None
     rec["worst_tensor"] = tr.worst_name if tr else None
     rec["trials"] = run.log
+    if run.par is not None:
+        rec["ranks"], rec["rounds"] = run.par.size, run.rounds
     return rec

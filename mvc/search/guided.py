@@ -93,12 +93,60 @@ def _first_feasible(points: Sequence[Idx], feasible: Callable[[Idx], bool]) -> i
     return hi
 
 
+def _first_feasible_batched(points: Sequence[Idx], oracle: MonotoneOracle,
+                            prefetch: Callable[[list[Idx]], None], width: int) -> int | None:
+    """`_first_feasible` in rounds of `width` probes spread over the open interval (a
+    (width+1)-ary search): `prefetch(points)` probes them all at once (one per rank) and
+    seeds `oracle` with the answers; monotonicity narrows the interval from every answer."""
+    lo, hi = 0, len(points) - 1
+    top = points[hi]
+    if oracle.known(top) is None:
+        # the top corner, and the cheapest points below it, in the first round
+        first = [top] + [points[i] for i in range(lo, hi) if oracle.known(points[i]) is None]
+        prefetch(_spread(first[1:], width - 1, [top]))
+    if not oracle(top):
+        return None
+    while lo < hi:
+        known = [oracle.known(points[i]) for i in range(lo, hi)]
+        ok = [lo + i for i, k in enumerate(known) if k is True]
+        bad = [lo + i for i, k in enumerate(known) if k is False]
+        if ok:
+            hi = min(ok)
+        below = [b for b in bad if b < hi]
+        if below:
+            lo = max(below) + 1
+        if lo >= hi:
+            break
+        unknown = [points[i] for i in range(lo, hi) if oracle.known(points[i]) is None]
+        if not unknown:
+            break
+        prefetch(_spread(unknown, width, []))
+    return hi
+
+
+def _spread(points: Sequence[Idx], n: int, head: list[Idx]) -> list[Idx]:
+    """`head` plus up to `n` of `points`, evenly spaced (the ends of a search interval
+    are where a (n+1)-ary search probes)."""
+    if n <= 0 or not points:
+        return list(head)
+    if len(points) <= n:
+        return list(head) + list(points)
+    step = (len(points) + 1) / (n + 1)
+    picks = sorted({min(len(points) - 1, max(0, int(step * (k + 1)) - 1)) for k in range(n)})
+    return list(head) + [points[i] for i in picks]
+
+
 def guided_search(shape: Sequence[int], cost: Callable[[Idx], float],
-                  feasible: Callable[[Idx], bool]) -> Idx | None:
+                  feasible: Callable[[Idx], bool], *,
+                  prefetch: Callable[[list[Idx]], None] | None = None,
+                  width: int = 1) -> Idx | None:
     """The cheapest feasible point of the cube `shape` (None if none is), per Algorithm 4.
 
     `feasible` should be a `MonotoneOracle` (any callable works, but then points
     may be probed more than once).  Ties in cost are broken by the index vector.
+    `prefetch` (with a `MonotoneOracle`): probes a list of up to `width` points at once
+    and seeds the oracle -- the parallel search over ranks (`mvc.search.parallel`), in
+    which the diagonal's binary search becomes a (width+1)-ary one.
     """
     best: list[tuple[float, Idx] | None] = [None]
 
@@ -117,7 +165,10 @@ def guided_search(shape: Sequence[int], cost: Callable[[Idx], float],
             best[0] = min(best[0], key(lo)) if best[0] is not None else key(lo)
             return
         diag = diagonal(lo, hi)
-        t = _first_feasible(diag, feasible)
+        if prefetch is not None and width > 1 and isinstance(feasible, MonotoneOracle):
+            t = _first_feasible_batched(diag, feasible, prefetch, width)
+        else:
+            t = _first_feasible(diag, feasible)
         if t is None:
             return
         d = diag[t]

@@ -1,0 +1,57 @@
+"""One rank of tests/test_dcp_search.py: the config search spread over 2 gloo ranks.
+
+    python search_worker.py RANK WORLD DIR
+
+Both ranks hold the same state (data-parallel replicas).  Rank 0 leads two searches (a
+first one, then one from a previous config: the neighbourhood search) in a
+`mvc.search.ranks()` block, rank 1 serves their trials; rank 0 then runs both searches
+alone, and reports all four results (DIR/rank0.pt); rank 1 reports what it served.
+"""
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import mvc.search
+from mvc.quant import QuantConfig
+
+
+def state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {"fc1.weight": torch.randn(128, 96, generator=g) * 0.1,
+            "fc2.weight": torch.randn(96, 128, generator=g) * 0.05,
+            "fc2.bias": torch.randn(96, generator=g)}
+
+
+def summary(res: mvc.search.SearchResult) -> dict:
+    q = res.quality
+    return {"config": res.config.to_dict() if res.config else None, "trials": len(q["trials"]),
+            "rounds": q.get("rounds"), "ranks": q.get("ranks"), "mode": q["mode"],
+            "log": q["trials"]}
+
+
+def main(rank: int, world: int, root: Path) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{root / 'rendezvous'}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    tensors = state()
+    previous = QuantConfig(bins=8, prune=0.1, protect=0.005)
+    report: dict = {}
+    if rank == 0:
+        with mvc.search.ranks():
+            report["first"] = summary(mvc.search.find_config(tensors))
+            report["next"] = summary(mvc.search.find_config(tensors, previous=previous))
+        dist.broadcast_object_list(["finished"], src=0)
+        report["first_alone"] = summary(mvc.search.find_config(tensors))
+        report["next_alone"] = summary(mvc.search.find_config(tensors, previous=previous))
+    else:
+        report["after"] = mvc.search.serve_trials(tensors)
+    torch.save(report, root / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))
