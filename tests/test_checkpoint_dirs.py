@@ -127,6 +127,8 @@ def test_directory_round_trip_cli(repo, tmp_path):
     # A non-empty target is refused, and nothing in it is touched.
     code, out, err = run(repo.path, "checkout", "HEAD", "-o", str(target))
     assert code == OutputDirectoryExistsError.exit_code and "not empty" in err
+    code, out, err = run(repo.path, "checkout", "HEAD", "-o", str(tmp_path / "part"), "--weights-only")
+    assert code == 2 and "checked out whole" in err and not (tmp_path / "part").exists()
     # A directory commit cannot become the working checkpoint file.
     repo.config.set("checkpoint.path", "ck.pt")
     code, out, err = run(repo.path, "checkout", "HEAD")

@@ -170,6 +170,9 @@ def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...
     if is_dir_state(state):
         if output is None:
             raise UsageError(f"{rev} holds a checkpoint directory: give the directory to write with -o DIR")
+        if only or weights_only:
+            raise UsageError(f"{rev} holds a checkpoint directory, which is checked out whole "
+                             "(--only / --weights-only select tensors of one checkpoint file)")
         save_dir(state, path)
         echo(f"Wrote directory {path} from {cid[:12]}; HEAD unchanged")
         return
