@@ -6,6 +6,8 @@ Both ranks hold the same state (data-parallel replicas).  Rank 0 leads two searc
 first one, then one from a previous config: the neighbourhood search) in a
 `mvc.search.ranks()` block, rank 1 serves their trials; rank 0 then runs both searches
 alone, and reports all four results (DIR/rank0.pt); rank 1 reports what it served.
+Then both ranks commit the same model through a `Tracker` (DIR/repo), which spreads
+`Repo.commit`'s search over them; each reports the commit id its `commit` returned.
 """
 from __future__ import annotations
 
@@ -34,6 +36,32 @@ def summary(res: mvc.search.SearchResult) -> dict:
             "log": q["trials"]}
 
 
+def tracker_commit(path: Path) -> dict:
+    from mvc.integrations.tracker import Tracker
+    from mvc.repo.repository import Repo
+
+    torch.manual_seed(0)   # the same replica on both ranks, as DDP keeps them
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 8))
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 64, generator=g), torch.randint(0, 8, (64,), generator=g)
+    for _ in range(3):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    def quality(m: torch.nn.Module) -> float:   # the same batch on every rank
+        with torch.no_grad():
+            return float(torch.nn.functional.cross_entropy(m(x), y))
+
+    with Repo(path) as repo:
+        tracker = Tracker(repo, model, opt, quality=quality, epsilon=0.02)
+        cid = tracker.commit("step 3")
+        return {"commit": cid, "config": tracker.history[-1]["config"],
+                "quality": tracker.history[-1].get("quality")}
+
+
 def main(rank: int, world: int, root: Path) -> None:
     dist.init_process_group("gloo", init_method=f"file://{root / 'rendezvous'}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
@@ -49,6 +77,7 @@ def main(rank: int, world: int, root: Path) -> None:
         report["next_alone"] = summary(mvc.search.find_config(tensors, previous=previous))
     else:
         report["after"] = mvc.search.serve_trials(tensors)
+    report["tracker"] = tracker_commit(root / "repo")
     torch.save(report, root / f"rank{rank}.pt")
     dist.destroy_process_group()
 

@@ -22,6 +22,8 @@ HERE = Path(__file__).parent
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory) -> list[dict]:
     root = tmp_path_factory.mktemp("search")
+    from mvc.repo.repository import Repo
+    Repo.init(root / "repo").close()
     env = dict(os.environ, OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, str(HERE / "search_worker.py"), str(r), "2",
                                str(root)], env=env, stdout=subprocess.PIPE,
@@ -32,12 +34,12 @@ def reports(tmp_path_factory) -> list[dict]:
         path = root / f"rank{r}.pt"
         assert path.exists(), f"rank {r} reported nothing:\n{outs[r][-4000:]}"
         out.append(torch.load(path, weights_only=False))
-    return out
+    return out + [{"root": root}]
 
 
 @pytest.mark.parametrize("search", ["first", "next"])
 def test_two_ranks_choose_what_one_process_chooses_in_fewer_rounds(reports, search):
-    r0, r1 = reports
+    r0, r1, _ = reports
     par, alone = r0[search], r0[f"{search}_alone"]
     assert par["config"] is not None and par["config"] == alone["config"]
     assert par["ranks"] == 2 and alone["rounds"] is None
@@ -81,3 +83,16 @@ def test_parallel_search_needs_a_process_group():
         with ranks():
             pass
     assert SearchSpace()  # the sequential search is untouched (tests/test_search_*.py)
+
+
+def test_tracker_on_two_ranks_commits_once_with_the_parallel_search(reports):
+    from mvc.repo.repository import Repo
+
+    r0, r1, info = reports
+    t0, t1 = r0["tracker"], r1["tracker"]
+    assert t0["commit"] == t1["commit"] and t0["config"] == t1["config"]
+    with Repo(info["root"] / "repo") as repo:
+        assert [c.id for c in repo.log()] == [t0["commit"]]     # one commit, by rank 0
+        quality = repo.read_commit(t0["commit"]).quality
+    assert quality["ranks"] == 2 and quality["rounds"] >= 1
+    assert quality["gate"] == "metric"

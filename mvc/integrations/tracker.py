@@ -31,6 +31,15 @@ is copied to CPU memory; search, encoding and writing run in one worker thread, 
 order.  `wait()` joins them.  An exception in the worker is re-raised by the next
 Tracker call (and by `wait()`), never lost; the returned Future carries it too.
 A foreground commit or `restore` first waits for pending background commits.
+
+Data-parallel training.  When `torch.distributed` is initialized with more than one rank
+(or `distributed=True`), every rank constructs the Tracker and calls `commit` at the same
+steps; the config search is spread over the replicas (`mvc.search.ranks`: each round
+evaluates one trial per rank, Inshrinkerator §5), rank 0 alone writes the commit, and every
+rank's `commit` returns its id.  The replicas' states must be identical (as DDP keeps them)
+and `quality` must measure the same batch on every rank.  The search runs over a gloo group
+of its own, made when the Tracker is constructed, so a background commit's collectives never
+interleave with the training loop's.
 """
 from __future__ import annotations
 
@@ -43,13 +52,16 @@ from concurrent.futures import wait as futures_wait
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from mvc.errors import MvcError, UsageError
 from mvc.integrations.grad_ema import BETA, GradientEMA
 from mvc.quant import QuantConfig, QuantPolicy
-from mvc.search import SearchSpace
+from mvc.search import SearchSpace, serve_trials
+from mvc.search.parallel import Ranks
+from mvc.search.parallel import ranks as search_ranks
 from mvc.search.space import short
-from mvc.state import flatten
+from mvc.state import flatten, unflatten
 
 _RESERVED = ("model", "optimizer")
 
@@ -113,11 +125,14 @@ class Tracker:
                  quality: Callable[[torch.nn.Module], float] | None = None,
                  epsilon: float | None = None, every: int | None = None, grad_window: int = 50,
                  extra_state: Callable[[], dict] | None = None, beta: float = BETA,
-                 policy: QuantPolicy | None = None, space: SearchSpace | None = None) -> None:
+                 policy: QuantPolicy | None = None, space: SearchSpace | None = None,
+                 distributed: bool | None = None) -> None:
         """repo: an mvc `Repo`; quality(model) -> loss, or None for the proxy metric;
         epsilon: bound on the relative degradation (None: 0.01 with `quality`, the
         proxy's own bound without); every: commit interval in steps (schedules the
-        gradient window); extra_state() -> dict of extra top-level state entries."""
+        gradient window); extra_state() -> dict of extra top-level state entries;
+        distributed: spread the search over the ranks of `torch.distributed` (None: when
+        it is initialized with more than one rank; see the module docstring)."""
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
             raise TrackerError(f"every must be a positive int or None, got {every!r}")
         if isinstance(grad_window, bool) or not isinstance(grad_window, int) or grad_window < 0:
@@ -138,6 +153,7 @@ class Tracker:
         self._lock = threading.Lock()
         self._eval_model: torch.nn.Module | None = None
         self.previous = self._head_config()
+        self._ranks = _search_ranks(distributed)
 
     # ------------------------------------------------------------------ schedule
     def in_window(self, step: int | None = None) -> bool:
@@ -213,6 +229,45 @@ class Tracker:
     def _job(self, state: dict, message: str, step: int | None, metrics: Mapping | None,
              grads: dict[str, torch.Tensor], evaluate: Callable | None, blocking: float,
              background: bool) -> str:
+        par = self._ranks
+        if par is None:
+            return self._commit_job(state, message, step, metrics, grads, evaluate, blocking,
+                                    background)
+        if par.leader:
+            try:
+                with search_ranks(par.group):
+                    cid = self._commit_job(state, message, step, metrics, grads, evaluate,
+                                           blocking, background)
+            except BaseException as exc:
+                par.send(("failed", f"{type(exc).__name__}: {exc}"))
+                raise
+            par.send(("commit", cid))
+            return cid
+        # A worker: serve rank 0's search on this replica, as Repo.commit would run it.
+        t0 = time.perf_counter()
+        flat = flatten(state)
+        ev = None
+        if evaluate is not None:
+            skeleton = flat.skeleton
+
+            def ev(candidate: dict[str, torch.Tensor]) -> Any:
+                return evaluate(unflatten(skeleton, candidate))
+        grads = {k: g for k, g in grads.items()
+                 if k in flat.tensors and tuple(flat.tensors[k].shape) == tuple(g.shape)}
+        msg = serve_trials(flat.tensors, evaluate=ev, grads=grads, group=par.group)
+        if not (isinstance(msg, tuple) and len(msg) == 2 and msg[0] == "commit"):
+            raise TrackerError(f"rank 0 did not commit: {msg[1] if isinstance(msg, tuple) else msg}")
+        cid = msg[1]
+        c = self.repo.read_commit(cid)
+        self.previous = QuantConfig.from_dict(c.quant) if c.quant else None
+        self.history.append({"commit": cid, "step": step, "background": background,
+                             "blocking_s": blocking, "job_s": time.perf_counter() - t0,
+                             "rank": par.rank, "config": short(self.previous)})
+        return cid
+
+    def _commit_job(self, state: dict, message: str, step: int | None, metrics: Mapping | None,
+                    grads: dict[str, torch.Tensor], evaluate: Callable | None, blocking: float,
+                    background: bool) -> str:
         t0 = time.perf_counter()
         flat = flatten(state).tensors
         grads = {k: g for k, g in grads.items()
@@ -347,3 +402,14 @@ class Tracker:
             return QuantConfig.from_dict(quant) if quant else None
         except MvcError:
             return None
+
+
+def _search_ranks(distributed: bool | None) -> Ranks | None:
+    """The group a Tracker spreads its search over (None: it searches alone)."""
+    up = dist.is_available() and dist.is_initialized()
+    if distributed is False or (distributed is None and not (up and dist.get_world_size() > 1)):
+        return None
+    if not up:
+        raise TrackerError("distributed=True needs torch.distributed initialized")
+    # A gloo group of its own: background commits' collectives stay off the training's group.
+    return Ranks(dist.new_group(backend="gloo"))
