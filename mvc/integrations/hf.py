@@ -78,13 +78,22 @@ class MvcCallback(TrainerCallback):
 
     def __init__(self, repo: str | os.PathLike | Repo, *, delete: bool = False, grad_ema: bool = False,
                  opaque: Sequence[str] = DEFAULT_OPAQUE, **commit_args: Any) -> None:
-        self.repo = open_repo(repo)
+        # Opened on first use: every rank builds the plugin, only one commits.
+        self._repo_arg = repo
+        self._repo: Repo | None = repo if isinstance(repo, Repo) else None
         self.delete = delete
         self.opaque = tuple(opaque)
         self.commit_args = commit_args
         self.commits: list[tuple[int, str]] = []
         self._want_ema = grad_ema
         self._ema: GradientEMA | None = None
+
+    @property
+    def repo(self) -> Repo:
+        """The repository commits go to (opened, or created, on first use)."""
+        if self._repo is None:
+            self._repo = open_repo(self._repo_arg)
+        return self._repo
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         """Refuse settings that need the deleted directories; start the gradient EMA."""

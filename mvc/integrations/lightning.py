@@ -101,11 +101,20 @@ class MvcCheckpointIO(CheckpointIO):
 
     def __init__(self, repo: str | os.PathLike | Repo, **commit_args: Any) -> None:
         super().__init__()
-        self.repo = open_repo(repo)
+        # Opened on first use: every rank builds the plugin, only one commits.
+        self._repo_arg = repo
+        self._repo: Repo | None = repo if isinstance(repo, Repo) else None
         self.commit_args = commit_args
         self.commits: list[tuple[str, str]] = []
         #: Set by `MvcCallback.on_save_checkpoint` for the next save only.
         self.pending: dict[str, Any] = {}
+
+    @property
+    def repo(self) -> Repo:
+        """The repository commits go to (opened, or created, on first use)."""
+        if self._repo is None:
+            self._repo = open_repo(self._repo_arg)
+        return self._repo
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike,
                         storage_options: Any = None, **kwargs: Any) -> None:
