@@ -184,7 +184,14 @@ def guided_search(shape: Sequence[int], cost: Callable[[Idx], float],
             blo = tuple(lo[a] if below[a] else d[a] for a in axes)
             bhi = tuple(d[a] - 1 if below[a] else hi[a] for a in axes)
             boxes.append((key(blo), blo, bhi))
-        for _, blo, bhi in sorted(boxes):
+        boxes.sort()
+        if prefetch is not None and width > 1 and isinstance(feasible, MonotoneOracle):
+            # Each box's search starts at its top corner: probe the first boxes' tops together.
+            tops = [bhi for k, _, bhi in boxes if (best[0] is None or k < best[0])
+                    and feasible.known(bhi) is None]
+            if len(tops) > 1:
+                prefetch(tops[:width])
+        for _, blo, bhi in boxes:
             search(blo, bhi)
 
     if not shape or any(n < 1 for n in shape):
