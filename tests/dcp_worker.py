@@ -136,8 +136,8 @@ def main(rank: int, world: int, root: Path) -> None:
         w = MvcStorageWriter(repo, message=f"lossy {tag}", step=step, epsilon=0.05)
         dcp.save(state_of(model, opt), storage_writer=w)
         report[tag] = w.commit_id
-        report[f"config_{tag}"] = w._chosen[0]
-        report[f"quality_{tag}"] = w._chosen[1]
+        report[f"config_{tag}"] = w.last_config
+        report[f"quality_{tag}"] = w.last_quality
     model3, opt3 = build(2)
     state3 = state_of(model3, opt3)
     dcp.load(state3, storage_reader=MvcStorageReader(repo, rev="HEAD"))

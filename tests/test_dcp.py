@@ -158,6 +158,13 @@ def test_crash_in_write_data_leaves_no_commit_and_fsck_clean(ranks):
         assert repo.head() == r0["c3"]
         report = repo.fsck()
         assert report.ok, report
+        # the dead save's chunks are unreachable: gc removes them, and nothing else
+        before = repo.read_state(r0["c3"])
+        assert repo.gc(dry_run=True).removed_objects > 0
+        repo.gc()
+        assert repo.gc(dry_run=True).removed_objects == 0
+        assert_same(repo.read_state(r0["c3"]), before)
+        assert repo.fsck().ok
 
 
 def test_unsharded_save_after_sharded_starts_new_bases(ranks, tmp_path):

@@ -117,6 +117,17 @@ class MvcStorageWriter(StorageWriter):
         self._shared: _Shared | None = None
         self._chosen: tuple[dict | None, dict | None] = (None, None)
 
+    @property
+    def last_config(self) -> dict | None:
+        """The quantization config this rank stored the last save with (None: lossless); the
+        same on every rank."""
+        return self._chosen[0]
+
+    @property
+    def last_quality(self) -> dict | None:
+        """The quality record of the last save's quantization (the same on every rank)."""
+        return self._chosen[1]
+
     # -------------------------------------------------------------- the repository
     @property
     def repo(self) -> Repo:
