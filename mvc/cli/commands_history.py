@@ -108,6 +108,10 @@ def describe_gate(q: dict) -> str:
         main += "; no tensor cap"
     if q.get("suspicious"):
         main += "; SUSPICIOUS: measured better than the original beyond noise"
+    if q.get("mode") == "fixed" and gate != "none":
+        main = "fixed config, measured (not chosen) by the " + main
+    if q.get("outside"):  # a fixed config stored although outside its bounds (fixed_gate warn)
+        main += "; OUTSIDE: " + "; ".join(q["outside"]) + " (stored as configured)"
     return main
 
 

@@ -29,6 +29,9 @@ DEFAULTS: dict[str, Any] = {
     "commit.mode": "search",
     # The QuantConfig (as a JSON object) used by commit.mode = fixed.
     "commit.quant": None,
+    # A fixed-config commit is measured by the quality gates and the tensor cap; when outside
+    # them: "warn" (store it as configured, record and warn) or "refuse" (store nothing).
+    "commit.fixed_gate": "warn",
     # Optimizer state (Adam moments, SGD momentum): "exact", or "compressed" (ExCP-style: first
     # moment k-means with joint weight-momentum pruning, second moment in the log domain).
     "commit.optimizer": "compressed",
@@ -89,6 +92,7 @@ _RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
 #: String keys with a fixed set of values (a callable: the set is known only at run time).
 _CHOICES: dict[str, Callable[[], list[str]]] = {
     "commit.mode": lambda: ["search", "fixed", "lossless"],
+    "commit.fixed_gate": lambda: ["warn", "refuse"],
     "commit.optimizer": lambda: ["exact", "compressed"],
     "checkpoint.format": lambda: ["pt", "safetensors"],
     "commit.lossless_codec": exact_codecs,  # a quantized codec cannot store a tensor exactly

@@ -31,6 +31,7 @@ for the one compare-and-swap and plain configuration values (`CommitSettings`).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -40,7 +41,7 @@ import torch
 
 import mvc.search
 from mvc.codecs.base import BytesLike, tensor_codec
-from mvc.errors import InternalError, MvcError, UsageError
+from mvc.errors import InternalError, MvcError, MvcWarning, UsageError
 from mvc.progress import Progress, phase
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy, quantize_state
 from mvc.quant.optimizer import quantize_optimizer_state
@@ -48,6 +49,7 @@ from mvc.repo import lossy
 from mvc.repo.objects import Commit, Snapshot, TensorRecord
 from mvc.repo.tensors import ChunkWriter
 from mvc.search import default_policy
+from mvc.search.measure import measure
 from mvc.search.space import SearchSpace
 from mvc.state import FlatState, unflatten
 from mvc.store import ObjectMissingError, object_id
@@ -104,12 +106,28 @@ class CommitSettings:
     raw_below: int = RAW_BELOW_BYTES
 
 
+#: What a fixed-config commit outside its gate's bound or the tensor cap does (see
+#: `Quantization`): the first is the default of `commit.fixed_gate`.
+FIXED_RULES = ("warn", "refuse")
+
+
+class FixedConfigRefusedError(UsageError):
+    """A fixed-config commit measured outside its quality bound or the tensor cap while
+    commit.fixed_gate = refuse; nothing was stored."""
+
+    exit_code = 190
+
+
 @dataclass(frozen=True)
 class Quantization:
     """How a commit stores its tensors: `mode` "lossless", "fixed" (`config`) or "search"
     (`space`, judged by `quality(candidate_state) -> loss` within `epsilon`, or by the proxy;
     every trial keeps each quantized tensor's relative L2 error within `tensor_cap`, None: the
-    search's default); `optimizer` "exact" or "compressed" (Adam moments, ExCP-style)."""
+    search's default); `optimizer` "exact" or "compressed" (Adam moments, ExCP-style).
+
+    A "fixed" commit is measured by the same gates (`quality`, `epsilon`, `tensor_cap`) but
+    not searched; `fixed_rule` says what a measurement outside its bound does: "warn"
+    (store as configured, record it, warn) or "refuse" (`FixedConfigRefusedError`)."""
 
     mode: str = "lossless"
     config: QuantConfig | None = None
@@ -119,12 +137,16 @@ class Quantization:
     policy: QuantPolicy | None = None
     optimizer: str = "exact"
     tensor_cap: float | None = None
+    fixed_rule: str = "warn"
 
     def __post_init__(self) -> None:
         if self.mode not in ("lossless", "fixed", "search"):
             raise UsageError(f"commit mode must be lossless, fixed or search, got {self.mode!r}")
         if self.mode == "fixed" and not isinstance(self.config, QuantConfig):
             raise UsageError("a fixed-config commit needs a mvc.quant.QuantConfig")
+        if self.fixed_rule not in FIXED_RULES:
+            raise UsageError(f"commit.fixed_gate must be one of {', '.join(FIXED_RULES)}, "
+                             f"got {self.fixed_rule!r}")
         if self.optimizer not in ("exact", "compressed"):
             raise UsageError(f"commit.optimizer must be 'exact' or 'compressed', "
                              f"got {self.optimizer!r}")
@@ -209,6 +231,7 @@ def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
         if how.mode == "fixed":
             config = how.config
             qmap, quality = quantize_fixed(flat.tensors, how.config, how.policy, grads, init)
+            quality = gate_fixed(flat, qmap, quality, how)
         else:
             config, qmap, quality = search(flat, how, parent, grads, init)
     domains = compress_optimizer(flat.tensors, qmap, init, how.optimizer) if config else {}
@@ -237,22 +260,70 @@ def quantize_fixed(tensors: Mapping[str, torch.Tensor], config: QuantConfig | No
     qmap = quantize_state(tensors, config, policy or _default_policy(), grads,
                           nonfinite="lossless", init=init)
     err = ref = 0.0
-    worst, worst_name = 0.0, None   # no gate vouches for a fixed config: record the damage
     for name, q in qmap.items():
         if q is not None:
             w = tensors[name].detach()
-            e = float(torch.linalg.vector_norm((q.dequantize() - w).float())) ** 2
-            r = float(torch.linalg.vector_norm(w.float())) ** 2
-            err, ref = err + e, ref + r
-            rel_t = (e / r) ** 0.5 if r > 0 else (0.0 if e == 0 else float("inf"))
-            if worst_name is None or rel_t > worst:
-                worst, worst_name = rel_t, name
+            err += float(torch.linalg.vector_norm((q.dequantize() - w).float())) ** 2
+            ref += float(torch.linalg.vector_norm(w.float())) ** 2
     rel = (err / ref) ** 0.5 if ref > 0 else 0.0
+    # No gate chose a fixed config: `gate_fixed` measures it (worst tensor, quality).
     quality = {"metric": "rel_l2_weights", "value": rel, "baseline": 0.0, "bound": None,
-               "quantized_tensors": sum(q is not None for q in qmap.values()), "gate": "none",
-               "max_distortion": worst if worst < float("inf") else None,
-               "worst_tensor": worst_name}
+               "quantized_tensors": sum(q is not None for q in qmap.values()), "gate": "none"}
     return qmap, quality
+
+
+def gate_fixed(flat: FlatState, qmap: Mapping[str, QuantizedTensor | None], record: dict,
+               how: Quantization) -> dict:
+    """Measure a fixed config with the search's gates and apply `how.fixed_rule`.
+
+    The record keeps `value` = the weights' relative L2 error when no quality function
+    is given (gate "none"); with one, the gate it selects measures the config once
+    (`value`, `degradation`, `ucb` / `fidelity`, `within_bound`) and the weights' error
+    moves to `rel_l2_weights`.  `within_cap` says whether every quantized tensor kept
+    its relative L2 error within `how.tensor_cap`; `outside` lists what did not."""
+    cap = mvc.search.DEFAULT_TENSOR_CAP if how.tensor_cap is None else how.tensor_cap
+    evaluate = None
+    if how.quality is not None:
+        quality, skeleton = how.quality, flat.skeleton
+
+        def evaluate(candidate: dict[str, torch.Tensor]) -> Any:
+            return quality(unflatten(skeleton, candidate))
+    epsilon = mvc.search.DEFAULT_EPSILON if how.epsilon is None else how.epsilon
+    m = measure(flat.tensors, qmap, evaluate=evaluate, epsilon=epsilon, tensor_cap=cap)
+    rec = dict(record, mode="fixed", **{k: v for k, v in m.items() if k != "quality_value"})
+    if evaluate is not None:
+        rec.update(metric=f"fixed-config:{m['gate']}", value=m["quality_value"],
+                   rel_l2_weights=record["value"])
+    outside = []
+    if not m["within_cap"]:
+        outside.append(f"tensor {m['worst_tensor']} has relative L2 error "
+                       f"{m['max_distortion']:.4g} > quality.tensor_cap {cap:g}")
+    if evaluate is not None and not m["within_bound"]:
+        outside.append(f"the {m['gate']} gate measured it outside its bound "
+                       f"({_measured(m)})")
+    if outside:
+        rec["outside"] = outside
+        what = "; ".join(outside)
+        if how.fixed_rule == "refuse":
+            raise FixedConfigRefusedError(
+                f"fixed config refused: {what}; nothing stored (commit.fixed_gate = refuse; "
+                "'warn' stores it as configured)")
+        warnings.warn(MvcWarning(f"fixed config stored as configured, but {what} "
+                                 "(commit.fixed_gate = refuse refuses such a commit)"),
+                      stacklevel=4)
+    return rec
+
+
+def _measured(m: Mapping[str, Any]) -> str:
+    def num(x: Any) -> str:
+        return "inf" if x is None else f"{x:.4g}"
+    if m["gate"] == "fidelity":
+        if m.get("confidence") is not None and m.get("fidelity_ucb") is not None:
+            return f"upper bound {num(m['fidelity_ucb'])} > {m['epsilon']:g}"
+        return f"{num(m.get('fidelity'))} > {m['epsilon']:g}"
+    if m["gate"] == "per-example-ucb":
+        return f"upper bound {num(m.get('ucb'))} > {m['epsilon']:g}"
+    return f"relative degradation {num(m.get('degradation'))} > {m['epsilon']:g}"
 
 
 def search(flat: FlatState, how: Quantization, parent: ParentInfo,

@@ -384,10 +384,13 @@ class Repo:
             if not configured:
                 raise UsageError("commit.mode is 'fixed' but commit.quant is not set")
             quant = QuantConfig.from_dict(configured)
-        if quant is not None:
-            return pipeline.Quantization("fixed", config=quant, policy=policy, optimizer=optimizer)
         if epsilon is None and quality is not None:
             epsilon = self.config.get("quality.epsilon")
+        if quant is not None:  # measured by the gates, not searched (pipeline.gate_fixed)
+            return pipeline.Quantization("fixed", config=quant, policy=policy, optimizer=optimizer,
+                                         quality=quality, epsilon=epsilon,
+                                         tensor_cap=self.config.get("quality.tensor_cap"),
+                                         fixed_rule=str(self.config.get("commit.fixed_gate")))
         return pipeline.Quantization("search", space=space, quality=quality, epsilon=epsilon,
                                      policy=policy, optimizer=optimizer,
                                      tensor_cap=self.config.get("quality.tensor_cap"))

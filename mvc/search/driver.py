@@ -48,11 +48,11 @@ from mvc.search.gate import (
     PerExampleJudge,
     ProxyJudge,
     Verdict,
-    as_measurement,
     check_tensor_cap,
     tensor_distortion,
 )
 from mvc.search.guided import MonotoneOracle, guided_search
+from mvc.search.measure import choose_judge
 from mvc.search.neighbourhood import Outcome, neighbourhood, neighbourhood_search
 from mvc.search.parallel import ParallelSearchError, Ranks, active, default_ranks
 from mvc.search.quality import DEFAULT_EPSILON, PROXY_EPSILON, proxy_error, proxy_name
@@ -199,16 +199,11 @@ class _Runner:
         # The exact state's measurement (a fidelity gate's reference outputs) lives in
         # the judge for this search only: a new commit measures its own state afresh.
         raw = self._call(dict(self.prep.tensors))
+        self.judge = choose_judge(raw, self.epsilon, self.confidence)
         if isinstance(raw, FidelityOutputs):
-            self.judge = FidelityJudge(raw)
             self.epsilon = self.judge.epsilon
             self.metric = "fidelity:" + raw.gate.metric
             return
-        base = as_measurement(raw, "the quality function")
-        if isinstance(base, torch.Tensor):
-            self.judge = PerExampleJudge(base, self.epsilon, self.confidence)
-        else:
-            self.judge = MetricJudge(base, self.epsilon)
         self.metric = metric_name or "quality:" + getattr(
             self.evaluate, "__qualname__", type(self.evaluate).__name__)
 

@@ -1,0 +1,87 @@
+"""Measure one given quantization with the gates of the search: fixed-config commits.
+
+A `commit.mode = fixed` commit (or an explicit `quant=`) is not searched: the user
+chose the config.  It is still measured, by the same gates the search uses:
+
+* the guard rail: each quantized tensor's relative L2 error against `tensor_cap`
+  (`within_cap`, with `max_distortion` and `worst_tensor`);
+* with a quality function, the gate its result selects (`metric`,
+  `per-example-ucb`, `fidelity`; see `mvc.search.gate`), once on the exact state
+  and once on the quantized one, against `epsilon` or the fidelity threshold
+  (`within_bound`, with the gate's own fields: `ucb`, `fidelity`, ...).
+
+What happens when a measurement is outside its bound is the caller's rule
+(`mvc.repo.pipeline`: warn and store as configured, or refuse); this module only
+measures and records.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from mvc.quant import QuantizedTensor
+from mvc.search.fidelity import FidelityJudge, FidelityOutputs
+from mvc.search.gate import (
+    DEFAULT_CONFIDENCE,
+    MetricJudge,
+    PerExampleJudge,
+    as_measurement,
+    tensor_distortion,
+)
+
+Judge = MetricJudge | PerExampleJudge | FidelityJudge
+
+
+def choose_judge(raw: Any, epsilon: float, confidence: float = DEFAULT_CONFIDENCE) -> Judge:
+    """The gate selected by what the quality function returned on the exact state."""
+    if isinstance(raw, FidelityOutputs):
+        return FidelityJudge(raw)
+    base = as_measurement(raw, "the quality function")
+    if isinstance(base, torch.Tensor):
+        return PerExampleJudge(base, epsilon, confidence)
+    return MetricJudge(base, epsilon)
+
+
+def distortions(tensors: Mapping[str, torch.Tensor],
+                qmap: Mapping[str, QuantizedTensor | None]) -> tuple[float, str | None]:
+    """(largest per-tensor relative L2 error, its tensor name) of a quantization."""
+    worst, worst_name = 0.0, None
+    for name in sorted(qmap):
+        q = qmap[name]
+        if q is None:
+            continue
+        d = tensor_distortion(q, tensors[name].detach().reshape(-1).to(torch.float32))
+        if worst_name is None or d > worst:
+            worst, worst_name = d, name
+    return worst, worst_name
+
+
+def measure(tensors: Mapping[str, torch.Tensor], qmap: Mapping[str, QuantizedTensor | None], *,
+            evaluate: Callable[[dict[str, torch.Tensor]], Any] | None, epsilon: float,
+            tensor_cap: float, confidence: float = DEFAULT_CONFIDENCE) -> dict[str, Any]:
+    """JSON-ready record of one quantization as the gates see it (see the module docstring).
+
+    tensors:  flat name -> exact tensor; qmap: name -> its quantization (None: exact).
+    evaluate: the quality function on flat tensors, or None (the guard rail only).
+    """
+    worst, worst_name = distortions(tensors, qmap)
+    rec: dict[str, Any] = {
+        "tensor_cap": tensor_cap if tensor_cap < float("inf") else None,
+        "max_distortion": worst if worst < float("inf") else None,
+        "worst_tensor": worst_name, "within_cap": worst <= tensor_cap}
+    if evaluate is None:
+        return rec
+    judge = choose_judge(evaluate(dict(tensors)), epsilon, confidence)
+    cand = {n: (q.dequantize() if q is not None else t)
+            for n, t, q in ((n, t, qmap.get(n)) for n, t in tensors.items())}
+    v = judge.verdict(evaluate(cand), "the quality function")
+    finite = v.value < float("inf")
+    rec.update({"gate": judge.gate, "baseline": judge.baseline,
+                "quality_value": v.value if finite else None,
+                "degradation": v.degradation if finite else None,
+                "epsilon": judge.epsilon, "evaluations": 2, "within_bound": v.feasible})
+    for k, val in judge.record(v).items():
+        rec[k] = val if not isinstance(val, float) or val < float("inf") else None
+    return rec
