@@ -3,7 +3,8 @@
 * writes (PUT, POST, DELETE) are serialized: moto checks a conditional PUT's If-Match /
   If-None-Match and then writes without a lock, so two racing requests could both pass;
   S3 itself decides them atomically, and so does this server;
-* counters of the bytes received in PUT bodies and sent in GET answers, per run
+* counters of the bytes received in PUT bodies and sent in GET answers, per run, and the
+  access key id of the last signed request
   (``GET /__mvc/stats``, ``POST /__mvc/reset``), counted here on the server's side;
 * fault injection: ``POST /__mvc/fail?status=503&count=N[&method=PUT]`` answers the next N
   matching requests with that status instead of passing them to moto.
@@ -26,7 +27,7 @@ class Counting:
         self.app = app
         self.write_lock = threading.Lock()
         self.guard = threading.Lock()
-        self.stats = {"put_bytes": 0, "puts": 0, "get_bytes": 0, "gets": 0, "failed": 0}
+        self.stats = {"put_bytes": 0, "puts": 0, "get_bytes": 0, "gets": 0, "failed": 0, "last_key": ""}
         self.fail: dict = {"count": 0}
 
     def _ctl(self, environ, start_response):
@@ -35,7 +36,7 @@ class Counting:
         with self.guard:
             if path == "/__mvc/reset":
                 for k in self.stats:
-                    self.stats[k] = 0
+                    self.stats[k] = "" if k == "last_key" else 0
             elif path == "/__mvc/fail":
                 self.fail = {"count": int(qs.get("count", 1)), "status": int(qs.get("status", 503)),
                              "method": qs.get("method")}
@@ -47,7 +48,10 @@ class Counting:
         if environ["PATH_INFO"].startswith("/__mvc/"):
             return self._ctl(environ, start_response)
         method = environ["REQUEST_METHOD"]
+        auth = environ.get("HTTP_AUTHORIZATION", "")
         with self.guard:
+            if "Credential=" in auth:  # the access key id the client signed with
+                self.stats["last_key"] = auth.split("Credential=", 1)[1].split("/", 1)[0]
             f = self.fail
             if f["count"] > 0 and (f.get("method") in (None, method)):
                 f["count"] -= 1

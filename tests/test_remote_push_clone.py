@@ -18,6 +18,7 @@ from test_repo_lossy import configs, trajectory
 from mvc.remote.porcelain import clone
 from mvc.remote.transfer import NonFastForwardError, fetch, push
 from mvc.repo.repository import Repo
+from mvc.store import RefUpdate
 from mvc.store.objstore import open_remote
 
 N = 12
@@ -90,7 +91,7 @@ def test_second_push_sends_about_one_commit(history, tmp_path):
     state = {k: v + (0.002 * torch.randn(v.shape, generator=g)).to(v.dtype) if v.is_floating_point() else v
              for k, v in states[ids[-1]].items()}
     before = set(repo.store.iter_ids())
-    new = repo.commit(state, "one more", quant=configs(N))
+    new = repo.commit(state, "one more", quant=configs(1))
     new_bytes = sum(repo.store.size(o) for o in set(repo.store.iter_ids()) - before)
     server.reset()
     report = push(repo.odb, remote, {"refs/heads/main": new})
@@ -238,3 +239,26 @@ def test_clone_of_an_empty_remote_and_into_a_used_directory(tmp_path):
     code, _, err = run(tmp_path, "clone", f"file://{tmp_path / 'nothing'}", "used")
     assert code == 149 and (tmp_path / "used" / "f").exists()
     assert sorted(p.name for p in (tmp_path / "used").iterdir()) == ["f"]
+
+
+def test_gc_in_a_clone_keeps_unpushed_and_fetched_history(history, tmp_path):
+    root, ids, states = history
+    url = f"file://{tmp_path / 'remote'}"
+    src = Repo(root)
+    push(src.odb, open_remote(url), {"refs/heads/main": ids[-1]})
+    src.close()
+    clone(url, tmp_path / "c")
+    c = Repo(tmp_path / "c")
+    # two local commits, never pushed, and main moved away from the fetched history
+    local = [c.commit(states[ids[i]], f"local {i}", quant=configs(i)) for i in (1, 2)]
+    c.branch("wip")
+    c.store.update_refs([RefUpdate("refs/heads/main", local[-1], ids[0])], "reset")
+    report = c.gc()
+    assert c.fsck().problems == []
+    for cid in local:  # on branch wip (and in HEAD's reflog)
+        assert c.read_commit(cid).id == cid
+    # refs/remotes/origin/main keeps the fetched history readable
+    assert c.store.read_ref("refs/remotes/origin/main") == ids[-1]
+    assert same_state(c.read_state(ids[-1]), states[ids[-1]])
+    assert report.kept_objects > 0
+    c.close()

@@ -97,3 +97,17 @@ def test_missing_bucket(s3_server) -> None:  # noqa: F811
     with pytest.raises(RemoteMissingError) as ei:
         remote.refs.read_ref("refs/heads/main")
     assert ei.value.exit_code == 141
+
+
+def test_credentials_from_the_aws_config_files(s3_server, tmp_path, monkeypatch) -> None:  # noqa: F811
+    pytest.importorskip("boto3")
+    creds = tmp_path / "credentials"
+    creds.write_text("[default]\naws_access_key_id = fromfile\naws_secret_access_key = fromfile\n")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    remote = open_remote(s3_server.fresh_url())
+    oid = remote.blobs.put(b"signed with the file's keys")
+    assert remote.blobs.get(oid) == b"signed with the file's keys"
+    assert s3_server.stats()["last_key"] == "fromfile"

@@ -32,7 +32,7 @@ from mvc.progress import NO_PROGRESS, Progress
 from mvc.repo import refs as R
 from mvc.repo.objectdb import ObjectDB, Reached
 from mvc.repo.replace import REPLACE
-from mvc.store import ANY, BlobStore, RefConflictError, RefStore
+from mvc.store import ANY, BlobStore, MemoryRefStore, RefConflictError, RefStore
 from mvc.store.objstore import Remote
 
 #: Objects are read and sent in batches of about this many bytes (bounded memory).
@@ -201,9 +201,14 @@ def fetch(blobs: BlobStore, refs: RefStore, remote: Remote, name: str, *,
     report = TransferReport()
     if not remote.check_format():
         return report  # an empty remote
-    remote_refs = {n: v for n, v in remote.refs.iter_refs("refs/")
+    # The remote's refs read once (a listing and parallel GETs) into memory: the walk looks
+    # up refs/replace/<snapshot> for every snapshot, which would be a request each.
+    seen = MemoryRefStore()
+    for n, v in remote.refs.iter_refs("refs/"):
+        seen.update_ref(n, None, v, "fetch")
+    remote_refs = {n: v for n, v in seen.iter_refs("refs/")
                    if n.startswith(R.HEADS) or n.startswith(R.TAGS)}
-    remote_odb = ObjectDB(remote.blobs, remote.refs)
+    remote_odb = ObjectDB(remote.blobs, seen)
     progress.phase(f"finding objects in {remote.url}", unit="objects")
     reached = list(remote_odb.reachable(sorted(set(remote_refs.values())), have=blobs.has))
     progress.end()
@@ -211,9 +216,8 @@ def fetch(blobs: BlobStore, refs: RefStore, remote: Remote, name: str, *,
     with lock if lock is not None else nullcontext():
         progress.phase(f"fetching from {remote.url}", total_items=len(reached), unit="objects")
         for group in (chunks, snaps, commits):
-            got = dict(remote.blobs.get_many(group)) if group is not chunks else None
-            if got is None:
-                # Chunks in bounded batches, in any order: nothing refers to them yet.
+            if group is chunks:
+                # In bounded batches, in any order: nothing refers to a chunk yet.
                 batch: list[bytes] = []
                 size = 0
                 for _, data in remote.blobs.get_many(group):
@@ -224,6 +228,8 @@ def fetch(blobs: BlobStore, refs: RefStore, remote: Remote, name: str, *,
                         batch, size = [], 0
                 _store(blobs, batch, report, progress)
             else:
+                # In dependency order (small objects: all at once).
+                got = dict(remote.blobs.get_many(group))
                 _store(blobs, [got[o] for o in group], report, progress)
         progress.end()
         for r in reached:

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from mvc.store.base import (
     BytesLike,
@@ -152,15 +152,46 @@ class RemoteBlobStore(BlobStore):
         return data
 
     def get_many(self, oids: Iterable[str]) -> Iterator[tuple[str, bytes]]:
-        """(id, verified content) for each of `oids`, fetched `workers` at a time, in any order.
-
-        Packed objects are read from whole packs (each downloaded once)."""
+        """(id, verified content) for each of `oids`, in any order: loose objects one request
+        each, packed ones one request per pack, `workers` requests in flight (so memory stays
+        bounded by about twice that many objects or packs)."""
         self._check()
         todo = [check_oid(o) for o in dict.fromkeys(oids)]
         self.refresh_packs()
+        by_pack: dict[str, list[tuple[str, int, int]]] = {}
+        jobs: list[str | tuple[str, list[tuple[str, int, int]]]] = []
+        with self._lock:
+            for oid in todo:
+                hit = self._packed.get(oid)
+                if hit is None:
+                    jobs.append(oid)
+                else:
+                    by_pack.setdefault(hit[0], []).append((oid, hit[1], hit[2]))
+        jobs.extend(by_pack.items())
+
+        def run(job: str | tuple[str, list[tuple[str, int, int]]]) -> list[tuple[str, bytes]]:
+            if isinstance(job, str):
+                return [(job, self.get(job))]
+            pid, members = job
+            got = self.storage.get(f"packs/{pid}.pack")
+            if got is None:
+                raise CorruptRemoteError(f"pack {pid} has an index but no pack")
+            out = []
+            for oid, off, n in members:
+                data = got.data[off:off + n]
+                actual = object_id(data)
+                if actual != oid:
+                    raise IntegrityError(oid, actual)
+                out.append((oid, data))
+            return out
         with ThreadPoolExecutor(self.workers) as pool:
-            for oid, data in pool.map(lambda o: (o, self.get(o)), todo):
-                yield oid, data
+            pending: deque[Future[list[tuple[str, bytes]]]] = deque()
+            for job in jobs:
+                pending.append(pool.submit(run, job))
+                if len(pending) >= 2 * self.workers:
+                    yield from pending.popleft().result()
+            while pending:
+                yield from pending.popleft().result()
 
     def has(self, oid: str) -> bool:
         check_oid(oid)

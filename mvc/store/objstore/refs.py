@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -86,12 +87,14 @@ class RemoteRefStore(RefStore):
     def iter_refs(self, prefix: str = "", *,
                   on_corrupt: OnCorrupt | None = None) -> Iterator[tuple[str, str]]:
         self._check()
+        names = [n for n in self._names() if n.startswith(prefix)]
+        # One GET per ref, several at a time: a remote may hold many refs/replace/ entries.
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda n: self.storage.get(ref_key(n)), names))
         out: list[tuple[str, str]] = []
-        for name in self._names():
-            if not name.startswith(prefix):
-                continue
+        for name, stored in zip(names, got):
             try:
-                value = self._record(name, self.storage.get(ref_key(name)))["value"]
+                value = self._record(name, stored)["value"]
             except CorruptRefError as exc:
                 if on_corrupt is None:
                     raise

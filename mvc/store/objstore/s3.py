@@ -11,7 +11,9 @@ Endpoint, region and credentials come from the standard AWS environment
 (``AWS_ENDPOINT_URL``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``,
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, plus
 instance / container / web-identity credentials), so any S3-compatible server
-works.  ``MVC_S3_MAX_RETRIES`` bounds the retries (default 10, over at most
+works; without keys in the environment, the AWS config files (``~/.aws/credentials``,
+``~/.aws/config``, ``AWS_PROFILE``) are read through boto3 when it is installed.
+``MVC_S3_MAX_RETRIES`` bounds the retries (default 10, over at most
 ``MVC_S3_RETRY_TIMEOUT`` seconds, default 180).
 """
 from __future__ import annotations
@@ -79,9 +81,11 @@ class S3Storage(ObjectStorage):
             "backoff": {"init_backoff": timedelta(milliseconds=100),
                         "max_backoff": timedelta(seconds=15), "base": 2},
         }
+        provider = _shared_files_credentials(config)  # may set the region from ~/.aws/config
         self._store = S3Store(bucket, prefix=prefix or None, config=config,  # type: ignore[arg-type]
                               retry_config=retry,  # type: ignore[arg-type]
-                              client_options={"timeout": "300s", "connect_timeout": "20s"})
+                              client_options={"timeout": "300s", "connect_timeout": "20s"},
+                              credential_provider=provider)
 
     @contextmanager
     def _errors(self, key: str) -> Iterator[None]:
@@ -168,6 +172,25 @@ class S3Storage(ObjectStorage):
             except self._notfound as e:
                 if "NoSuchBucket" in str(e):
                     raise
+
+
+def _shared_files_credentials(config: dict[str, Any]) -> Any:
+    """Credentials (and region) from the AWS config files (~/.aws/credentials, ~/.aws/config,
+    AWS_PROFILE) through boto3 when it is installed and the environment names no keys;
+    None otherwise (obstore then uses the environment, or instance / container roles)."""
+    if os.environ.get("AWS_ACCESS_KEY_ID"):
+        return None
+    try:
+        import boto3
+        from obstore.auth.boto3 import Boto3CredentialProvider
+    except ImportError:
+        return None
+    session = boto3.Session()
+    if session.get_credentials() is None:
+        return None
+    if session.region_name and "region" in config:
+        config["region"] = session.region_name
+    return Boto3CredentialProvider(session)
 
 
 def _first_line(exc: BaseException) -> str:
