@@ -132,18 +132,20 @@ def test_bad_input_one_line_distinct_codes_repo_untouched(work):
     assert run(work, "commit", "-m", "base", "ok.pt")[0] == 0
     with Repo(work) as repo:
         before = (sorted(repo.store.iter_ids()), repo.head())
-    codes = {}
+    codes, errors = {}, {}
     for kind, path in _bad_inputs(work).items():
         proc = subprocess.run([sys.executable, "-m", "mvc", "commit", "-m", "bad", str(path)],
                               cwd=work, capture_output=True, text=True)
-        codes[kind] = proc.returncode
+        codes[kind], errors[kind] = proc.returncode, proc.stderr
         assert proc.returncode not in (0, 1, 70), (kind, proc.stderr)
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
         assert path.name in proc.stderr
     assert not (work / "PWNED").exists()
-    # distinct classes: missing/dir share "not found", truncated/text share "corrupt"
+    # distinct classes: missing is "not found", truncated/text share "corrupt"
     assert codes["evil"] not in (codes["truncated"], codes["missing"])
-    assert codes["truncated"] == codes["text"] != codes["missing"] == codes["dir"]
+    assert codes["truncated"] == codes["text"] != codes["missing"]
+    # A directory is committed as a checkpoint directory (mvc.io.dirs): an empty one has nothing in it.
+    assert codes["dir"] == 150 and "no files to commit" in errors["dir"]
     with Repo(work) as repo:
         assert (sorted(repo.store.iter_ids()), repo.head()) == before
 
