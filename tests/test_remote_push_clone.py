@@ -262,3 +262,37 @@ def test_gc_in_a_clone_keeps_unpushed_and_fetched_history(history, tmp_path):
     assert same_state(c.read_state(ids[-1]), states[ids[-1]])
     assert report.kept_objects > 0
     c.close()
+
+
+def test_access_denied_is_one_line_and_tags_do_not_move(history, tmp_path):
+    root, ids, _ = history
+    server = S3Server.shared()
+    url = server.fresh_url()
+    assert run(root, "remote", "add", "deny", url)[0] == 0
+    server.fail(1, 403)
+    code, _, err = run(root, "push", "deny", "main")
+    assert code == 140 and err.count("\n") == 1 and "access denied" in err
+    assert run(root, "push", "deny", "main", "v1")[0] == 0
+    # an existing tag on the remote is not moved without --force
+    src = Repo(root)
+    remote = open_remote(url)
+    with pytest.raises(NonFastForwardError):
+        push(src.odb, remote, {"refs/tags/v1": ids[7]})
+    push(src.odb, remote, {"refs/tags/v1": ids[7]}, force=True)
+    assert remote.refs.read_ref("refs/tags/v1") == ids[7]
+    src.close()
+    run(root, "remote", "remove", "deny")
+
+
+def test_fetch_ignores_refs_it_cannot_take(history, tmp_path):
+    root, ids, _ = history
+    url = f"file://{tmp_path / 'remote'}"
+    src = Repo(root)
+    remote = open_remote(url)
+    push(src.odb, remote, {"refs/heads/main": ids[2]})
+    remote.refs.update_ref("refs/heads/bad..name", None, ids[1], "by hand")
+    remote.refs.update_ref("refs/heads/sym", None, "ref: refs/heads/main", "by hand")
+    remote.refs.update_ref("refs/notes/x", None, ids[0], "by hand")
+    report = fetch(src.store.blobs, src.store.refs, remote, "hand")
+    assert [r.ref for r in report.refs] == ["refs/remotes/hand/main"]
+    src.close()

@@ -145,8 +145,7 @@ def push(odb: ObjectDB, remote: Remote, updates: dict[str, str], *, force: bool 
             "have there (fetch and look, or push --force to overwrite)")
     if not todo:
         return report
-    had = {v for n, v in remote_refs.items()
-           if (n.startswith(R.HEADS) or n.startswith(R.TAGS)) and odb.is_commit(v)}
+    had = {v for n, v in remote_refs.items() if _usable(n, v) and odb.is_commit(v)}
     # The snapshots of those commits too: a new commit's deltas are encoded against its
     # parent's snapshot, and the walk need not go down that delta chain again. (Objects merely
     # present on the remote are no `have`: a killed push may have left a snapshot there without
@@ -206,8 +205,7 @@ def fetch(blobs: BlobStore, refs: RefStore, remote: Remote, name: str, *,
     seen = MemoryRefStore()
     for n, v in remote.refs.iter_refs("refs/"):
         seen.update_ref(n, None, v, "fetch")
-    remote_refs = {n: v for n, v in seen.iter_refs("refs/")
-                   if n.startswith(R.HEADS) or n.startswith(R.TAGS)}
+    remote_refs = {n: v for n, v in seen.iter_refs("refs/") if _usable(n, v)}
     remote_odb = ObjectDB(remote.blobs, seen)
     progress.phase(f"finding objects in {remote.url}", unit="objects")
     reached = list(remote_odb.reachable(sorted(set(remote_refs.values())), have=blobs.has))
@@ -252,6 +250,19 @@ def fetch(blobs: BlobStore, refs: RefStore, remote: Remote, name: str, *,
                 except RefConflictError:
                     pass
     return report
+
+
+def _usable(name: str, value: str) -> bool:
+    """A remote branch or tag this repository can take: a valid name holding a commit id
+    (anything else a remote holds -- another mvc's refs, a hand-made key -- is left there)."""
+    for prefix, kind in ((R.HEADS, "branch"), (R.TAGS, "tag")):
+        if name.startswith(prefix):
+            try:
+                R.check_ref_name(name[len(prefix):], kind)
+            except R.RefNameError:
+                return False
+            return not R.is_symbolic(value)
+    return False
 
 
 def _store(blobs: BlobStore, batch: list[bytes], report: TransferReport, progress: Progress) -> None:

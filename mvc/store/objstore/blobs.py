@@ -173,12 +173,10 @@ class RemoteBlobStore(BlobStore):
             if isinstance(job, str):
                 return [(job, self.get(job))]
             pid, members = job
-            got = self.storage.get(f"packs/{pid}.pack")
-            if got is None:
-                raise CorruptRemoteError(f"pack {pid} has an index but no pack")
+            pack = self._pack_bytes(pid)
             out = []
             for oid, off, n in members:
-                data = got.data[off:off + n]
+                data = pack[off:off + n]
                 actual = object_id(data)
                 if actual != oid:
                     raise IntegrityError(oid, actual)
