@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mvc.errors import MvcError
 from mvc.quant import LogSketch, QuantConfig, QuantizedTensor, QuantPolicy, quantize_prepared
 from mvc.quant.errors import NonFiniteTensorError
 from mvc.quant.partition import layer_type, thresholds
@@ -89,6 +90,13 @@ class How:
                    tensor_cap=float(DEFAULT_TENSOR_CAP if cap is None else cap), policy=policy)
 
 
+class PeerFailedError(MvcError):
+    """Another rank failed in a step of a sharded save that every rank takes together (its
+    own error is raised there); this rank stops with it instead of waiting for it."""
+
+    exit_code = 165
+
+
 # ------------------------------------------------------------------ collectives
 def _group_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -125,6 +133,31 @@ class Prepared:
         shapes = {n: list(shards[n]["shape"]) if n in shards else list(t.shape)
                   for n, t in tensors.items()}
         local: dict[str, Any] = {}    # tensor -> [sketch or None (non-finite), shape, init]
+        error: BaseException | None = None
+        try:
+            self._sketch(tensors, shards, shapes, policy, alpha, init, local)
+        except Exception as exc:   # every rank must reach the gather below, and learn of it
+            error = exc
+        gathered = all_gather((None, local) if error is None else (repr(error), {}))
+        _raise_if_failed(error, [e for e, _ in gathered])
+        merged: dict[str, LogSketch | None] = {}
+        self.shapes: dict[str, list[int]] = {}
+        self.init: dict[str, torch.Tensor] = {}
+        for _, rank in gathered:
+            for g, (sk, shape, c) in rank.items():
+                if g in merged and (merged[g] is None or sk is None):
+                    merged[g] = None
+                else:
+                    merged[g] = sk if g not in merged else merged[g].merge(sk)  # type: ignore[union-attr]
+                self.shapes[g] = shape
+                if c is not None and g not in self.init:
+                    self.init[g] = c
+        self._finish(tensors, merged, alpha)
+
+    def _sketch(self, tensors: Mapping[str, torch.Tensor], shards: Mapping[str, dict],
+                shapes: Mapping[str, list[int]], policy: QuantPolicy, alpha: float,
+                init: Mapping[str, torch.Tensor], local: dict[str, Any]) -> None:
+        """This rank's sketches (a tensor's shards on this rank merged), into `local`."""
         for name, t in tensors.items():
             g = self.of[name]
             probe = torch.empty(shapes[name], dtype=t.dtype, device="meta")
@@ -143,18 +176,9 @@ class Prepared:
             c = init.get(name)
             local[g] = [sk, shapes[name],
                         c.detach().cpu() if c is not None else (prev[2] if prev else None)]
-        merged: dict[str, LogSketch | None] = {}
-        self.shapes: dict[str, list[int]] = {}
-        self.init: dict[str, torch.Tensor] = {}
-        for rank in all_gather(local):
-            for g, (sk, shape, c) in rank.items():
-                if g in merged and (merged[g] is None or sk is None):
-                    merged[g] = None
-                else:
-                    merged[g] = sk if g not in merged else merged[g].merge(sk)  # type: ignore[union-attr]
-                self.shapes[g] = shape
-                if c is not None and g not in self.init:
-                    self.init[g] = c
+
+    def _finish(self, tensors: Mapping[str, torch.Tensor], merged: dict[str, LogSketch | None],
+                alpha: float) -> None:
         #: tensor -> its merged sketch (non-finite tensors stay lossless on every rank)
         self.sketches = {g: sk for g, sk in sorted(merged.items()) if sk is not None}
         self.groups: dict[str, list[str]] = {}
@@ -185,12 +209,35 @@ class Prepared:
                                           sigma=config.sigma, init=self.init.get(g))
         return out
 
-    def measure(self, qmap: Mapping[str, QuantizedTensor]) -> tuple[float, float, str | None]:
-        """(the proxy over every rank's shards, the largest per-tensor relative L2 error, its
-        tensor): sums over this rank's shards, added up over the ranks."""
+    def trial(self, config: QuantConfig, seed: int
+              ) -> tuple[dict[str, QuantizedTensor], float, float, str | None]:
+        """This rank's quantization by `config`, with (the proxy over every rank's shards, the
+        largest per-tensor relative L2 error, its tensor): sums over this rank's shards, added
+        up over the ranks.  Every rank must call it, with the same config."""
         order = sorted(self.sketches)
         pos = {g: i for i, g in enumerate(order)}
-        sums = [0.0] * (2 + 2 * len(order))
+        sums = [0.0] * (3 + 2 * len(order))   # the last one counts ranks that failed
+        error: BaseException | None = None
+        qmap: dict[str, QuantizedTensor] = {}
+        try:
+            qmap = self.quantize(config, seed)
+            self._sums(qmap, pos, sums)
+        except Exception as exc:   # the others are in the all-reduce: tell them, then raise
+            error = exc
+            sums = [0.0] * len(sums)
+            sums[-1] = 1.0
+        tot = all_sum(sums)
+        _raise_if_failed(error, ["a rank"] if tot[-1] > 0 else [])
+        proxy = _ratio(tot[0], tot[1])
+        worst, worst_name = 0.0, None
+        for g, i in pos.items():
+            d = _ratio(tot[2 + 2 * i], tot[3 + 2 * i])
+            if worst_name is None or d > worst:
+                worst, worst_name = d, g
+        return qmap, proxy, worst, worst_name
+
+    def _sums(self, qmap: Mapping[str, QuantizedTensor], pos: Mapping[str, int],
+              sums: list[float]) -> None:
         for name, q in qmap.items():
             w = self.tensors[name].detach().reshape(-1).to(torch.float64)
             err = q.dequantize().reshape(-1).to(torch.float64) - w
@@ -200,14 +247,15 @@ class Prepared:
             i = 2 + 2 * pos[self.of[name]]
             sums[i] += float(e2.sum())
             sums[i + 1] += float(w2.sum())
-        tot = all_sum(sums)
-        proxy = _ratio(tot[0], tot[1])
-        worst, worst_name = 0.0, None
-        for g, i in pos.items():
-            d = _ratio(tot[2 + 2 * i], tot[3 + 2 * i])
-            if worst_name is None or d > worst:
-                worst, worst_name = d, g
-        return proxy, worst, worst_name
+
+
+def _raise_if_failed(error: BaseException | None, peers: list[Any]) -> None:
+    """Raise this rank's own error, or `PeerFailedError` when another rank reported one."""
+    if error is not None:
+        raise error
+    failed = [p for p in peers if p]
+    if failed:
+        raise PeerFailedError(f"another rank failed in the sharded save: {failed[0]}")
 
 
 def _ratio(num: float, den: float) -> float:
@@ -227,8 +275,7 @@ def choose(tensors: Mapping[str, torch.Tensor], shards: Mapping[str, dict], how:
     if how.mode == "fixed":
         assert how.config is not None
         config = QuantConfig.from_dict(how.config)
-        qmap = prep.quantize(config, how.seed)
-        proxy, worst, worst_name = prep.measure(qmap)
+        qmap, proxy, worst, worst_name = prep.trial(config, how.seed)
         quality = {"metric": PROXY_MAGNITUDE, "value": _finite(proxy), "baseline": 0.0,
                    "bound": None, "gate": "none", "quantized_tensors": len(prep.sketches),
                    "max_distortion": _finite(worst), "worst_tensor": worst_name,
@@ -257,7 +304,7 @@ def _search(prep: Prepared, how: How
 
     def probe(idx: tuple[int, ...]) -> bool:
         config = space.config((MAGNITUDE, idx), emb)
-        proxy, worst, worst_name = prep.measure(prep.quantize(config, how.seed))
+        _, proxy, worst, worst_name = prep.trial(config, how.seed)
         ok = proxy <= how.epsilon and worst <= how.tensor_cap
         trials[idx] = (ok, proxy, worst, worst_name)
         log.append({"config": short(config), "value": _finite(proxy),
