@@ -296,3 +296,40 @@ def test_fetch_ignores_refs_it_cannot_take(history, tmp_path):
     report = fetch(src.store.blobs, src.store.refs, remote, "hand")
     assert [r.ref for r in report.refs] == ["refs/remotes/hand/main"]
     src.close()
+
+
+class Recorder:
+    """A `mvc.progress.Progress` that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.phases: list[dict] = []
+
+    def phase(self, description, *, total_bytes=None, total_items=None, unit="tensors") -> None:
+        self.phases.append({"d": description, "total_bytes": total_bytes, "total_items": total_items,
+                            "bytes": 0, "items": 0})
+
+    def advance(self, nbytes=0, items=0) -> None:
+        self.phases[-1]["bytes"] += nbytes
+        self.phases[-1]["items"] += items
+
+    def end(self) -> None:
+        pass
+
+
+def test_push_and_fetch_report_progress(history, tmp_path):
+    root, ids, _ = history
+    src = Repo(root)
+    remote = open_remote(f"file://{tmp_path / 'remote'}")
+    rec = Recorder()
+    report = push(src.odb, remote, {"refs/heads/main": ids[-1]}, progress=rec)
+    sending = [p for p in rec.phases if p["d"].startswith("pushing")]
+    assert len(sending) == 1 and sending[0]["bytes"] == sending[0]["total_bytes"] == report.bytes
+    assert sending[0]["items"] == sending[0]["total_items"] == report.objects
+    src.close()
+    dest = Repo.init(tmp_path / "d")
+    rec = Recorder()
+    got = fetch(dest.store.blobs, dest.store.refs, remote, "o", progress=rec)
+    receiving = [p for p in rec.phases if p["d"].startswith("fetching")]
+    assert receiving[0]["items"] == receiving[0]["total_items"] == got.objects == report.objects
+    assert got.bytes == report.bytes
+    dest.close()
