@@ -198,3 +198,93 @@ def dequant(levels: torch.Tensor, table: torch.Tensor,
             ffi.cast("const void *", prot.data_ptr()) if prot.numel() else ffi.NULL,
             prot.numel(), ffi.cast("void *", out.data_ptr()) if out.numel() else ffi.NULL)
     return out if rc == 0 else None
+
+
+def qerr_sums(x: torch.Tensor, levels: torch.Tensor, table: torch.Tensor,
+              w: torch.Tensor | None = None) -> np.ndarray:
+    """The six float64 error sums of native/qerr.h over contiguous CPU float32 `x`,
+    uint8/int16 `levels`, float32 `table` and optional float32 weights `w`.
+
+    Summed block by block (blocks sized from n alone) and the blocks in order:
+    reproducible to the bit whatever the thread count.
+    """
+    ffi, lib = _lib()
+    n = x.numel()
+    bs = _block_size(n)
+    nblocks = max(1, -(-n // bs))
+    sums = np.zeros((nblocks, 6), dtype=np.float64)
+    fn, ctype = ((lib.mvc_qerr_sums_u8, "const uint8_t *") if levels.dtype == torch.uint8
+                 else (lib.mvc_qerr_sums_i16, "const int16_t *"))
+    xp = ffi.cast("const float *", x.data_ptr())
+    lp = ffi.cast(ctype, levels.data_ptr())
+    tab = table.contiguous()
+    tp = ffi.cast("const float *", tab.data_ptr())
+    wp = ffi.cast("const float *", w.data_ptr()) if w is not None else ffi.NULL
+    sp = ffi.cast("double *", sums.ctypes.data)
+    bad: list[int] = []
+
+    def run(b0: int, b1: int) -> None:
+        for b in range(b0, b1):
+            a, e = b * bs, min(n, (b + 1) * bs)
+            if fn(xp + a, lp + a, e - a, tp, tab.numel(), wp + a if w is not None else wp,
+                  sp + 6 * b) != 0:
+                bad.append(b)
+
+    parallel_chunks(nblocks, run, min_chunk=1)
+    if bad:
+        raise InternalError("mvc_qerr_sums: a level is outside the table")
+    return sums.sum(0)
+
+
+def ratio_max(m: torch.Tensor, v: torch.Tensor) -> float:
+    """max |m| / sqrt(v) over v > 0 (float32, as torch computes it) of contiguous CPU
+    float32 `m` and `v`; 0.0 when no v > 0."""
+    ffi, lib = _lib()
+    mp = ffi.cast("const float *", m.data_ptr())
+    vp = ffi.cast("const float *", v.data_ptr())
+    best: list[float] = []
+
+    def run(a: int, b: int) -> None:
+        out = ffi.new("float *", 0.0)
+        if lib.mvc_ratio_max_f32(mp + a, vp + a, b - a, out) < 0:  # pragma: no cover
+            raise InternalError("mvc_ratio_max_f32 rejected its arguments")
+        best.append(float(out[0]))
+
+    parallel_chunks(m.numel(), run)
+    return max(best, default=0.0)
+
+
+def level_counts(levels: torch.Tensor, n_levels: int) -> torch.Tensor:
+    """int64 count of each level 0..n_levels-1 of contiguous CPU uint8/int16 `levels`."""
+    ffi, lib = _lib()
+    fn, ctype = ((lib.mvc_level_counts_u8, "const uint8_t *") if levels.dtype == torch.uint8
+                 else (lib.mvc_level_counts_i16, "const int16_t *"))
+    lp = ffi.cast(ctype, levels.data_ptr())
+    parts: list[np.ndarray] = []
+
+    def run(a: int, b: int) -> None:
+        counts = np.zeros(n_levels, dtype=np.int64)
+        if fn(lp + a, b - a, n_levels, ffi.cast("int64_t *", counts.ctypes.data)) != 0:
+            raise InternalError(f"a level outside [0, {n_levels})")
+        parts.append(counts)
+
+    parallel_chunks(levels.numel(), run)
+    total = np.sum(parts, axis=0) if parts else np.zeros(n_levels, dtype=np.int64)
+    return torch.from_numpy(np.ascontiguousarray(total, dtype=np.int64))
+
+
+def scan_f32(x: torch.Tensor) -> tuple[int, int, int, int]:
+    """(non-finite, < 0, == 0, > 0) counts of contiguous CPU float32 `x` (native/qerr.h)."""
+    ffi, lib = _lib()
+    xp = ffi.cast("const float *", x.data_ptr())
+    parts: list[np.ndarray] = []
+
+    def run(a: int, b: int) -> None:
+        counts = np.zeros(4, dtype=np.int64)
+        if lib.mvc_scan_f32(xp + a, b - a, ffi.cast("int64_t *", counts.ctypes.data)) != 0:
+            raise InternalError("mvc_scan_f32 rejected its arguments")  # pragma: no cover
+        parts.append(counts)
+
+    parallel_chunks(x.numel(), run)
+    t = np.sum(parts, axis=0) if parts else np.zeros(4, dtype=np.int64)
+    return int(t[0]), int(t[1]), int(t[2]), int(t[3])

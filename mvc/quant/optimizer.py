@@ -67,6 +67,7 @@ import numpy as np
 import torch
 
 from mvc.errors import UsageError
+from mvc.quant._kernels import ratio_max, scan_f32
 from mvc.quant.assign import level_dtype
 from mvc.quant.config import check_bins
 from mvc.quant.errors import QuantError
@@ -168,8 +169,43 @@ def _scatter(values: torch.Tensor, keep: torch.Tensor, shape: torch.Size, dtype:
              bins: int, protected: torch.Tensor, centroids: torch.Tensor, sub_levels: torch.Tensor
              ) -> QuantizedTensor:
     levels = torch.full((values.numel(),), bins, dtype=level_dtype(bins), device=values.device)
-    levels[keep] = sub_levels.reshape(-1).to(levels.dtype)
+    # masked_scatter_ is one pass; indexing with a bool mask first builds the index list.
+    levels.masked_scatter_(keep, sub_levels.reshape(-1).to(levels.dtype))
     return QuantizedTensor(levels.reshape(shape), centroids, protected, dtype, bins)
+
+
+def _scan(t: torch.Tensor) -> tuple[int, int]:
+    """(non-finite, < 0) entry counts of `t` (-inf is both; NaN only the first), one
+    native pass for CPU float32."""
+    flat = t.detach().reshape(-1)
+    if flat.device.type == "cpu" and flat.dtype == torch.float32:
+        bad, neg, _, _ = scan_f32(flat.contiguous())
+        return bad, neg
+    return int((~torch.isfinite(flat)).sum()), int((flat < 0).sum())
+
+
+#: Elements per chunk of the float64 log (bounds its temporary to a few MiB).
+_LOG_CHUNK = 1 << 20
+
+
+def _log32(x: torch.Tensor) -> torch.Tensor:
+    """float32(log(float64(x))), chunk by chunk: no float64 copy of the whole tensor."""
+    out = torch.empty(x.numel(), dtype=torch.float32, device=x.device)
+    for s in range(0, x.numel(), _LOG_CHUNK):
+        out[s:s + _LOG_CHUNK] = x[s:s + _LOG_CHUNK].to(torch.float64).log()  # not log_(): x may be float64
+    return out
+
+
+def moment_ratio_bound(m: torch.Tensor, v: torch.Tensor) -> float:
+    """The largest |m| / sqrt(v) over the entries with v > 0 (0.0 if none), in float32:
+    what restore clamps a compressed first moment to (Adam's step stays bounded)."""
+    mf = m.detach().reshape(-1).float()
+    vf = v.detach().reshape(-1).float()
+    if mf.device.type == "cpu" and vf.device.type == "cpu":
+        # one native pass, correctly rounded sqrt and division, no masked copies
+        return ratio_max(mf.contiguous(), vf.contiguous())
+    pos = vf > 0
+    return float((mf[pos].abs() / vf[pos].sqrt()).max()) if bool(pos.any()) else 0.0
 
 
 def quantize_moment(m: torch.Tensor, bins: int, *, pruned: torch.Tensor | None = None,
@@ -198,13 +234,13 @@ def quantize_second_moment(v: torch.Tensor, bins: int, *, protect: float = 0.0, 
                            init: torch.Tensor | None = None) -> QuantizedTensor | None:
     """Log-domain quantization of a non-negative tensor; None if it has negative entries."""
     flat = v.detach().reshape(-1)
-    if bool((flat < 0).any()):
+    if _scan(flat)[1]:
         return None
     keep = flat > 0
     sub = flat[keep]
     if sub.numel() == 0:
         return _empty_quantized(v.shape, v.dtype, v.device, bins)
-    logs = sub.to(torch.float64).log().to(torch.float32)
+    logs = _log32(sub)
     qs = quantize(logs, bins, protect=protect, seed=seed, alpha=alpha, sigma=sigma, init=init)
     protected = sub[qs.levels == bins + 1] if qs.protected.numel() else sub.new_empty(0)
     return _scatter(flat, keep, v.shape, v.dtype, bins, protected, qs.centroids, qs.levels)
@@ -259,7 +295,7 @@ def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],
         domain = MOMENT_KEYS.get(parsed[2])
         if domain is None or not t.is_floating_point() or t.numel() < min_numel:
             continue
-        if not bool(torch.isfinite(t).all()):
+        if _scan(t)[0]:
             continue  # NaN/Inf: kept exact
         if domain == "log":
             q = quantize_second_moment(t, bins_second, protect=protect, seed=seed,

@@ -37,6 +37,7 @@ from mvc.quant import (
     quantize_prepared,
 )
 from mvc.quant.errors import NonFiniteTensorError
+from mvc.quant.error import level_histogram
 from mvc.quant.importance import sensitivity
 from mvc.quant.optimizer import OPTIMIZER_STATE_PATTERNS
 from mvc.quant.partition import Thresholds, layer_type, thresholds
@@ -266,7 +267,7 @@ class _Runner:
         for q in qmap.values():
             if q is None or q.levels.numel() == 0:
                 continue
-            cnt = torch.bincount(q.levels.reshape(-1).to(torch.int64), minlength=q.n_levels)
+            cnt = level_histogram(q)  # one native count per quantization, kept while it lives
             p = cnt[cnt > 0].to(torch.float64) / q.levels.numel()
             total_bits += float(-(p * p.log2()).sum()) * q.levels.numel()
             total_bits += q.protected.numel() * q.protected.element_size() * 8

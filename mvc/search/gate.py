@@ -38,8 +38,8 @@ Guard rail.  Whatever the gate, every trial must also keep each quantized tensor
 relative L2 error ||q - w|| / ||w|| within `tensor_cap` (config `quality.tensor_cap`):
 no tensor is destroyed because the calibration data does not exercise it.  A trial
 that breaks it is infeasible, and its log entry says which tensor broke it.  The
-error is measured where the tensor is quantized, in chunks (float32 differences,
-float64 sums), so it costs one pass over the levels and no copy of the state.
+error is measured where the tensor is quantized, in one native pass (float64 sums;
+`mvc.quant.error`), so it costs one pass over the levels and no copy of the state.
 DEFAULT_TENSOR_CAP = 0.5 (the residual holds a quarter of the tensor's energy) is
 provisional, chosen so that it changes no config today's loss gates choose on
 bench_e2e's models: their epsilon = 0.005 winners (CNN and char-LM, seeds 0-1, the
@@ -63,6 +63,7 @@ from typing import Any
 import torch
 
 from mvc.quant import QuantizedTensor
+from mvc.quant.error import error_sums
 from mvc.search.quality import (
     BASELINE_FLOOR,
     QualityFunctionError,
@@ -82,34 +83,18 @@ GATE_METRIC = "metric"
 GATE_UCB = "per-example-ucb"
 GATE_FIDELITY = "fidelity"
 
-#: Elements per chunk of the distortion pass (bounds its temporaries to a few MiB).
-_CHUNK = 1 << 20
-
 
 # ------------------------------------------------------------------ distortion
 def tensor_distortion(q: QuantizedTensor, x: torch.Tensor) -> float:
     """||dequantize(q) - w|| / ||w|| for w = `x` (the tensor flattened to float32).
 
-    Computed chunk by chunk from the levels and the centroids rounded to the
-    tensor's dtype (what a restore gives); protected values are exact, so they
-    contribute nothing.  0 for an all-zero tensor restored as zeros, inf when an
-    all-zero tensor is not.
+    Computed in one pass from the levels and the centroids rounded to the tensor's
+    dtype (what a restore gives), float64 sums (`mvc.quant.error.error_sums`);
+    protected values are exact, so they contribute nothing.  0 for an all-zero tensor
+    restored as zeros, inf when an all-zero tensor is not.
     """
-    lv = q.levels.reshape(-1)
-    x = x.reshape(-1)
-    table = torch.zeros(q.n_levels, dtype=torch.float32, device=lv.device)
-    table[:q.bins] = q.centroids.to(device=lv.device, dtype=q.dtype).to(torch.float32)
-    num = torch.zeros((), dtype=torch.float64, device=lv.device)
-    den = torch.zeros((), dtype=torch.float64, device=lv.device)
-    prot = q.protected_level
-    for s in range(0, lv.numel(), _CHUNK):
-        lc = lv[s:s + _CHUNK]
-        xc = x[s:s + _CHUNK].to(device=lv.device, dtype=torch.float32)
-        idx = lc if lc.dtype in (torch.int32, torch.int64) else lc.to(torch.int32)
-        d = torch.index_select(table, 0, idx).sub_(xc).masked_fill_(lc == prot, 0.0)
-        num += torch.sum(d.mul_(d), dtype=torch.float64)
-        den += torch.sum(xc * xc, dtype=torch.float64)
-    n, r = float(num), float(den)
+    s = error_sums(q, x)
+    n, r = s[0], s[1]
     if r <= 0.0:
         return 0.0 if n == 0.0 else math.inf
     return math.sqrt(n / r)

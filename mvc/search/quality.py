@@ -43,6 +43,7 @@ for that.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,6 +51,7 @@ import torch
 
 from mvc.errors import UsageError
 from mvc.quant import QuantizedTensor
+from mvc.quant.error import ErrorSums, error_sums
 from mvc.search.space import SearchError
 
 #: Default bound on the proxy (weighted relative L2 error), see the module docstring.
@@ -107,22 +109,58 @@ def proxy_name(with_grads: bool) -> str:
     return PROXY_MAX if with_grads else PROXY_MAGNITUDE
 
 
-def _weighted(tensors: Mapping[str, torch.Tensor], qmap: Mapping[str, QuantizedTensor | None],
-              names: list[str], grads: Mapping[str, torch.Tensor] | None) -> float:
-    num = den = 0.0
-    for n in names:
-        q = qmap[n]
-        assert q is not None  # names holds the quantized tensors only
-        w = tensors[n].detach().reshape(-1).to(torch.float64)
-        err = q.dequantize().reshape(-1).to(device=w.device, dtype=torch.float64) - w
-        s = (grads[n].detach().reshape(-1).to(device=w.device, dtype=torch.float64).abs()
-             if grads is not None else w.abs())
-        num += float((s * err.square()).sum())
-        den += float((s * w.square()).sum())
+class _SumsCache:
+    """Error sums by quantization, so trials that share a tensor's quantization share its
+    pass: the search reuses a `QuantizedTensor` whose (bins, thresholds) did not change,
+    and a trial then costs a dictionary lookup for it.  Keyed weakly by the quantization
+    (freed with it) and checked against the very value and gradient tensors, unchanged
+    since (their in-place version counters), that the sums were computed from."""
+
+    def __init__(self) -> None:
+        self._map: weakref.WeakKeyDictionary[QuantizedTensor, tuple] = weakref.WeakKeyDictionary()
+
+    @staticmethod
+    def _tag(t: torch.Tensor | None) -> tuple:
+        return (None, -1) if t is None else (weakref.ref(t), t._version)
+
+    def get(self, q: QuantizedTensor, w: torch.Tensor, g: torch.Tensor | None) -> ErrorSums:
+        hit = self._map.get(q)
+        if hit is not None:
+            (wr, wv), (gr, gv), sums = hit
+            if wr() is w and wv == w._version and (
+                    (g is None and gr is None) or (g is not None and gr is not None
+                                                   and gr() is g and gv == g._version)):
+                return sums
+        sums = error_sums(q, w, g)
+        self._map[q] = (self._tag(w), self._tag(g), sums)
+        return sums
+
+
+_SUMS = _SumsCache()
+
+
+def _ratio(num: float, den: float) -> float:
     if den <= 0.0 or not math.isfinite(den):
         # all-zero weights (or gradients): no scale to be relative to
         return 0.0 if num == 0.0 else math.inf
     return math.sqrt(num / den)
+
+
+def _weighted(tensors: Mapping[str, torch.Tensor], qmap: Mapping[str, QuantizedTensor | None],
+              names: list[str], grads: Mapping[str, torch.Tensor] | None
+              ) -> tuple[float, float | None]:
+    """(E_|w|, E_|g| or None without grads).  One native pass per new quantization
+    (float32 values, float64 sums) serves both weightings and every trial that reuses
+    that quantization."""
+    num = den = gnum = gden = 0.0
+    for n in names:
+        q = qmap[n]
+        assert q is not None  # names holds the quantized tensors only
+        # The mapping's own tensor objects (not .detach() views, new at every call): the
+        # cache recognises them by identity.
+        s = _SUMS.get(q, tensors[n], grads[n] if grads is not None else None)
+        num, den, gnum, gden = num + s[2], den + s[3], gnum + s[4], gden + s[5]
+    return _ratio(num, den), (_ratio(gnum, gden) if grads is not None else None)
 
 
 def proxy_error(tensors: Mapping[str, torch.Tensor], qmap: Mapping[str, QuantizedTensor | None],
@@ -136,7 +174,6 @@ def proxy_error(tensors: Mapping[str, torch.Tensor], qmap: Mapping[str, Quantize
     grads = grads or {}
     with_grads = bool(names) and all(
         n in grads and tuple(grads[n].shape) == tuple(tensors[n].shape) for n in names)
-    value = _weighted(tensors, qmap, names, None)
-    if with_grads:
-        value = max(value, _weighted(tensors, qmap, names, grads))
+    mag, grad = _weighted(tensors, qmap, names, grads if with_grads else None)
+    value = mag if grad is None else max(mag, grad)
     return value, proxy_name(with_grads)

@@ -1,0 +1,99 @@
+/* Error sums for the config search; see qerr.h.  Each pass reads its inputs once and
+ * keeps the six sums in registers: the search calls it once per new quantization of a
+ * tensor, so it must cost no more than the assignment that produced the levels. */
+#include "qerr.h"
+
+#include <math.h>
+
+#define QERR_BODY                                                                      \
+    if (sums == NULL || n_table < 2 || (n > 0 && (x == NULL || levels == NULL ||       \
+                                                  table == NULL)))                    \
+        return -1;                                                                    \
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0;                            \
+    const int prot = n_table - 1;                                                     \
+    int bad = 0;                                                                      \
+    for (size_t i = 0; i < n; i++) {                                                  \
+        const int lv = (int)levels[i];                                                \
+        bad |= (lv < 0) | (lv >= n_table);                                            \
+        const int idx = (lv < 0 || lv >= n_table) ? prot : lv;                        \
+        const double xv = (double)x[i];                                               \
+        const double d = (idx == prot) ? 0.0 : (double)table[idx] - xv;               \
+        const double dd = d * d, xx = xv * xv, ax = fabs(xv);                         \
+        s0 += dd;                                                                     \
+        s1 += xx;                                                                     \
+        s2 += ax * dd;                                                                \
+        s3 += ax * xx;                                                                \
+        if (w != NULL) {                                                              \
+            const double aw = fabs((double)w[i]);                                     \
+            s4 += aw * dd;                                                            \
+            s5 += aw * xx;                                                            \
+        }                                                                             \
+    }                                                                                 \
+    sums[0] += s0; sums[1] += s1; sums[2] += s2; sums[3] += s3;                       \
+    sums[4] += s4; sums[5] += s5;                                                     \
+    return bad ? -1 : 0;
+
+int mvc_qerr_sums_u8(const float *x, const uint8_t *levels, size_t n, const float *table,
+                     int n_table, const float *w, double *sums)
+{
+    QERR_BODY
+}
+
+int mvc_qerr_sums_i16(const float *x, const int16_t *levels, size_t n, const float *table,
+                      int n_table, const float *w, double *sums)
+{
+    QERR_BODY
+}
+
+int64_t mvc_ratio_max_f32(const float *m, const float *v, size_t n, float *out)
+{
+    if (out == NULL || (n > 0 && (m == NULL || v == NULL))) return -1;
+    float best = 0.0f;
+    int64_t count = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] > 0.0f) {
+            const float r = fabsf(m[i]) / sqrtf(v[i]);
+            /* NaN never wins a comparison: a NaN ratio (m NaN) is skipped, as torch's max
+             * would instead propagate it -- callers check finiteness first. */
+            best = r > best ? r : best;
+            count++;
+        }
+    }
+    *out = best;
+    return count;
+}
+
+#define COUNT_BODY                                                                     \
+    if (counts == NULL || n_levels < 1 || (n > 0 && levels == NULL)) return -1;        \
+    int bad = 0;                                                                       \
+    for (size_t i = 0; i < n; i++) {                                                   \
+        const int lv = (int)levels[i];                                                 \
+        if (lv < 0 || lv >= n_levels) { bad = 1; continue; }                           \
+        counts[lv]++;                                                                  \
+    }                                                                                  \
+    return bad ? -1 : 0;
+
+int mvc_level_counts_u8(const uint8_t *levels, size_t n, int n_levels, int64_t *counts)
+{
+    COUNT_BODY
+}
+
+int mvc_level_counts_i16(const int16_t *levels, size_t n, int n_levels, int64_t *counts)
+{
+    COUNT_BODY
+}
+
+int mvc_scan_f32(const float *x, size_t n, int64_t *counts)
+{
+    if (counts == NULL || (n > 0 && x == NULL)) return -1;
+    int64_t bad = 0, neg = 0, zero = 0, pos = 0;
+    for (size_t i = 0; i < n; i++) {
+        const float v = x[i];
+        bad += !isfinite(v);
+        neg += v < 0.0f;
+        zero += v == 0.0f;
+        pos += v > 0.0f;
+    }
+    counts[0] += bad; counts[1] += neg; counts[2] += zero; counts[3] += pos;
+    return 0;
+}

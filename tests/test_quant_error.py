@@ -1,0 +1,248 @@
+"""One-pass error sums (native/qerr.c via mvc.quant.error) against a float64 torch reference,
+and the proxy metric built on them against the per-trial float64 computation it replaced."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from mvc.errors import InternalError
+from mvc.quant import QuantizedTensor, quantize
+from mvc.quant._kernels import level_counts, qerr_sums, ratio_max, scan_f32
+from mvc.quant.assign import level_dtype
+from mvc.quant.error import error_sums, level_histogram, level_table
+from mvc.quant.optimizer import moment_ratio_bound, quantize_second_moment
+from mvc.search.quality import proxy_error
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+f32 = st.floats(width=32, allow_nan=False, allow_infinity=False, min_value=-2.0 ** 100, max_value=2.0 ** 100)
+
+
+def reference_sums(q: QuantizedTensor, x: torch.Tensor, w: torch.Tensor | None) -> list[float]:
+    """The definition, in float64 torch over a dequantized copy."""
+    lv = q.levels.reshape(-1)
+    xd = x.reshape(-1).to(torch.float32).to(torch.float64)
+    d = q.dequantize().reshape(-1).to(torch.float64) - xd
+    d[lv == q.protected_level] = 0.0
+    out = [(d * d).sum(), (xd * xd).sum(), (xd.abs() * d * d).sum(), (xd.abs() * xd * xd).sum()]
+    if w is None:
+        out += [torch.zeros((), dtype=torch.float64)] * 2
+    else:
+        wd = w.reshape(-1).to(torch.float32).to(torch.float64).abs()
+        out += [(wd * d * d).sum(), (wd * xd * xd).sum()]
+    return [float(v) for v in out]
+
+
+def _close(a, b) -> None:
+    for u, v in zip(a, b):
+        assert u == pytest.approx(v, rel=1e-9, abs=1e-30)
+
+
+def _random_q(values: list[float], bins: int, n_prot: int, seed: int,
+              dtype: torch.dtype = torch.float32) -> tuple[QuantizedTensor, torch.Tensor]:
+    x = torch.tensor(values, dtype=torch.float32).to(dtype)
+    g = torch.Generator().manual_seed(seed)
+    lv = torch.randint(0, bins + 1, (x.numel(),), generator=g)  # centroids and pruned
+    prot = torch.randperm(x.numel(), generator=g)[:n_prot]
+    lv[prot] = bins + 1
+    cents = torch.sort(torch.randn(bins, generator=g) * 3).values
+    protected = x.reshape(-1)[lv == bins + 1]
+    return QuantizedTensor(lv.to(level_dtype(bins)), cents, protected, dtype, bins), x
+
+
+@SETTINGS
+@given(st.lists(f32, min_size=1, max_size=400), st.sampled_from([1, 2, 15, 254, 300]),
+       st.integers(0, 5), st.booleans(), st.integers(0, 2 ** 16))
+def test_native_sums_match_reference(values, bins, n_prot, weighted, seed):
+    n_prot = min(n_prot, len(values))
+    q, x = _random_q(values, bins, n_prot, seed)
+    w = torch.randn(x.numel(), generator=torch.Generator().manual_seed(seed)) if weighted else None
+    got = error_sums(q, x, w)
+    _close(got, reference_sums(q, x, w))
+    if not weighted:
+        assert got[4] == got[5] == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_sums_use_the_centroids_rounded_to_the_tensor_dtype(dtype):
+    t = torch.randn(5000, generator=torch.Generator().manual_seed(1)).to(dtype)
+    q = quantize(t, 16, prune=0.2, protect=0.01)
+    _close(error_sums(q, t, t * 2), reference_sums(q, t, t * 2))
+
+
+def test_torch_path_matches_native():
+    """int32 levels (bins > 32766) take the torch path; same sums on the same parts."""
+    q, x = _random_q([float(i % 97) - 40.0 for i in range(3000)], 40, 7, 3)
+    wide = QuantizedTensor(q.levels.to(torch.int32), q.centroids, q.protected, q.dtype, q.bins)
+    w = torch.rand(3000)
+    _close(error_sums(wide, x, w), error_sums(q, x, w))
+
+
+def test_blocks_are_reproducible_across_thread_counts():
+    x = torch.randn(3_000_000, generator=torch.Generator().manual_seed(0))
+    q = quantize(x, 8, prune=0.3)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = error_sums(q, x, x)
+        torch.set_num_threads(max(2, old))
+        many = error_sums(q, x, x)
+    finally:
+        torch.set_num_threads(old)
+    assert one == many
+    _close(one, reference_sums(q, x, x))
+
+
+def test_level_outside_the_table_is_refused():
+    x = torch.zeros(10)
+    lv = torch.full((10,), 9, dtype=torch.uint8)
+    table = torch.zeros(4)
+    with pytest.raises(InternalError):
+        qerr_sums(x, lv, table)
+
+
+def test_length_mismatch_is_refused():
+    q, x = _random_q([1.0, 2.0, 3.0], 2, 0, 0)
+    with pytest.raises(ValueError):
+        error_sums(q, torch.zeros(4))
+
+
+def test_level_table_layout():
+    q = QuantizedTensor(torch.zeros(3, dtype=torch.uint8), torch.tensor([1.0 / 3, 2.0]),
+                        torch.empty(0, dtype=torch.bfloat16), torch.bfloat16, 2)
+    t = level_table(q, torch.device("cpu"))
+    assert t.tolist() == [float(torch.tensor(1.0 / 3).to(torch.bfloat16)), 2.0, 0.0, 0.0]
+
+
+def _ratio_ref(m: torch.Tensor, v: torch.Tensor) -> float:
+    """Correctly rounded float32 sqrt and division (numpy's), the max over v > 0."""
+    mn, vn = m.numpy(), v.numpy()
+    pos = vn > 0
+    return float((np.abs(mn[pos]) / np.sqrt(vn[pos])).max()) if pos.any() else 0.0
+
+
+@SETTINGS
+@given(st.lists(st.tuples(f32, st.floats(width=32, min_value=-1.0, max_value=2.0 ** 100)),
+                min_size=0, max_size=300))
+def test_ratio_max_matches_torch(pairs):
+    m = torch.tensor([p[0] for p in pairs], dtype=torch.float32)
+    v = torch.tensor([p[1] for p in pairs], dtype=torch.float32)
+    assert ratio_max(m, v) == _ratio_ref(m, v)
+
+
+def test_ratio_max_large_is_exact_and_threaded():
+    g = torch.Generator().manual_seed(5)
+    m, v = torch.randn(2_000_001, generator=g), torch.rand(2_000_001, generator=g)
+    v[::7] = 0.0
+    assert ratio_max(m, v) == _ratio_ref(m, v)
+    pos = v > 0  # torch's vectorized sqrt/div may sit one float32 ulp off the rounded value
+    assert ratio_max(m, v) == pytest.approx(float((m[pos].abs() / v[pos].sqrt()).max()), rel=3e-7)
+
+
+# ------------------------------------------------------------------ the proxy
+def old_weighted(tensors, qmap, names, grads) -> float:
+    """The per-trial float64 computation the cached sums replaced (mvc 2026-11 quality.py)."""
+    num = den = 0.0
+    for n in names:
+        q = qmap[n]
+        w = tensors[n].detach().reshape(-1).to(torch.float64)
+        err = q.dequantize().reshape(-1).to(device=w.device, dtype=torch.float64) - w
+        s = (grads[n].detach().reshape(-1).to(device=w.device, dtype=torch.float64).abs()
+             if grads is not None else w.abs())
+        num += float((s * err.square()).sum())
+        den += float((s * w.square()).sum())
+    if den <= 0.0 or not math.isfinite(den):
+        return 0.0 if num == 0.0 else math.inf
+    return math.sqrt(num / den)
+
+
+def _state(seed: int) -> tuple[dict, dict]:
+    g = torch.Generator().manual_seed(seed)
+    tensors = {"a.weight": torch.randn(64, 80, generator=g),
+               "b.weight": torch.randn(300, generator=g).to(torch.bfloat16),
+               "c.bias": torch.randn(8, generator=g)}
+    grads = {n: torch.randn(t.shape, generator=g) for n, t in tensors.items()}
+    return tensors, grads
+
+
+@pytest.mark.parametrize("with_grads", [False, True])
+def test_proxy_equals_the_float64_reference(with_grads):
+    tensors, grads = _state(0)
+    qmap = {"a.weight": quantize(tensors["a.weight"], 4, prune=0.3, protect=0.01),
+            "b.weight": quantize(tensors["b.weight"], 8), "c.bias": None}
+    value, name = proxy_error(tensors, qmap, grads if with_grads else None)
+    names = ["a.weight", "b.weight"]
+    ref = old_weighted(tensors, qmap, names, None)
+    if with_grads:
+        ref = max(ref, old_weighted(tensors, qmap, names, grads))
+        assert name.startswith("proxy:max")
+    assert value == pytest.approx(ref, rel=1e-12)
+
+
+def test_proxy_cache_sees_in_place_changes_and_other_tensors():
+    tensors, grads = _state(1)
+    q = quantize(tensors["a.weight"], 4)
+    qmap = {"a.weight": q}
+    first, _ = proxy_error(tensors, qmap, None)
+    assert proxy_error(tensors, qmap, None)[0] == first          # cached
+    tensors["a.weight"].mul_(2.0)                                # in place: version moves
+    assert proxy_error(tensors, qmap, None)[0] == pytest.approx(
+        old_weighted(tensors, qmap, ["a.weight"], None), rel=1e-12)
+    other = {"a.weight": tensors["a.weight"].clone() + 1.0}     # another tensor, same q
+    assert proxy_error(other, qmap, None)[0] == pytest.approx(
+        old_weighted(other, qmap, ["a.weight"], None), rel=1e-12)
+    with_g, _ = proxy_error(tensors, qmap, {"a.weight": grads["a.weight"]})
+    assert with_g == pytest.approx(max(
+        old_weighted(tensors, qmap, ["a.weight"], None),
+        old_weighted(tensors, qmap, ["a.weight"], {"a.weight": grads["a.weight"]})), rel=1e-12)
+
+
+def test_all_zero_weights():
+    z = {"w": torch.zeros(500)}
+    q = quantize(z["w"], 2)
+    assert proxy_error(z, {"w": q}, None)[0] == 0.0
+
+
+# ------------------------------------------------------------------ counts and scans
+@SETTINGS
+@given(st.lists(st.integers(0, 301), min_size=0, max_size=500), st.sampled_from([3, 300]))
+def test_level_histogram_matches_bincount(levels, bins):
+    lv = torch.tensor([v % (bins + 2) for v in levels], dtype=torch.int64)
+    q = QuantizedTensor(lv.to(level_dtype(bins)), torch.arange(bins, dtype=torch.float32),
+                        torch.zeros(int((lv == bins + 1).sum())), torch.float32, bins)
+    got = level_histogram(q)
+    assert torch.equal(got, torch.bincount(lv, minlength=bins + 2))
+    assert level_histogram(q) is got                      # remembered while q lives
+
+
+def test_level_counts_refuse_out_of_range_levels():
+    with pytest.raises(InternalError):
+        level_counts(torch.tensor([0, 1, 7], dtype=torch.uint8), 4)
+
+
+@SETTINGS
+@given(st.lists(st.floats(width=32), min_size=0, max_size=300))
+def test_scan_counts_match_torch(values):
+    x = torch.tensor(values, dtype=torch.float32)
+    bad, neg, zero, pos = scan_f32(x)
+    assert bad == int((~torch.isfinite(x)).sum())
+    assert neg == int((x < 0).sum()) and pos == int((x > 0).sum()) and zero == int((x == 0).sum())
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("-inf")])
+def test_second_moment_with_negative_entries_stays_exact(bad):
+    v = torch.rand(1000)
+    v[17] = bad
+    assert quantize_second_moment(v, 4) is None
+
+
+def test_moment_ratio_bound():
+    g = torch.Generator().manual_seed(2)
+    m, v = torch.randn(10_000, generator=g), torch.rand(10_000, generator=g)
+    v[:100] = 0.0
+    assert moment_ratio_bound(m, v) == _ratio_ref(m, v)
+    assert moment_ratio_bound(m.to(torch.bfloat16), v) == _ratio_ref(m.to(torch.bfloat16).float(), v)
+    assert moment_ratio_bound(m, torch.zeros_like(v)) == 0.0
