@@ -44,7 +44,7 @@ from mvc.codecs.base import BytesLike, tensor_codec
 from mvc.errors import InternalError, MvcError, MvcWarning, UsageError
 from mvc.progress import Progress, phase
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy, quantize_state
-from mvc.quant.optimizer import quantize_optimizer_state
+from mvc.quant.optimizer import moment_ratio_bound, quantize_optimizer_state
 from mvc.repo import lossy
 from mvc.repo.objects import Commit, Snapshot, TensorRecord
 from mvc.repo.tensors import ChunkWriter
@@ -380,12 +380,10 @@ def moment_bounds(tensors: Mapping[str, torch.Tensor], domains: Mapping[str, str
         partner = name + "_sq"
         if domain != "linear" or not name.endswith("exp_avg") or partner not in tensors:
             continue
-        m, v = tensors[name].detach().float(), tensors[partner].detach().float()
+        m, v = tensors[name], tensors[partner]
         if m.shape != v.shape:
             continue
-        pos = v > 0
-        ratio = (m[pos].abs() / v[pos].sqrt()).max().item() if bool(pos.any()) else 0.0
-        out[name] = {"partner": partner, "ratio_bound": float(ratio)}
+        out[name] = {"partner": partner, "ratio_bound": moment_ratio_bound(m, v)}
     return out
 
 
