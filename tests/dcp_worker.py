@@ -145,6 +145,16 @@ def main(rank: int, world: int, root: Path) -> None:
                    optim_state_dict=state3["optim"])
     report["full3"] = full(model3, opt3)
 
+    # 3b. a NaN in rank 1's shard of one weight (another repository): the ranks agree to keep
+    # that tensor exact, on both ranks, and still quantize the others
+    state = state_of(model, opt)
+    if rank == 1:
+        state["model"]["2.weight"].to_local()[0, 0] = float("nan")
+    w = MvcStorageWriter(root / "repo_nan", message="nan", epsilon=0.05)
+    dcp.save(state, storage_writer=w)
+    report["nan"] = w.commit_id
+    report["nan_config"] = w.last_config
+
     # 4. rank 1 dies in write_data
     train(model, opt, 1, 9)
     torch.save(report, root / f"rank{rank}.pt")

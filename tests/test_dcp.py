@@ -30,6 +30,7 @@ WORLD = 2
 def ranks(tmp_path_factory) -> tuple[Path, list[dict]]:
     root = tmp_path_factory.mktemp("dcp")
     Repo.init(root / "repo").close()
+    Repo.init(root / "repo_nan").close()
     env = dict(os.environ, OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, str(HERE / "dcp_worker.py"), str(r), str(WORLD),
                                str(root)], env=env, stdout=subprocess.PIPE,
@@ -149,6 +150,23 @@ def test_lossy_every_load_path_restores_checkout(ranks):
     for k, v in ofl.items():
         if isinstance(v, torch.Tensor):
             assert torch.equal(v, cfl[k]), k
+
+
+def test_a_nan_in_one_rank_s_shard_keeps_that_tensor_exact_on_both(ranks):
+    root, (r0, r1) = ranks
+    assert r0["nan_config"] is not None and r0["nan_config"] == r1["nan_config"]
+    with Repo(root / "repo_nan") as repo:
+        snap = repo.read_snapshot(repo.read_commit(r0["nan"]).snapshot)
+        out = repo.read_state(r0["nan"])
+    by_of: dict[str, list[bool]] = {}
+    for r in snap.tensors:
+        info = shard_of(r)
+        if info is not None and info["of"].startswith("model/"):
+            by_of.setdefault(info["of"], []).append(lossy.is_quantized(r))
+    assert by_of["model/2.weight"] == [False, False]          # exact on both ranks
+    assert by_of["model/0.weight"] == [True, True]
+    w = out["model"]["2.weight"]
+    assert torch.isnan(w[32, 0]) and int(torch.isnan(w).sum()) == 1   # rank 1's first row
 
 
 def test_crash_in_write_data_leaves_no_commit_and_fsck_clean(ranks):
