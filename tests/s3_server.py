@@ -7,13 +7,16 @@
   access key id of the last signed request
   (``GET /__mvc/stats``, ``POST /__mvc/reset``), counted here on the server's side;
 * fault injection: ``POST /__mvc/fail?status=503&count=N[&method=PUT]`` answers the next N
-  matching requests with that status instead of passing them to moto.
+  matching requests with that status instead of passing them to moto (status 0: resets the
+  connection instead of answering).
 
 Run as ``python s3_server.py PORTFILE``: writes the port it listens on to PORTFILE.
 """
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import sys
 import threading
 from urllib.parse import parse_qs
@@ -61,6 +64,11 @@ class Counting:
                 n = int(environ.get("CONTENT_LENGTH") or 0)
                 if n:
                     environ["wsgi.input"].read(n)
+                if f["status"] == 0:  # a connection reset: the socket closed with no answer
+                    sock = environ["werkzeug.socket"]
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    sock.close()
+                    return []
                 start_response(f"{f['status']} Injected", [("Content-Length", str(len(body)))])
                 return [body]
             if method == "PUT":

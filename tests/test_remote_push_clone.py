@@ -333,3 +333,20 @@ def test_push_and_fetch_report_progress(history, tmp_path):
     assert receiving[0]["items"] == receiving[0]["total_items"] == got.objects == report.objects
     assert got.bytes == report.bytes
     dest.close()
+
+
+def test_connection_resets_are_retried(history, tmp_path):
+    root, ids, states = history
+    server = S3Server.shared()
+    url = server.fresh_url()
+    src = Repo(root)
+    server.reset()
+    server.fail(3, 0, method="PUT")
+    push(src.odb, open_remote(url), {"refs/heads/main": ids[-1]})
+    server.fail(3, 0, method="GET")
+    clone(url, tmp_path / "c")
+    assert server.stats()["failed"] == 6
+    c = Repo(tmp_path / "c")
+    assert same_state(c.read_state(ids[-1]), states[ids[-1]])
+    c.close()
+    src.close()
