@@ -350,3 +350,18 @@ def test_connection_resets_are_retried(history, tmp_path):
     assert same_state(c.read_state(ids[-1]), states[ids[-1]])
     c.close()
     src.close()
+
+
+def test_remote_add_list_remove(tmp_path):
+    Repo.init(tmp_path / "r").close()
+    r = tmp_path / "r"
+    assert run(r, "remote", "add", "origin", "file:///srv/x")[0] == 0
+    assert run(r, "remote", "add", "backup", "s3://bucket-1/runs/a")[0] == 0
+    assert run(r, "remote")[1] == "backup\norigin\n"
+    assert run(r, "remote", "-v")[1] == "backup  s3://bucket-1/runs/a\norigin  file:///srv/x\n"
+    code, _, err = run(r, "remote", "add", "origin", "file:///elsewhere")
+    assert code == 145 and err.count("\n") == 1
+    assert run(r, "remote", "add", "bad name", "file:///y")[0] == 2
+    assert run(r, "remote", "remove", "origin")[0] == 0
+    assert run(r, "remote", "remove", "origin")[0] == 143
+    assert run(r, "remote", "-v")[1] == "backup  s3://bucket-1/runs/a\n"

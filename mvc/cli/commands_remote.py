@@ -49,8 +49,10 @@ def remote(ctx: click.Context, verbose: bool) -> None:
     if ctx.invoked_subcommand is not None:
         return
     repo = Repo.discover()
-    for name, url in RemoteConfig(repo.mvc_dir).items().items():
-        echo(f"{name}\t{url}" if verbose else name)
+    remotes = RemoteConfig(repo.mvc_dir).items()
+    width = max((len(n) for n in remotes), default=0)
+    for name, url in remotes.items():
+        echo(f"{name:<{width}}  {url}" if verbose else name)
 
 
 @remote.command("add")
