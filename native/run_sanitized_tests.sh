@@ -44,7 +44,8 @@ if [ $# -eq 0 ]; then
     set -- tests/test_native_huffman.py tests/test_native_rle.py tests/test_native_byteplane.py tests/test_native_rans.py \
         tests/test_codec_lossless.py tests/test_quant_assign.py tests/test_delta_groups.py \
         tests/test_codec_quantized.py tests/test_native_chain.py tests/test_hostile_payloads.py \
-        tests/test_native_layer.py tests/test_delta_ablations.py tests/test_quant_parallel.py
+        tests/test_native_layer.py tests/test_delta_ablations.py tests/test_quant_parallel.py \
+        tests/test_quant_error.py
 fi
 
 # -P keeps the source tree (cwd) off sys.path so the sanitized copy is imported.

@@ -11,7 +11,14 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mvc.errors import InternalError
 from mvc.quant import QuantizedTensor, quantize
-from mvc.quant._kernels import level_counts, qerr_sums, ratio_max, scan_f32
+from mvc.quant._kernels import (
+    expand_positive,
+    level_counts,
+    log_positive,
+    qerr_sums,
+    ratio_max,
+    scan_f32,
+)
 from mvc.quant.assign import level_dtype
 from mvc.quant.error import error_sums, level_histogram, level_table
 from mvc.quant.optimizer import moment_ratio_bound, quantize_second_moment
@@ -246,3 +253,48 @@ def test_moment_ratio_bound():
     assert moment_ratio_bound(m, v) == _ratio_ref(m, v)
     assert moment_ratio_bound(m.to(torch.bfloat16), v) == _ratio_ref(m.to(torch.bfloat16).float(), v)
     assert moment_ratio_bound(m, torch.zeros_like(v)) == 0.0
+
+
+# ------------------------------------------------------------------ log-domain moments
+def old_second_moment(v: torch.Tensor, bins: int, **kw) -> QuantizedTensor:
+    """The torch path the native compaction replaced: mask, masked select, float64 log,
+    quantize, scatter back."""
+    flat = v.reshape(-1)
+    keep = flat > 0
+    sub = flat[keep]
+    q = quantize(sub.to(torch.float64).log().to(torch.float32), bins, **kw)
+    levels = torch.full((flat.numel(),), bins, dtype=level_dtype(bins))
+    levels[keep] = q.levels.reshape(-1)
+    protected = sub[q.levels == bins + 1] if q.protected.numel() else sub.new_empty(0)
+    return QuantizedTensor(levels.reshape(v.shape), q.centroids, protected, v.dtype, bins)
+
+
+@pytest.mark.parametrize("bins,protect", [(4, 0.0), (16, 0.01), (300, 0.001)])
+def test_native_second_moment_equals_the_torch_path(bins, protect):
+    g = torch.Generator().manual_seed(bins)
+    v = (torch.randn(700_001, generator=g) * 3).exp() * 1e-8
+    v[torch.rand(v.numel(), generator=g) < 0.3] = 0.0
+    got = quantize_second_moment(v, bins, protect=protect, alpha=0.002)
+    ref = old_second_moment(v, bins, protect=protect, alpha=0.002)
+    assert torch.equal(got.levels, ref.levels)
+    assert torch.equal(got.centroids, ref.centroids)
+    assert torch.equal(got.protected, ref.protected)
+    assert (got.protected.numel() > 0) == (protect > 0)
+
+
+@SETTINGS
+@given(st.lists(st.floats(width=32, min_value=0.0, max_value=2.0 ** 100), min_size=0, max_size=300))
+def test_log_positive_and_expand_match_torch(values):
+    v = torch.tensor(values, dtype=torch.float32)
+    logs = log_positive(v)
+    assert torch.equal(logs, v[v > 0].to(torch.float64).log().to(torch.float32))
+    sub = torch.arange(logs.numel(), dtype=torch.int64).remainder(200).to(torch.uint8)
+    out = expand_positive(v, sub, 201)
+    ref = torch.full((v.numel(),), 201, dtype=torch.uint8)
+    ref[v > 0] = sub
+    assert torch.equal(out, ref)
+
+
+def test_expand_refuses_a_wrong_level_count():
+    with pytest.raises(InternalError):
+        expand_positive(torch.ones(5), torch.zeros(4, dtype=torch.uint8), 9)

@@ -288,3 +288,78 @@ def scan_f32(x: torch.Tensor) -> tuple[int, int, int, int]:
     parallel_chunks(x.numel(), run)
     t = np.sum(parts, axis=0) if parts else np.zeros(4, dtype=np.int64)
     return int(t[0]), int(t[1]), int(t[2]), int(t[3])
+
+
+
+def _positive_spans(v: torch.Tensor) -> tuple[list[tuple[int, int, int, int]], int]:
+    """([(start, stop, first positive's rank, positives in the span)], positives in all)
+    of v's chunks, from one counting pass: the chunks then compact or expand in parallel."""
+    ffi, lib = _lib()
+    n = v.numel()
+    threads = max(1, min(torch.get_num_threads(), n // MIN_CHUNK))
+    step = max(1, -(-n // threads))
+    spans = [(s, min(n, s + step)) for s in range(0, n, step)]
+    vp = ffi.cast("const float *", v.data_ptr())
+    counts = np.zeros((len(spans), 4), dtype=np.int64)
+
+    def count(i: int) -> None:
+        a, b = spans[i]
+        lib.mvc_scan_f32(vp + a, b - a, ffi.cast("int64_t *", counts[i].ctypes.data))
+
+    _run_indexed(len(spans), count)
+    out, off = [], 0
+    for (a, b), c in zip(spans, counts):
+        out.append((a, b, off, int(c[3])))
+        off += int(c[3])
+    return out, off
+
+
+def _run_indexed(n: int, fn: Callable[[int], None]) -> None:
+    if n <= 1:
+        for i in range(n):
+            fn(i)
+        return
+    from mvc.native.parallel import pmap
+
+    pmap(fn, list(range(n)), n)
+
+
+def log_positive(v: torch.Tensor) -> torch.Tensor:
+    """float32(log(float64(x))) of the entries x > 0 of contiguous CPU float32 `v`, in order
+    (native/moments.h)."""
+    ffi, lib = _lib()
+    spans, total = _positive_spans(v)
+    out = torch.empty(total, dtype=torch.float32)
+    vp = ffi.cast("const float *", v.data_ptr())
+    op = ffi.cast("float *", out.data_ptr())
+
+    def run(i: int) -> None:
+        a, b, off, cnt = spans[i]
+        if lib.mvc_log_positive_f32(vp + a, b - a, op + off, cnt) != cnt:
+            raise InternalError("mvc_log_positive_f32: the positive count changed")
+
+    _run_indexed(len(spans), run)
+    return out
+
+
+def expand_positive(v: torch.Tensor, sub: torch.Tensor, fill: int) -> torch.Tensor:
+    """Levels of v's shape (flat): `sub`'s entries, in order, where v > 0, else `fill`.
+    Contiguous CPU float32 `v`; uint8/int16 `sub` holding one entry per positive."""
+    ffi, lib = _lib()
+    spans, total = _positive_spans(v)
+    if total != sub.numel():
+        raise InternalError(f"expand_positive: {sub.numel()} levels for {total} positives")
+    out = torch.empty(v.numel(), dtype=sub.dtype)
+    fn, ctype = ((lib.mvc_expand_positive_u8, "uint8_t *") if sub.dtype == torch.uint8
+                 else (lib.mvc_expand_positive_i16, "int16_t *"))
+    vp = ffi.cast("const float *", v.data_ptr())
+    sp = ffi.cast(ctype, sub.data_ptr())
+    op = ffi.cast(ctype, out.data_ptr())
+
+    def run(i: int) -> None:
+        a, b, off, cnt = spans[i]
+        if fn(vp + a, b - a, sp + off, cnt, fill, op + a) != cnt:
+            raise InternalError("mvc_expand_positive: the positive count changed")
+
+    _run_indexed(len(spans), run)
+    return out

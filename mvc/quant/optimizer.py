@@ -67,7 +67,7 @@ import numpy as np
 import torch
 
 from mvc.errors import UsageError
-from mvc.quant._kernels import ratio_max, scan_f32
+from mvc.quant._kernels import expand_positive, gather_level, log_positive, ratio_max, scan_f32
 from mvc.quant.assign import level_dtype
 from mvc.quant.config import check_bins
 from mvc.quant.errors import QuantError
@@ -236,6 +236,21 @@ def quantize_second_moment(v: torch.Tensor, bins: int, *, protect: float = 0.0, 
     flat = v.detach().reshape(-1)
     if _scan(flat)[1]:
         return None
+    if flat.device.type == "cpu" and flat.dtype == torch.float32 \
+            and level_dtype(bins) in (torch.uint8, torch.int16):
+        # Native: log(v) of the positive entries in one pass, their levels spread back in
+        # another; no mask, no masked copies, no float64 copy.
+        flat = flat.contiguous()
+        logs = log_positive(flat)
+        if logs.numel() == 0:
+            return _empty_quantized(v.shape, v.dtype, v.device, bins)
+        qs = quantize(logs, bins, protect=protect, seed=seed, alpha=alpha, sigma=sigma,
+                      init=init)
+        levels = expand_positive(flat, qs.levels.reshape(-1), bins)
+        protected = flat.new_empty(0)
+        if qs.protected.numel():
+            protected = gather_level(levels, bins + 1, flat, qs.protected.numel())
+        return QuantizedTensor(levels.reshape(v.shape), qs.centroids, protected, v.dtype, bins)
     keep = flat > 0
     sub = flat[keep]
     if sub.numel() == 0:
