@@ -312,11 +312,10 @@ class _Runner:
 
     # -------------------------------------------------------------- parallel rounds
     def share(self, batch: list[Point], rank: int) -> tuple[_Trial, dict[str, Any]] | None:
-        """This rank's trial of a round (`batch[rank]`), without its levels (they stay here)."""
+        """This rank's trial of a round (`batch[rank]`), levels included (None: no trial)."""
         if rank >= len(batch):
             return None
-        tr, entry = self._evaluate(batch[rank])
-        return dataclasses.replace(tr, qmap=None, keys={}), entry
+        return self._evaluate(batch[rank])
 
     def prefetch(self, points: list[tuple[str, tuple[int, ...]]]) -> list[bool]:
         """Evaluate `points` ((metric, idx) pairs) in rounds of one trial per rank; their
@@ -330,7 +329,10 @@ class _Runner:
         for k in range(0, len(todo), par.size):
             batch = todo[k:k + par.size]
             par.send(("batch", batch))
-            results = par.gather(self.share(batch, par.rank))
+            mine = self.share(batch, par.rank)
+            results = par.gather(_strip(mine))
+            if mine is not None:
+                results[par.rank] = mine   # its levels stay: reused, and no recompute if it wins
             self.rounds += 1
             for point, res in zip(batch, results):
                 assert res is not None
@@ -499,7 +501,15 @@ def _serve(par: Ranks, kw: dict[str, Any], tensors: Mapping[str, torch.Tensor],
             raise ParallelSearchError(f"expected a batch of trials, got {msg!r:.80}")
         if not run.started:
             run.start(kw["metric_name"])    # this replica's own baseline (the same batch)
-        par.gather(run.share(msg[1], par.rank))
+        par.gather(_strip(run.share(msg[1], par.rank)))
+
+
+def _strip(result: tuple[_Trial, dict[str, Any]] | None) -> tuple[_Trial, dict[str, Any]] | None:
+    """A trial as the other ranks receive it: the verdict without the levels."""
+    if result is None:
+        return None
+    tr, entry = result
+    return dataclasses.replace(tr, qmap=None, keys={}), entry
 
 
 def _find(run: _Runner, previous: QuantConfig | None, radius: int, metric_name: str | None
