@@ -44,6 +44,9 @@ DEFAULTS: dict[str, Any] = {
     # Guard rail on every trial of the config search, whatever the quality gate: each quantized
     # tensor's relative L2 error ||q - w|| / ||w|| must stay within it (provisional value).
     "quality.tensor_cap": 0.5,
+    # Guard rail on compressed optimizer second moments: ||sqrt(v') - sqrt(v)|| / ||sqrt(v)|| of each
+    # must stay within it, else that moment is stored exactly (first moments: never worse than zeros).
+    "quality.moment_cap": 0.75,
     # A quantized tensor is stored as a base at least every this many commits (0 = never forced):
     # caps the per-step overheads of long chains of tiny late-training deltas.
     "commit.base_every": 64,
@@ -85,6 +88,8 @@ _RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "quality.epsilon": (lambda v: 0.0 < v < 1.0, "in (0, 1) (a relative degradation)"),
     "quality.tensor_cap": (lambda v: v > 0.0 and math.isfinite(v),
                            "> 0 (a relative L2 error; 1 or more: effectively no cap)"),
+    "quality.moment_cap": (lambda v: v > 0.0 and math.isfinite(v),
+                           "> 0 (a relative L2 error of sqrt(v))"),
     "cache.levels_keep": (lambda v: v >= 0, ">= 0 (0: no level cache)"),
     "gc.max_chain": (lambda v: v >= 0, ">= 0 (0: no depth bound)"),
 }

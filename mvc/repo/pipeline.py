@@ -49,7 +49,7 @@ from mvc.repo import lossy
 from mvc.repo.objects import Commit, Snapshot, TensorRecord
 from mvc.repo.tensors import ChunkWriter
 from mvc.search import default_policy
-from mvc.search.measure import measure
+from mvc.search.measure import DEFAULT_MOMENT_CAP, measure, moment_distortion
 from mvc.search.space import SearchSpace
 from mvc.state import FlatState, unflatten
 from mvc.store import ObjectMissingError, object_id
@@ -138,6 +138,7 @@ class Quantization:
     optimizer: str = "exact"
     tensor_cap: float | None = None
     fixed_rule: str = "warn"
+    moment_cap: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("lossless", "fixed", "search"):
@@ -234,7 +235,12 @@ def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
             quality = gate_fixed(flat, qmap, quality, how)
         else:
             config, qmap, quality = search(flat, how, parent, grads, init)
-    domains = compress_optimizer(flat.tensors, qmap, init, how.optimizer) if config else {}
+    domains: dict[str, str] = {}
+    if config:
+        domains, report = compress_optimizer(flat.tensors, qmap, init, how.optimizer,
+                                             how.moment_cap)
+        if quality is not None and report:
+            quality = dict(quality, **report)
     return CommitPlan(
         names=list(flat.tensors), tensors=dict(flat.tensors), skeleton=flat.skeleton,
         quantized={n: q for n, q in qmap.items() if q is not None}, domains=domains,
@@ -355,20 +361,51 @@ def search(flat: FlatState, how: Quantization, parent: ParentInfo,
     return result.config, dict(result.qmap), result.quality
 
 
+#: Guard rail on compressed first moments (linear domain): a restored m may not be further
+#: from m than zeros are (relative L2 error 1): never worse than dropping the momentum.
+#: The default scheme (85% pruned, 2 levels) measures 0.56-1.0 on bench_e2e's models by
+#: design (docs/quality.md), so a tighter bound would refuse the scheme itself.
+FIRST_MOMENT_CAP = 1.0
+
+
 def compress_optimizer(tensors: Mapping[str, torch.Tensor],
                        qmap: dict[str, QuantizedTensor | None],
-                       init: Mapping[str, torch.Tensor], policy: str) -> dict[str, str]:
-    """Add optimizer moments to `qmap` when `policy` is "compressed"; name -> domain.
+                       init: Mapping[str, torch.Tensor], policy: str,
+                       moment_cap: float | None = None) -> tuple[dict[str, str], dict]:
+    """Add optimizer moments to `qmap` when `policy` is "compressed".
 
+    Returns (name -> domain, record fields).  Guard rail: each compressed moment's error
+    in the quantity Adam uses (`mvc.search.measure.moment_distortion`) must stay within
+    its cap -- FIRST_MOMENT_CAP for first moments, `moment_cap` (config
+    `quality.moment_cap`; None: the default) for second moments' sqrt(v); a moment over
+    its cap is stored exactly instead and named in `moments_exact`.  The record carries
+    `moment_cap` and the worst error per domain (`moment_distortion`).
     `init`: the parent's centroids by name, to warm-start the moments' k-means.
     """
     if policy == "exact":
-        return {}
+        return {}, {}
+    cap_v = DEFAULT_MOMENT_CAP if moment_cap is None else moment_cap
+    caps = {"linear": FIRST_MOMENT_CAP, "log": cap_v}
     domains: dict[str, str] = {}
+    worst: dict[str, float] = {}
+    exact: list[str] = []
     for name, oq in quantize_optimizer_state(tensors, qmap, init=init).items():
+        d = moment_distortion(oq.q, oq.domain, tensors[name])
+        worst[oq.domain] = max(worst.get(oq.domain, 0.0), d)
+        if not d <= caps[oq.domain]:
+            exact.append(name)
+            continue
         qmap[name] = oq.q
         domains[name] = oq.domain
-    return domains
+    if not worst:
+        return domains, {}
+    report: dict[str, Any] = {
+        "moment_cap": {"linear": FIRST_MOMENT_CAP, "log": cap_v},
+        "moment_distortion": {k: (round(v, 6) if v < float("inf") else None)
+                              for k, v in worst.items()}}
+    if exact:
+        report["moments_exact"] = sorted(exact)
+    return domains, report
 
 
 def moment_bounds(tensors: Mapping[str, torch.Tensor], domains: Mapping[str, str]

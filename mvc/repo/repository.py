@@ -390,10 +390,12 @@ class Repo:
             return pipeline.Quantization("fixed", config=quant, policy=policy, optimizer=optimizer,
                                          quality=quality, epsilon=epsilon,
                                          tensor_cap=self.config.get("quality.tensor_cap"),
-                                         fixed_rule=str(self.config.get("commit.fixed_gate")))
+                                         fixed_rule=str(self.config.get("commit.fixed_gate")),
+                                         moment_cap=self.config.get("quality.moment_cap"))
         return pipeline.Quantization("search", space=space, quality=quality, epsilon=epsilon,
                                      policy=policy, optimizer=optimizer,
-                                     tensor_cap=self.config.get("quality.tensor_cap"))
+                                     tensor_cap=self.config.get("quality.tensor_cap"),
+                                     moment_cap=self.config.get("quality.moment_cap"))
 
     def _parent_info(self, cid: str | None, records: bool = True) -> pipeline.ParentInfo:
         """The commit `cid` as a parent (None: an unborn branch); `records=False` skips reading

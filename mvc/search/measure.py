@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from mvc.quant import QuantizedTensor
+from mvc.quant.optimizer import restore as restore_moment
 from mvc.search.fidelity import FidelityJudge, FidelityOutputs
 from mvc.search.gate import (
     DEFAULT_CONFIDENCE,
@@ -32,6 +33,14 @@ from mvc.search.gate import (
 )
 
 Judge = MetricJudge | PerExampleJudge | FidelityJudge
+
+#: Default bound on a compressed second moment's error, ||sqrt(v') - sqrt(v)|| / ||sqrt(v)||
+#: (config `quality.moment_cap`): the default log-domain scheme (4 levels) measures
+#: 0.07-0.41 on bench_e2e's models early in training (docs/quality.md) and 0.56 on a
+#: log-normal tensor of log-sd 2; 0.75 leaves that scheme alone on such tensors and
+#: stores exactly a second moment whose restored Adam denominators are off by 3/4 of
+#: their scale (a moment over the cap costs storage, never quality).
+DEFAULT_MOMENT_CAP = 0.75
 
 
 def choose_judge(raw: Any, epsilon: float, confidence: float = DEFAULT_CONFIDENCE) -> Judge:
@@ -56,6 +65,25 @@ def distortions(tensors: Mapping[str, torch.Tensor],
         if worst_name is None or d > worst:
             worst, worst_name = d, name
     return worst, worst_name
+
+
+def moment_distortion(q: QuantizedTensor, domain: str, x: torch.Tensor) -> float:
+    """A compressed optimizer moment's error in the quantity Adam uses from it.
+
+    linear (first moment m): ||m' - m|| / ||m||;
+    log (second moment v):   ||sqrt(v') - sqrt(v)|| / ||sqrt(v)||, the relative error of
+                             the denominator of Adam's step.
+    0 for an all-zero tensor restored as zeros, inf when it is not.
+    """
+    y = restore_moment(q, domain).reshape(-1).to(torch.float64)
+    x = x.detach().reshape(-1).to(torch.float64)
+    if domain == "log":
+        x, y = x.clamp_min(0).sqrt(), y.clamp_min(0).sqrt()
+    num = float(torch.linalg.vector_norm(y - x))
+    den = float(torch.linalg.vector_norm(x))
+    if den <= 0.0:
+        return 0.0 if num == 0.0 else float("inf")
+    return num / den
 
 
 def measure(tensors: Mapping[str, torch.Tensor], qmap: Mapping[str, QuantizedTensor | None], *,

@@ -1,0 +1,85 @@
+"""Guard rail on compressed optimizer moments (`quality.moment_cap`).
+
+Each compressed Adam moment's error in the quantity Adam uses -- m itself, sqrt(v) for
+the second moment -- is measured at commit; a second moment over `quality.moment_cap`
+(a first moment worse than zeros) is stored exactly instead, and the commit records the
+caps, the worst error per domain and the moments it kept exact.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mvc.quant.optimizer import quantize_second_moment
+from mvc.repo.config import ConfigError
+from mvc.repo.repository import Repo
+from mvc.search.measure import DEFAULT_MOMENT_CAP, moment_distortion
+
+
+def _trained_state():
+    torch.manual_seed(2)
+    g = torch.Generator().manual_seed(2)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 96), torch.nn.ReLU(), torch.nn.Linear(96, 10))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    x, y = torch.randn(256, 32, generator=g), torch.randint(10, (256,), generator=g)
+    for _ in range(30):
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return {"model": net.state_dict(), "optimizer": opt.state_dict()}
+
+
+def _repo(path):
+    repo = Repo.init(path)
+    repo.config.set("commit.mode", "fixed")
+    repo.config.set("commit.quant", {"bins": 16})
+    return repo
+
+
+def test_moment_distortion_in_its_domain():
+    g = torch.Generator().manual_seed(0)
+    v = torch.exp(1.5 * torch.randn(4096, generator=g))   # log-normal, as Adam second moments
+    q = quantize_second_moment(v, 4)
+    from mvc.quant.optimizer import restore
+    vr = restore(q, "log").double()
+    want = float((vr.sqrt() - v.double().sqrt()).norm() / v.double().sqrt().norm())
+    assert moment_distortion(q, "log", v) == pytest.approx(want, rel=1e-9)
+    assert 0 < want < DEFAULT_MOMENT_CAP
+
+
+def test_commit_records_moment_distortion_and_keeps_over_cap_moments_exact(tmp_path):
+    state = _trained_state()
+    repo = _repo(tmp_path / "a")
+    q = repo.read_commit(repo.commit(state, "default caps")).quality
+    assert q["moment_cap"] == {"linear": 1.0, "log": DEFAULT_MOMENT_CAP}
+    assert 0 < q["moment_distortion"]["log"] <= DEFAULT_MOMENT_CAP
+    assert 0 < q["moment_distortion"]["linear"] <= 1.0 and "moments_exact" not in q
+
+    repo.config.set("quality.moment_cap", 1e-6)
+    cid = repo.commit(state, "tight moment cap")
+    q = repo.read_commit(cid).quality
+    sq = sorted(f"optimizer/state/{i}/exp_avg_sq" for i, p in enumerate(state["optimizer"]["state"])
+                if state["optimizer"]["state"][p]["exp_avg_sq"].numel() >= 128)
+    assert q["moments_exact"] == sq and q["moment_cap"]["log"] == 1e-6
+    restored = repo.read_state(cid)["optimizer"]["state"]
+    for name in sq:
+        i = int(name.split("/")[2])
+        assert torch.equal(restored[i]["exp_avg_sq"], state["optimizer"]["state"][i]["exp_avg_sq"])
+    snap = repo.read_snapshot(repo.read_commit(cid).snapshot)
+    codecs = {r.name: r.codec for r in snap.tensors}
+    assert all(not codecs[n].startswith("q") for n in sq)
+    assert any(codecs[n].startswith("q") for n in codecs if n.endswith("/exp_avg"))
+
+
+def test_moment_cap_config():
+    from mvc.repo.config import DEFAULTS
+
+    assert DEFAULTS["quality.moment_cap"] == DEFAULT_MOMENT_CAP
+
+
+def test_moment_cap_must_be_positive(tmp_path):
+    repo = Repo.init(tmp_path)
+    for bad in (0, -1, "inf"):
+        with pytest.raises(ConfigError):
+            repo.config.set("quality.moment_cap", bad)
