@@ -12,6 +12,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from mvc.errors import InternalError
 from mvc.quant import QuantizedTensor, quantize
 from mvc.quant._kernels import (
+    compact_moment,
+    expand_moment,
     expand_positive,
     level_counts,
     log_positive,
@@ -21,7 +23,12 @@ from mvc.quant._kernels import (
 )
 from mvc.quant.assign import level_dtype
 from mvc.quant.error import error_sums, level_histogram, level_table
-from mvc.quant.optimizer import moment_ratio_bound, quantize_second_moment
+from mvc.quant.optimizer import (
+    _quantize_moment_native,
+    moment_ratio_bound,
+    quantize_moment,
+    quantize_second_moment,
+)
 from mvc.search.quality import proxy_error
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -298,3 +305,33 @@ def test_log_positive_and_expand_match_torch(values):
 def test_expand_refuses_a_wrong_level_count():
     with pytest.raises(InternalError):
         expand_positive(torch.ones(5), torch.zeros(4, dtype=torch.uint8), 9)
+
+
+@pytest.mark.parametrize("wbins,bins,protect,zeros", [(None, 2, 0.0, 0.2), (16, 2, 0.0, 0.0),
+                                                      (300, 4, 0.01, 0.1), (8, 300, 0.001, 0.3)])
+def test_native_first_moment_equals_the_torch_path(wbins, bins, protect, zeros):
+    g = torch.Generator().manual_seed(bins)
+    m = torch.randn(600, 1001, generator=g) * 1e-3
+    m[torch.rand(m.shape, generator=g) < zeros] = 0.0
+    m[0, :5] = -0.0
+    wq = quantize(torch.randn(m.shape, generator=g), wbins, prune=0.4) if wbins else None
+    kw = dict(prune=0.85, protect=protect, seed=0, alpha=0.01, sigma=0.2, init=None)
+    got = _quantize_moment_native(m, wq, bins, **kw)
+    pruned = wq.levels == wq.pruned_level if wq is not None else None
+    ref = quantize_moment(m, bins, pruned=pruned, **kw)
+    assert torch.equal(got.levels, ref.levels) and got.levels.dtype == ref.levels.dtype
+    assert torch.equal(got.centroids, ref.centroids)
+    assert torch.equal(got.protected, ref.protected)
+
+
+def test_compact_moment_counts_and_order():
+    m = torch.tensor([0.0, 1.0, -2.0, 0.0, 3.0, -0.0, 5.0])
+    wl = torch.tensor([0, 4, 1, 1, 4, 0, 2], dtype=torch.uint8)
+    sub, spans = compact_moment(m, wl, 4)
+    assert sub.tolist() == [-2.0, 5.0]
+    out = expand_moment(m, wl, 4, spans, torch.tensor([7, 8], dtype=torch.uint8), 9)
+    assert out.tolist() == [9, 9, 7, 9, 9, 9, 8]
+    sub, spans = compact_moment(m, None, -1)
+    assert sub.tolist() == [1.0, -2.0, 3.0, 5.0]
+    with pytest.raises(InternalError):
+        expand_moment(m, None, -1, spans, torch.zeros(3, dtype=torch.uint8), 9)

@@ -363,3 +363,77 @@ def expand_positive(v: torch.Tensor, sub: torch.Tensor, fill: int) -> torch.Tens
 
     _run_indexed(len(spans), run)
     return out
+
+
+def _moment_args(wlev: torch.Tensor | None) -> tuple[Any, int]:
+    ffi, _ = _lib()
+    if wlev is None:
+        return ffi.NULL, 1
+    return ffi.cast("const void *", wlev.data_ptr()), wlev.element_size()
+
+
+def compact_moment(m: torch.Tensor, wlev: torch.Tensor | None, wpruned: int
+                   ) -> tuple[torch.Tensor, list[tuple[int, int, int, int]]]:
+    """(kept entries of contiguous CPU float32 `m` in order, the chunk spans) where kept
+    means m != 0 and, with contiguous uint8/int16 weight levels `wlev`, wlev != wpruned
+    (native/moments.h).  The spans serve `expand_moment` on the same inputs."""
+    ffi, lib = _lib()
+    n = m.numel()
+    threads = max(1, min(torch.get_num_threads(), n // MIN_CHUNK))
+    step = max(1, -(-n // threads))
+    bounds = [(s, min(n, s + step)) for s in range(0, n, step)]
+    mp = ffi.cast("const float *", m.data_ptr())
+    wp, ws = _moment_args(wlev)
+    wsz = wlev.element_size() if wlev is not None else 0
+    counts = [0] * len(bounds)
+
+    def count(i: int) -> None:
+        a, b = bounds[i]
+        w = wp + a * wsz if wlev is not None else wp
+        counts[i] = lib.mvc_compact_moment_f32(mp + a, b - a, w, ws, wpruned, ffi.NULL, 0)
+
+    _run_indexed(len(bounds), count)
+    if any(c < 0 for c in counts):  # pragma: no cover - arguments built here
+        raise InternalError("mvc_compact_moment_f32 rejected its arguments")
+    spans, off = [], 0
+    for (a, b), c in zip(bounds, counts):
+        spans.append((a, b, off, c))
+        off += c
+    out = torch.empty(off, dtype=torch.float32)
+    op = ffi.cast("float *", out.data_ptr())
+
+    def run(i: int) -> None:
+        a, b, o, c = spans[i]
+        w = wp + a * wsz if wlev is not None else wp
+        if lib.mvc_compact_moment_f32(mp + a, b - a, w, ws, wpruned, op + o, c) != c:
+            raise InternalError("mvc_compact_moment_f32: the kept count changed")
+
+    _run_indexed(len(spans), run)
+    return out, spans
+
+
+def expand_moment(m: torch.Tensor, wlev: torch.Tensor | None, wpruned: int,
+                  spans: list[tuple[int, int, int, int]], sub: torch.Tensor,
+                  fill: int) -> torch.Tensor:
+    """Levels of m's length: `sub`'s entries in order where kept (as `compact_moment`, whose
+    spans these are), else `fill`."""
+    ffi, lib = _lib()
+    if sum(s[3] for s in spans) != sub.numel():
+        raise InternalError("expand_moment: level count does not match the kept entries")
+    out = torch.empty(m.numel(), dtype=sub.dtype)
+    fn, ctype = ((lib.mvc_expand_moment_u8, "uint8_t *") if sub.dtype == torch.uint8
+                 else (lib.mvc_expand_moment_i16, "int16_t *"))
+    mp = ffi.cast("const float *", m.data_ptr())
+    wp, ws = _moment_args(wlev)
+    wsz = wlev.element_size() if wlev is not None else 0
+    sp = ffi.cast(ctype, sub.data_ptr())
+    op = ffi.cast(ctype, out.data_ptr())
+
+    def run(i: int) -> None:
+        a, b, o, c = spans[i]
+        w = wp + a * wsz if wlev is not None else wp
+        if fn(mp + a, b - a, w, ws, wpruned, sp + o, c, fill, op + a) != c:
+            raise InternalError("mvc_expand_moment: the kept count changed")
+
+    _run_indexed(len(spans), run)
+    return out

@@ -67,7 +67,15 @@ import numpy as np
 import torch
 
 from mvc.errors import UsageError
-from mvc.quant._kernels import expand_positive, gather_level, log_positive, ratio_max, scan_f32
+from mvc.quant._kernels import (
+    compact_moment,
+    expand_moment,
+    expand_positive,
+    gather_level,
+    log_positive,
+    ratio_max,
+    scan_f32,
+)
 from mvc.quant.assign import level_dtype
 from mvc.quant.config import check_bins
 from mvc.quant.errors import QuantError
@@ -229,6 +237,30 @@ def quantize_moment(m: torch.Tensor, bins: int, *, pruned: torch.Tensor | None =
     return _scatter(flat, keep, m.shape, m.dtype, bins, qs.protected, qs.centroids, qs.levels)
 
 
+def _native_moment(m: torch.Tensor, wq: QuantizedTensor | None, bins: int) -> bool:
+    ok = (m.device.type == "cpu" and m.dtype == torch.float32
+          and level_dtype(bins) in (torch.uint8, torch.int16))
+    return ok and (wq is None or (wq.levels.device.type == "cpu"
+                                  and wq.levels.dtype in (torch.uint8, torch.int16)))
+
+
+def _quantize_moment_native(m: torch.Tensor, wq: QuantizedTensor | None, bins: int, *,
+                            prune: float, protect: float, seed: int, alpha: float, sigma: float,
+                            init: torch.Tensor | None) -> QuantizedTensor:
+    """`quantize_moment(m, bins, pruned=wq's pruned levels, ...)` with the kept entries
+    compacted and their levels spread back natively (one pass each, no masks)."""
+    flat = m.detach().reshape(-1).contiguous()
+    wlev = wq.levels.reshape(-1).contiguous() if wq is not None else None
+    wpruned = wq.pruned_level if wq is not None else -1
+    sub, spans = compact_moment(flat, wlev, wpruned)
+    if sub.numel() == 0:
+        return _empty_quantized(m.shape, m.dtype, m.device, bins)
+    qs = quantize(sub, bins, prune=prune, protect=protect, seed=seed, alpha=alpha, sigma=sigma,
+                  init=init)
+    levels = expand_moment(flat, wlev, wpruned, spans, qs.levels.reshape(-1), bins)
+    return QuantizedTensor(levels.reshape(m.shape), qs.centroids, qs.protected, m.dtype, bins)
+
+
 def quantize_second_moment(v: torch.Tensor, bins: int, *, protect: float = 0.0, seed: int = 0,
                            alpha: float = 0.002, sigma: float = 0.2,
                            init: torch.Tensor | None = None) -> QuantizedTensor | None:
@@ -320,10 +352,15 @@ def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],
             continue
         wname = mapping.get((parsed[0], parsed[1]), mapping.get(("*", parsed[1])))
         wq = weight_qmap.get(wname) if wname is not None else None
-        pruned = None
-        if wq is not None and tuple(wq.shape) == tuple(t.shape):
-            pruned = wq.levels == wq.pruned_level
-        q = quantize_moment(t, bins_moment, pruned=pruned, prune=prune_moment, protect=protect,
-                            seed=seed, alpha=alpha, sigma=sigma, init=init.get(name))
+        if wq is not None and tuple(wq.shape) != tuple(t.shape):
+            wq = None
+        if _native_moment(t, wq, bins_moment):
+            q = _quantize_moment_native(t, wq, bins_moment, prune=prune_moment, protect=protect,
+                                        seed=seed, alpha=alpha, sigma=sigma, init=init.get(name))
+        else:
+            pruned = wq.levels == wq.pruned_level if wq is not None else None
+            q = quantize_moment(t, bins_moment, pruned=pruned, prune=prune_moment,
+                                protect=protect, seed=seed, alpha=alpha, sigma=sigma,
+                                init=init.get(name))
         out[name] = OptQuantized(q, "linear")
     return out
