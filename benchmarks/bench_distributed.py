@@ -6,7 +6,9 @@ Two gloo ranks on CPU (this script started twice, `--rank`), then the parent:
    `find_config` alone and then leading a `mvc.search.ranks()` search that rank 1 serves,
    alternately `--reps` times; reported: trials (1 rank) vs rounds (2 ranks), the minimum
    wall time of each and their ratio, for a first (exhaustive) search and for a
-   neighbourhood search from a config that is too aggressive (it has to walk).  Each rank
+   neighbourhood search from a config that is too aggressive (it has to walk), both with the
+   proxy gate, and for a first search judged by a quality function (the model's loss on
+   `--eval` samples: a trial then costs an evaluation, as in training).  Each rank
    gets `--threads` threads (torch and mvc's native pool; default 1), so one rank stands
    for one device: with 1 thread the 1-rank search uses one core and the 2-rank search
    two.  On a small machine shared with other work, wall time is noisy: the rounds are the
@@ -18,6 +20,7 @@ Two gloo ranks on CPU (this script started twice, `--rank`), then the parent:
    codec header, Huffman tables, centroids).
 
 Usage: python benchmarks/bench_distributed.py [--json] [--reps R] [--hidden H] [--threads T]
+                                             [--eval N]
 """
 from __future__ import annotations
 
@@ -54,7 +57,7 @@ def train(m: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
 
 
 # ------------------------------------------------------------------ one rank
-def rank_main(rank: int, root: Path, hidden: int, reps: int) -> None:
+def rank_main(rank: int, root: Path, hidden: int, reps: int, n_eval: int) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -75,25 +78,33 @@ def rank_main(rank: int, root: Path, hidden: int, reps: int) -> None:
     train(m, opt, 20)
     tensors = {f"model/{k}": v.detach().clone() for k, v in m.state_dict().items()}
     aggressive = QuantConfig(bins=4, prune=0.4, protect=0.0005)
-    for kind, previous in (("first", None), ("neighbourhood", aggressive)):
+    xe = torch.randn(n_eval, 256, generator=torch.Generator().manual_seed(2))
+
+    def quality(candidate: dict) -> float:   # the same batch on every rank
+        params = {k[len("model/"):]: v for k, v in candidate.items()}
+        with torch.no_grad():
+            return float((torch.func.functional_call(m, params, (xe,)) - xe).pow(2).mean())
+
+    for kind, previous, evaluate in (("first", None, None), ("neighbourhood", aggressive, None),
+                                     ("first_quality", None, quality)):
         runs: dict[str, list] = {"one": [], "two": []}
         for _ in range(reps):
             if rank == 0:
                 t = time.perf_counter()
-                res = mvc.search.find_config(tensors, previous=previous)
+                res = mvc.search.find_config(tensors, previous=previous, evaluate=evaluate)
                 runs["one"].append((time.perf_counter() - t, len(res.quality["trials"]),
                                     res.config.to_dict() if res.config else None))
             dist.barrier()
             if rank == 0:
                 t = time.perf_counter()
                 with mvc.search.ranks():
-                    res = mvc.search.find_config(tensors, previous=previous)
+                    res = mvc.search.find_config(tensors, previous=previous, evaluate=evaluate)
                 runs["two"].append((time.perf_counter() - t, res.quality["rounds"],
                                     res.config.to_dict() if res.config else None,
                                     len(res.quality["trials"])))
                 dist.broadcast_object_list(["next"], src=0)
             else:
-                mvc.search.serve_trials(tensors)
+                mvc.search.serve_trials(tensors, evaluate=evaluate)
         out[kind] = runs
 
     # 2. sharded commits of an FSDP2 model + AdamW
@@ -132,11 +143,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--threads", type=int, default=1, help="threads per rank")
+    ap.add_argument("--eval", type=int, default=8192, help="samples the quality function runs")
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--root", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rank is not None:
-        rank_main(args.rank, Path(args.root), args.hidden, args.reps)
+        rank_main(args.rank, Path(args.root), args.hidden, args.reps, args.eval)
         return
 
     from mvc.quant import QuantConfig
@@ -147,7 +159,8 @@ def main() -> None:
         Repo.init(root / name).close()
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MVC_THREADS=str(args.threads))
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--root", str(root),
-                               "--hidden", str(args.hidden), "--reps", str(args.reps)], env=env)
+                               "--hidden", str(args.hidden), "--reps", str(args.reps),
+                               "--eval", str(args.eval)], env=env)
              for r in range(2)]
     if any(p.wait() for p in procs):
         sys.exit("a rank failed")
@@ -155,7 +168,7 @@ def main() -> None:
 
     result: dict = {"hidden": args.hidden, "reps": args.reps, "threads_per_rank": args.threads,
                     "search": {}, "size": {}}
-    for kind in ("first", "neighbourhood"):
+    for kind in ("first", "neighbourhood", "first_quality"):
         one, two = r0[kind]["one"], r0[kind]["two"]
         t1, t2 = min(r[0] for r in one), min(r[0] for r in two)
         result["search"][kind] = {
