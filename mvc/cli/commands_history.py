@@ -165,18 +165,22 @@ def log(rev: str, oneline: bool, graph: bool, max_count: int | None, as_json: bo
     """Show the history reachable from REV (default HEAD)."""
     repo = Repo.discover()
     commits = repo.log(rev, max_count)
+    pruned = repo.pruned()
     if as_json:
-        echo_json([commit_dict(c) for c in commits])
+        echo_json([dict(commit_dict(c), pruned=c.id in pruned) for c in commits])
         return
     deco = _decorations(repo)
     for i, c in enumerate(commits):
         refs = f" ({', '.join(deco[c.id])})" if c.id in deco else ""
         bullet = "* " if graph else ""
         if oneline:
-            echo(f"{bullet}{c.id[:12]}{refs} {c.summary}")
+            mark = " [pruned]" if c.id in pruned else ""
+            echo(f"{bullet}{c.id[:12]}{refs}{mark} {c.summary}")
             continue
         pad = "| " if graph else ""
         echo(f"{bullet}commit {c.id}{refs}")
+        if c.id in pruned:
+            echo(f"{pad}Pruned: checkpoint not stored (gc retention policy)")
         echo(f"{pad}Author: {c.author}")
         echo(f"{pad}Date:   {c.time}")
         extra = []
@@ -203,8 +207,12 @@ def show(rev: str, as_json: bool) -> None:
     """Show a commit: message, metadata, provenance and how each tensor is stored."""
     repo = Repo.discover()
     c = repo.read_commit(repo.resolve(rev))
-    snap = repo.read_snapshot(c.snapshot)
-    tensors = [{
+    pruned = c.id in repo.pruned()
+    if pruned and as_json:
+        echo_json({**commit_dict(c), "pruned": True, "tensors": None})
+        return
+    snap = repo.read_snapshot(c.snapshot) if not pruned else None
+    tensors = [] if snap is None else [{
         "name": t.name, "dtype": t.dtype, "shape": t.shape, "codec": t.codec,
         "raw_bytes": t.raw_bytes, "stored_bytes": t.stored_bytes, "depth": t.depth,
         "ratio": (t.raw_bytes / t.stored_bytes) if t.stored_bytes else None,
@@ -235,6 +243,9 @@ def show(rev: str, as_json: bool) -> None:
     for line in message_lines(c.message):
         echo(f"    {line}", multiline=True)
     echo()
+    if snap is None:
+        echo("Pruned:  checkpoint not stored (gc retention policy)")
+        return
     rows = [(t.name, t.dtype, "x".join(map(str, t.shape)) or "()", t.codec,
              human_bytes(t.stored_bytes), ratio(t.raw_bytes / t.stored_bytes)
              if t.stored_bytes else "-") for t in snap.tensors]
@@ -281,7 +292,8 @@ def stats(as_json: bool) -> None:
     if as_json:
         echo_json(s.to_dict())
         return
-    rows = [(c.id[:12], c.message[:40], human_bytes(c.raw_bytes), human_bytes(c.stored_bytes),
+    rows = [(c.id[:12], c.message[:40], "pruned", "-", "-") if c.pruned else
+            (c.id[:12], c.message[:40], human_bytes(c.raw_bytes), human_bytes(c.stored_bytes),
              ratio(c.ratio)) for c in s.commits]
     click.echo(table(rows, ["commit", "message", "raw", "stored", "ratio"], "llrrr"))
     echo()

@@ -21,12 +21,32 @@ class FsckFailed(DataError):
 @click.option("--max-chain", type=click.IntRange(min=0), default=None,
               help="Re-encode tensors with deeper delta chains as bases (default: gc.max_chain; "
                    "0: no depth bound, commit.chain_budget still applies).")
+@click.option("--keep-last", type=int, default=None, metavar="N",
+              help="Retention: keep the N newest commits of each branch; prune older ones "
+                   "(tags and branch tips are always kept).")
+@click.option("--keep-every", type=int, default=None, metavar="K",
+              help="Retention: also keep every K-th commit of older history (counted from the root).")
 @quiet_option
-def gc(dry_run: bool, shrink: bool, max_chain: int | None, quiet: bool) -> None:
-    """Bound delta chains and remove objects unreachable from any ref or reflog entry."""
+def gc(dry_run: bool, shrink: bool, max_chain: int | None, keep_last: int | None,
+       keep_every: int | None, quiet: bool) -> None:
+    """Bound delta chains and remove objects unreachable from any ref or reflog entry.
+
+    With --keep-last / --keep-every, first prune the commits the policy does not keep:
+    they stay in history (same ids, `mvc log` marks them pruned) but their checkpoints
+    are freed; kept commits restore exactly as before. --dry-run lists them."""
     repo = Repo.discover()
     with terminal_progress(quiet=quiet) as progress:
-        r = repo.gc(dry_run=dry_run, max_chain=max_chain, shrink=shrink, progress=progress)
+        r = repo.gc(dry_run=dry_run, max_chain=max_chain, shrink=shrink, progress=progress,
+                    keep_last=keep_last, keep_every=keep_every)
+    if keep_last is not None or keep_every is not None:
+        verb = "would prune" if dry_run else "pruned"
+        echo(f"gc: {verb} {len(r.pruned)} commits" + (":" if r.pruned and dry_run else ""))
+        if dry_run:
+            for cid in r.pruned:
+                echo(f"  {cid[:12]} {repo.read_commit(cid).summary}")
+        elif r.retention_rebased:
+            echo(f"gc: re-encoded {r.retention_rebased} tensors of kept commits as bases "
+                 "(they were deltas on pruned ones)")
     if r.snapshots_rewritten:
         echo(f"gc: re-encoded {r.tensors_rebased} tensors in {r.snapshots_rewritten} snapshots "
              f"as bases (chain depth {r.max_chain_before} -> {r.max_chain_after})")

@@ -26,6 +26,7 @@ from mvc.progress import NO_PROGRESS, Progress
 from mvc.repo import lossy
 from mvc.repo.objectdb import ObjectDB
 from mvc.repo.objects import Snapshot, TensorRecord
+from mvc.repo.pruned import pruned_ids
 from mvc.repo.reader import TensorReader
 from mvc.repo.replace import publish_replacement
 from mvc.repo.tensors import ChunkWriter
@@ -58,8 +59,11 @@ def compact_chains(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefSt
     cost: dict[tuple[str, str], float] = {}      # after the rebases decided so far
     recorded: dict[tuple[str, str], float] = {}  # as committed
     p = progress if progress is not None else NO_PROGRESS
+    pruned = pruned_ids(refs)
     for commit in odb.walk_commits(roots, order="topo"):
         p.advance(items=1)
+        if commit.id in pruned:  # no snapshot kept; the kept ones no longer delta on it
+            continue
         sid = commit.snapshot
         snap = odb.read_snapshot(sid)
         rebase: list[int] = []
@@ -108,8 +112,17 @@ def carried_meta(rec: TensorRecord) -> dict[str, Any]:
     return {k: v for k, v in rec.meta.items() if k not in ENCODING_META}
 
 
+def rebase_tensors(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefStore, sid: str,
+                   snap: Snapshot, rebase: list[int], chunk_size: int, reason: str) -> None:
+    """Publish a replacement of snapshot `sid` (read as `snap`) in which the records at indices
+    `rebase` are re-encoded as bases, after checking it restores every affected tensor
+    bit-identically (`InternalError` otherwise, and nothing is published)."""
+    _rewrite(odb, reader, refs, sid, snap, rebase, chunk_size, reason)
+
+
 def _rewrite(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefStore, sid: str,
-             snap: Snapshot, rebase: list[int], chunk_size: int) -> None:
+             snap: Snapshot, rebase: list[int], chunk_size: int,
+             reason: str = "gc: compact delta chains") -> None:
     writer = ChunkWriter(odb.blobs, chunk_size)
     records = list(snap.tensors)
     for i in rebase:
@@ -124,7 +137,7 @@ def _rewrite(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefStore, s
     new_sid = writer.add(Snapshot(records, snap.skeleton).encode())
     writer.flush()
     _verify(odb, reader, sid, snap, new_sid, [snap.tensors[i].name for i in rebase])
-    publish_replacement(refs, sid, new_sid, "gc: compact delta chains")
+    publish_replacement(refs, sid, new_sid, reason)
 
 
 def _verify(odb: ObjectDB, reader: TensorReader, sid: str, snap: Snapshot, new_sid: str,

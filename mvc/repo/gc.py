@@ -7,8 +7,8 @@ maintenance part (write lock, shrink) -- and plain settings; never a `Repo`.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
 
 from mvc.errors import DataError, UsageError
 from mvc.progress import Progress, phase
@@ -16,6 +16,7 @@ from mvc.repo.compact import compact_chains
 from mvc.repo.objectdb import Damage, ObjectDB
 from mvc.repo.reader import TensorReader
 from mvc.repo.replace import REPLACE
+from mvc.repo.retention import RetentionPolicy, apply_retention, plan_retention
 from mvc.store import InvalidIdError, RefUpdate, StoreMaintenance, TransactionalRefStore
 from mvc.store.base import check_oid
 
@@ -47,6 +48,10 @@ class GcReport:
     #: The store's size before and after `shrink` (None without it).
     disk_before: int | None = None
     disk_after: int | None = None
+    #: Commits a retention policy pruned now (or would), newest first; and the tensors of
+    #: kept commits re-encoded as bases because they were deltas on a pruned snapshot.
+    pruned: list[str] = field(default_factory=list)
+    retention_rebased: int = 0
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,8 @@ class GcSettings:
 def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefStore,
                     maintenance: StoreMaintenance, settings: GcSettings, *,
                     dry_run: bool = False, shrink: bool = False,
-                    progress: Progress | None = None) -> GcReport:
+                    progress: Progress | None = None,
+                    retention: RetentionPolicy | None = None) -> GcReport:
     """Compact delta chains deeper than `settings.max_chain` or costlier than
     `settings.chain_budget`, then delete every object no ref or reflog entry reaches.
 
@@ -77,6 +83,10 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
     a replacement, a delta's parent) or a damaged object key in the store. With
     `shrink`, the store then gives the freed space back. `progress` hears of the commits
     compaction visits and of the objects deleted.
+
+    `retention`: first prune the commits the policy does not keep (`mvc.repo.retention`);
+    with `dry_run`, the report says which and what that would free (the bases re-encoded
+    for the kept commits not counted).
     """
     if settings.max_chain < 0:
         raise UsageError(f"max_chain must be >= 0 (0: no depth bound), got {settings.max_chain}")
@@ -84,7 +94,15 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
     with maintenance.write_lock(settings.lock_timeout):
         stored = _stored_ids(blobs.iter_ids())
         roots = odb.root_ids()
-        keep = _reachable(odb, roots)
+        plan = plan_retention(odb, retention) if retention is not None else None
+        rebased = 0
+        if plan is not None and not dry_run:
+            rebased = apply_retention(odb, reader, refs, plan, settings.chunk_size, progress)
+        if plan is not None and dry_run:
+            keep = _reachable(odb, roots, also_pruned=[c.id for c in plan.prune],
+                              have=plan.freed_snapshots)
+        else:
+            keep = _reachable(odb, roots)
         compacted = None
         if not dry_run and (settings.max_chain > 0 or settings.chain_budget > 0):
             with phase(progress, "bounding delta chains", unit="commits") as p:
@@ -111,7 +129,8 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
                     blobs.delete(batch)
                     p.advance(sum(sizes[oid] for oid in batch), len(batch))
         report = GcReport(removed_objects=len(doomed), freed_bytes=freed,
-                          kept_objects=len(keep), dry_run=dry_run)
+                          kept_objects=len(keep), dry_run=dry_run,
+                          pruned=[c.id for c in plan.prune] if plan else [], retention_rebased=rebased)
         if compacted is not None:
             report.snapshots_rewritten = compacted.snapshots_rewritten
             report.tensors_rebased = compacted.tensors_rebased
@@ -122,10 +141,13 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
         return report
 
 
-def _reachable(odb: ObjectDB, roots: set[str]) -> set[str]:
-    """Every object reachable from `roots`; `UnsafeGcError` if any of it cannot be read."""
+def _reachable(odb: ObjectDB, roots: set[str], *, also_pruned: Collection[str] = (),
+               have: Collection[str] = ()) -> set[str]:
+    """Every object reachable from `roots`; `UnsafeGcError` if any of it cannot be read.
+    `also_pruned`, `have`: as for `ObjectDB.reachable` (a dry run of retention)."""
     damage: list[Damage] = []
-    keep = {r.oid for r in odb.reachable(roots, on_damage=damage.append)}
+    keep = {r.oid for r in odb.reachable(roots, on_damage=damage.append, also_pruned=also_pruned,
+                                         have=set(have))}
     if damage:
         more = f" (and {len(damage) - 1} more)" if len(damage) > 1 else ""
         raise UnsafeGcError(f"gc refused: reachable history is damaged, run `mvc fsck`: "

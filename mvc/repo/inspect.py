@@ -13,6 +13,7 @@ import torch
 
 from mvc.repo.levelcache import cache_bytes
 from mvc.repo.objectdb import ObjectDB
+from mvc.repo.pruned import check_not_pruned, pruned_ids
 from mvc.repo.reader import TensorReader
 from mvc.store import StoreMaintenance
 
@@ -40,6 +41,8 @@ class CommitStats:
     message: str
     raw_bytes: int
     stored_bytes: int
+    #: Pruned by a retention policy: no checkpoint stored (raw_bytes 0).
+    pruned: bool = False
 
     @property
     def ratio(self) -> float:
@@ -98,6 +101,8 @@ def _compare(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 def diff(odb: ObjectDB, reader: TensorReader, cid_a: str, cid_b: str) -> list[TensorDiff]:
     """Per tensor of commits `cid_a` and `cid_b`: added / removed / changed / unchanged, with
     relative L2 and max abs change."""
+    check_not_pruned(odb.refs, cid_a)
+    check_not_pruned(odb.refs, cid_b)
     sid_a = odb.read_commit(cid_a).snapshot
     sid_b = odb.read_commit(cid_b).snapshot
     snap_a, snap_b = odb.read_snapshot(sid_a), odb.read_snapshot(sid_b)
@@ -140,7 +145,11 @@ def stats(odb: ObjectDB, maintenance: StoreMaintenance, cache_dir: Path) -> Repo
     commits = sorted(odb.walk_commits(odb.root_ids()), key=lambda c: (c.time, c.id))
     charged: set[str] = set()
     out = RepoStats()
+    pruned = pruned_ids(odb.refs)
     for c in commits:
+        if c.id in pruned:
+            out.commits.append(CommitStats(c.id, c.summary, 0, 0, pruned=True))
+            continue
         snap = odb.read_snapshot(c.snapshot)
         added = 0
         for oid in [c.id, c.snapshot, *snap.chunk_ids()]:

@@ -34,6 +34,7 @@ from mvc.errors import DataError
 from mvc.repo import refs as R
 from mvc.repo.lossy import parent_ref
 from mvc.repo.objects import Commit, MalformedObjectError, Snapshot, object_kind
+from mvc.repo.pruned import PRUNED, pruned_ids
 from mvc.repo.replace import REPLACE, ReplacementError, follow_replacement
 from mvc.store import BlobStore, ObjectMissingError, OnCorrupt, RefStore
 
@@ -161,16 +162,17 @@ class ObjectDB:
     def root_ids(self, on_corrupt: OnCorrupt | None = None) -> set[str]:
         """Every commit id a ref or a reflog entry names: what history is, for gc and fsck.
 
-        `refs/replace/` is not history (it names snapshots). An unreadable ref or
+        `refs/replace/` is not history (it names snapshots), nor `refs/pruned/` (marks on
+        commits history reaches anyway). An unreadable ref or
         reflog record raises (gc must not guess), unless `on_corrupt` takes it
         (fsck reports it and goes on).
         """
         roots: set[str] = set()
         for name, value in self.refs.iter_refs("", on_corrupt=on_corrupt):
-            if value and not R.is_symbolic(value) and not name.startswith(REPLACE):
+            if value and not R.is_symbolic(value) and not name.startswith((REPLACE, PRUNED)):
                 roots.add(value)
         for name in self.refs.reflog_names(on_corrupt=on_corrupt):
-            if name.startswith(REPLACE):
+            if name.startswith((REPLACE, PRUNED)):
                 continue
             for entry in self.refs.reflog(name, on_corrupt=on_corrupt):
                 for v in (entry.old, entry.new):
@@ -273,7 +275,8 @@ class ObjectDB:
                 push(p, cid)
 
     def reachable(self, roots: Iterable[str], *, have: Have = None,
-                  on_damage: OnDamage | None = None) -> Iterator[Reached]:
+                  on_damage: OnDamage | None = None,
+                  also_pruned: Collection[str] = ()) -> Iterator[Reached]:
         """Every object reachable from `roots` (commit ids), each once, minus `have`.
 
         Yields each commit, then the snapshot it names (`Reached.obj` is the
@@ -290,12 +293,20 @@ class ObjectDB:
         replacement is a separate object a holder of the original may lack.
         `on_damage`: as in `walk_commits`; an unreadable snapshot is skipped, with
         the chunks it would name.
+
+        A commit marked pruned (`mvc.repo.pruned`) is yielded, its snapshot is not
+        entered: the walk reaches it only through a kept commit naming it (or a
+        delta encoded against it). `also_pruned`: more commits to treat so (gc's
+        dry run of a retention policy).
         """
         had = _predicate(have)
         snapshots: set[str] = set()
         chunks: set[str] = set()
+        pruned = pruned_ids(self.refs) | set(also_pruned)
         for commit in self.walk_commits(roots, have=had, on_damage=on_damage):
             yield Reached(commit.id, "commit", commit)
+            if commit.id in pruned:
+                continue
             yield from self._snapshot_closure(commit.snapshot, commit.id, "commit", had,
                                               snapshots, chunks, on_damage)
 

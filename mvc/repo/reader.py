@@ -41,6 +41,7 @@ from mvc.repo.lossy import (
 )
 from mvc.repo.objectdb import ObjectDB
 from mvc.repo.objects import Snapshot, TensorRecord
+from mvc.repo.pruned import check_not_pruned
 from mvc.repo.shards import assemble, expand_names
 from mvc.repo.tensors import parse_dtype, read_payload, read_tensor
 from mvc.state import prune, unflatten
@@ -74,6 +75,7 @@ class TensorReader:
         second moment (its bound). Raises `UsageError` when nothing is selected.
         `progress` hears of each tensor restored (see `read_all`).
         """
+        check_not_pruned(self.odb.refs, cid)
         sid = self.odb.read_commit(cid).snapshot
         snap = self.odb.read_snapshot(sid)
         skeleton, records = snap.skeleton, snap.tensors

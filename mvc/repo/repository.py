@@ -25,6 +25,8 @@ from mvc.repo import inspect, pipeline
 from mvc.repo.config import Config
 from mvc.repo.fsck import FsckReport, check_repository
 from mvc.repo.gc import GcReport, GcSettings, collect_garbage
+from mvc.repo.pruned import pruned_ids
+from mvc.repo.retention import RetentionPolicy
 from mvc.repo.inspect import RepoStats, TensorDiff
 from mvc.repo.levelcache import DiskLevelCache, check_level_cache
 from mvc.repo.objectdb import ObjectDB
@@ -113,6 +115,11 @@ class Repo:
     def read_snapshot(self, oid: str) -> Snapshot:
         """The snapshot a commit names (following gc's replacement, if any)."""
         return self.odb.read_snapshot(oid)
+
+    def pruned(self) -> set[str]:
+        """The commits a retention policy pruned (`gc --keep-last/--keep-every`): in history,
+        without a checkpoint."""
+        return pruned_ids(self.store.refs)
 
     @property
     def disk_levels(self) -> DiskLevelCache | None:
@@ -477,18 +484,23 @@ class Repo:
 
     # ------------------------------------------------------------------ maintenance / inspection
     def gc(self, *, dry_run: bool = False, max_chain: int | None = None,
-           shrink: bool = False, progress: Progress | None = None) -> GcReport:
+           shrink: bool = False, progress: Progress | None = None,
+           keep_last: int | None = None, keep_every: int | None = None) -> GcReport:
         """Bound delta chains (`gc.max_chain`, `commit.chain_budget`), remove objects unreachable
         from refs and reflogs, and with `shrink` give the freed space back to the file system.
 
-        Never changes what any commit restores."""
+        `keep_last` / `keep_every`: a retention policy (`mvc.repo.retention`): the commits it
+        does not keep are pruned -- they stay in history, marked, without their checkpoint.
+        Never changes what any kept commit restores."""
         get = self.config.get
         settings = GcSettings(
             max_chain=int(get("gc.max_chain")) if max_chain is None else max_chain,
             chain_budget=float(get("commit.chain_budget")),
             chunk_size=int(get("commit.chunk_mib")) << 20, lock_timeout=self._lock_timeout())
         return collect_garbage(self.odb, self.reader, self.store.refs, self.store.maintenance,
-                               settings, dry_run=dry_run, shrink=shrink, progress=progress)
+                               settings, dry_run=dry_run, shrink=shrink, progress=progress,
+                               retention=RetentionPolicy(keep_last, keep_every)
+                               if keep_last is not None or keep_every is not None else None)
 
     def fsck(self, *, progress: Progress | None = None) -> FsckReport:
         """Verify every object and every reference; warn about unusable level-cache entries."""
