@@ -177,9 +177,15 @@ def test_entries_made_stale_by_gc_are_misses_and_reported(tmp_path):
             r.commit(s, f"more {t}", quant=CFG, policy=POLICY)
         ids = [c.id for c in r.log()][::-1]
     truths = {c: uncached(tmp_path, c) for c in ids}
+    before = {p.name: p.read_bytes() for p in cache_dir(tmp_path).glob("*.levels")}
     with Repo(tmp_path) as r:
         report = r.gc(max_chain=1)
         assert report.tensors_rebased > 0
+        # gc deletes what it made stale itself ...
+        assert report.cache_files_removed > 0 and not r.fsck().warnings
+    # ... and one killed before that cleanup leaves entries that are misses, and reported.
+    for name, data in before.items():
+        (cache_dir(tmp_path) / name).write_bytes(data)
     warnings = Repo(tmp_path).fsck().warnings
     assert any("stale" in w and "no longer stored as cached" in w for w in warnings), warnings
     for c in ids:
@@ -196,9 +202,14 @@ def test_entries_made_stale_by_gc_are_misses_and_reported(tmp_path):
         for name in r.store.reflog_names():
             if name == "HEAD":
                 r.store.delete_reflog(name)
-        r.gc()
+        stale = cache_dir(tmp_path) / f"{side_sid}.levels"
+        kept_bytes = stale.read_bytes()
+        report = r.gc()
         assert not r.store.has(side_sid)
-    assert (cache_dir(tmp_path) / f"{side_sid}.levels").exists()
+        # gc deletes the level-cache files of what it freed: fsck has nothing to say after it.
+        assert report.cache_files_removed >= 1 and not stale.exists()
+        assert not r.fsck().warnings
+    stale.write_bytes(kept_bytes)  # a stale file (e.g. a gc that was killed before its cleanup)
     warnings = Repo(tmp_path).fsck().warnings
     assert any(side_sid in w and "no longer in the repository" in w for w in warnings), warnings
 

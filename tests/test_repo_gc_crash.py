@@ -32,7 +32,8 @@ def test_sigkill_during_gc(tmp_path):
     repo.switch("side", create=True)
     side = repo.commit(next(iter(trajectory(1)))[1], "side work")
     repo.switch("main")
-    repo.delete_branch("side", force=True)  # leaves garbage for gc to delete
+    repo.delete_branch("side", force=True)
+    repo.store.delete_reflog("refs/heads/side")  # no grace period: garbage for gc to delete
     reference = {cid: repo.read_state(cid) for cid in ids}
     repo.close()
     # How long an uninterrupted gc takes here, so kills land inside it.

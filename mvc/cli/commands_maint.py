@@ -5,8 +5,24 @@ import click
 
 from mvc.cli.format import echo, human_bytes
 from mvc.cli.progress import quiet_option, terminal_progress
-from mvc.errors import DataError
+from mvc.errors import DataError, UsageError
 from mvc.repo.repository import Repo
+
+
+def _expire_days(value: str | None) -> float | None:
+    if value is None:
+        return None
+    if value == "now":
+        return 0.0
+    if value == "never":
+        return float("inf")
+    try:
+        days = float(value)
+    except ValueError:
+        days = -1.0
+    if not days >= 0.0:
+        raise UsageError(f"--expire expects a number of days >= 0, 'now' or 'never', got {value!r}")
+    return days
 
 
 class FsckFailed(DataError):
@@ -26,18 +42,30 @@ class FsckFailed(DataError):
                    "(tags and branch tips are always kept).")
 @click.option("--keep-every", type=int, default=None, metavar="K",
               help="Retention: also keep every K-th commit of older history (counted from the root).")
+@click.option("--expire", "expire", default=None, metavar="DAYS|now|never",
+              help="Keep a deleted branch's or tag's reflog, and so its commits, this long after "
+                   "the deletion (default: gc.reflog_expire, 30 days).")
 @quiet_option
 def gc(dry_run: bool, shrink: bool, max_chain: int | None, keep_last: int | None,
-       keep_every: int | None, quiet: bool) -> None:
+       keep_every: int | None, expire: str | None, quiet: bool) -> None:
     """Bound delta chains and remove objects unreachable from any ref or reflog entry.
 
     With --keep-last / --keep-every, first prune the commits the policy does not keep:
     they stay in history (same ids, `mvc log` marks them pruned) but their checkpoints
-    are freed; kept commits restore exactly as before. --dry-run lists them."""
+    are freed; kept commits restore exactly as before. --dry-run lists them.
+
+    A deleted branch's commits stay for gc.reflog_expire days (its reflog: `mvc branch
+    NAME NAME@{0}` restores it); --expire now drops them at once."""
+    days = _expire_days(expire)
     repo = Repo.discover()
     with terminal_progress(quiet=quiet) as progress:
         r = repo.gc(dry_run=dry_run, max_chain=max_chain, shrink=shrink, progress=progress,
-                    keep_last=keep_last, keep_every=keep_every)
+                    keep_last=keep_last, keep_every=keep_every, reflog_expire=days)
+    for name in r.expired_reflogs:
+        echo(f"gc: {'would expire' if dry_run else 'expired'} the reflog of deleted {name}")
+    if r.deleted_refs_kept:
+        names = ", ".join(n.split("/", 2)[-1] for n in r.deleted_refs_kept)
+        echo(f"gc: kept the commits of deleted {names} (reflog grace period; --expire now drops them)")
     if keep_last is not None or keep_every is not None:
         verb = "would prune" if dry_run else "pruned"
         echo(f"gc: {verb} {len(r.pruned)} commits" + (":" if r.pruned and dry_run else ""))
@@ -53,6 +81,8 @@ def gc(dry_run: bool, shrink: bool, max_chain: int | None, keep_last: int | None
     verb = "would remove" if dry_run else "removed"
     echo(f"gc: {verb} {r.removed_objects} objects, {human_bytes(r.freed_bytes)}; "
          f"{r.kept_objects} reachable objects kept")
+    if r.cache_files_removed:
+        echo(f"gc: deleted {r.cache_files_removed} stale level-cache file(s)")
     if r.disk_before is not None and r.disk_after is not None:  # both set by the one shrink
         echo(f"gc: store file {human_bytes(r.disk_before)} -> {human_bytes(r.disk_after)}")
 

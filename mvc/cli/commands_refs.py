@@ -94,7 +94,7 @@ def reflog(ref: str, max_count: int | None, as_json: bool) -> None:
     (usable as a revision: `mvc checkout main@{2}`). HEAD's entries include the commits made
     while it was attached to a branch, as in git."""
     repo = Repo.discover()
-    full = reflog_ref(ref, repo.store.read_ref)
+    full = reflog_ref(ref, repo.store.read_ref, repo.store.reflog)
     moves = ref_history(full, repo.store.reflog)[:max_count]
     name = _selector(full)
     if as_json:

@@ -66,6 +66,9 @@ DEFAULTS: dict[str, Any] = {
     # gc re-encodes tensors whose delta chain is deeper than this (or over commit.chain_budget)
     # as bases.
     "gc.max_chain": 64,
+    # Days a deleted branch's (or tag's) reflog -- and so its last tip -- stays for gc to keep,
+    # like git's gc.reflogExpire; 0: gc drops it at once (`mvc gc --expire now`).
+    "gc.reflog_expire": 30.0,
 }
 
 #: Keys whose values are JSON objects (given as JSON text on the command line).
@@ -92,6 +95,7 @@ _RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
                            "> 0 (a relative L2 error of sqrt(v))"),
     "cache.levels_keep": (lambda v: v >= 0, ">= 0 (0: no level cache)"),
     "gc.max_chain": (lambda v: v >= 0, ">= 0 (0: no depth bound)"),
+    "gc.reflog_expire": (lambda v: v >= 0.0, ">= 0 days (0: deleted refs' reflogs go at the next gc)"),
 }
 
 #: String keys with a fixed set of values (a callable: the set is known only at run time).

@@ -7,6 +7,7 @@ maintenance part (write lock, shrink) -- and plain settings; never a `Repo`.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ from mvc.progress import Progress, phase
 from mvc.repo.compact import compact_chains
 from mvc.repo.objectdb import Damage, ObjectDB
 from mvc.repo.reader import TensorReader
+from mvc.repo.pruned import PRUNED
 from mvc.repo.replace import REPLACE
 from mvc.repo.retention import RetentionPolicy, apply_retention, plan_retention
 from mvc.store import InvalidIdError, RefUpdate, StoreMaintenance, TransactionalRefStore
@@ -52,6 +54,13 @@ class GcReport:
     #: kept commits re-encoded as bases because they were deltas on a pruned snapshot.
     pruned: list[str] = field(default_factory=list)
     retention_rebased: int = 0
+    #: Reflogs of deleted refs dropped now (or that would be): past `reflog_expire_days`.
+    expired_reflogs: list[str] = field(default_factory=list)
+    #: Reflogs of deleted refs still in their grace period (their commits are kept).
+    deleted_refs_kept: list[str] = field(default_factory=list)
+    #: Level-cache files deleted after the objects: stale (their snapshot or encoding gone),
+    #: corrupt or foreign -- what `fsck` would warn about.
+    cache_files_removed: int = 0
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,8 @@ class GcSettings:
     chunk_size: int
     #: Seconds to wait for the repository write lock.
     lock_timeout: float
+    #: Days a deleted ref's reflog is kept after the deletion (inf: forever; 0: none).
+    reflog_expire_days: float = 30.0
 
 
 def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefStore,
@@ -93,7 +104,11 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
     blobs = odb.blobs
     with maintenance.write_lock(settings.lock_timeout):
         stored = _stored_ids(blobs.iter_ids())
-        roots = odb.root_ids()
+        expired, in_grace = _deleted_ref_logs(refs, time.time() - settings.reflog_expire_days * 86400.0)
+        if expired and not dry_run:
+            for name in expired:
+                refs.delete_reflog(name)
+        roots = odb.root_ids(ignore_reflogs=expired)
         plan = plan_retention(odb, retention) if retention is not None else None
         rebased = 0
         if plan is not None and not dry_run:
@@ -130,7 +145,8 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
                     p.advance(sum(sizes[oid] for oid in batch), len(batch))
         report = GcReport(removed_objects=len(doomed), freed_bytes=freed,
                           kept_objects=len(keep), dry_run=dry_run,
-                          pruned=[c.id for c in plan.prune] if plan else [], retention_rebased=rebased)
+                          pruned=[c.id for c in plan.prune] if plan else [], retention_rebased=rebased,
+                          expired_reflogs=expired, deleted_refs_kept=in_grace)
         if compacted is not None:
             report.snapshots_rewritten = compacted.snapshots_rewritten
             report.tensors_rebased = compacted.tensors_rebased
@@ -153,6 +169,21 @@ def _reachable(odb: ObjectDB, roots: set[str], *, also_pruned: Collection[str] =
         raise UnsafeGcError(f"gc refused: reachable history is damaged, run `mvc fsck`: "
                             f"{damage[0]}{more}")
     return keep
+
+
+def _deleted_ref_logs(refs: TransactionalRefStore, cutoff: float) -> tuple[list[str], list[str]]:
+    """(expired, in grace): the reflogs of deleted refs whose deletion is older than `cutoff`
+    (epoch seconds), and the others. gc's own replacement logs are not the user's."""
+    expired: list[str] = []
+    grace: list[str] = []
+    for name in refs.reflog_names():
+        if name.startswith((REPLACE, PRUNED)) or refs.read_ref(name) is not None:
+            continue
+        log = refs.reflog(name)
+        if not log or log[-1].new is not None:
+            continue  # not a deletion: fsck reports the disagreement, gc keeps it all
+        (expired if log[-1].time <= cutoff else grace).append(name)
+    return expired, grace
 
 
 def _stored_ids(ids: Iterable[str]) -> list[str]:

@@ -159,11 +159,13 @@ class ObjectDB:
             return False
 
     # ------------------------------------------------------------------ roots
-    def root_ids(self, on_corrupt: OnCorrupt | None = None) -> set[str]:
+    def root_ids(self, on_corrupt: OnCorrupt | None = None,
+                 ignore_reflogs: Collection[str] = ()) -> set[str]:
         """Every commit id a ref or a reflog entry names: what history is, for gc and fsck.
 
         `refs/replace/` is not history (it names snapshots), nor `refs/pruned/` (marks on
-        commits history reaches anyway). An unreadable ref or
+        commits history reaches anyway), nor the reflogs named in `ignore_reflogs` (those gc
+        expires). An unreadable ref or
         reflog record raises (gc must not guess), unless `on_corrupt` takes it
         (fsck reports it and goes on).
         """
@@ -172,7 +174,7 @@ class ObjectDB:
             if value and not R.is_symbolic(value) and not name.startswith((REPLACE, PRUNED)):
                 roots.add(value)
         for name in self.refs.reflog_names(on_corrupt=on_corrupt):
-            if name.startswith((REPLACE, PRUNED)):
+            if name.startswith((REPLACE, PRUNED)) or name in ignore_reflogs:
                 continue
             for entry in self.refs.reflog(name, on_corrupt=on_corrupt):
                 for v in (entry.old, entry.new):

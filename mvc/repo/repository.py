@@ -229,7 +229,11 @@ class Repo:
             raise R.RefExistsError(f"{kind} {ref.split('/', 2)[2]!r} already exists") from None
 
     def delete_branch(self, name: str, force: bool = False) -> str:
-        """Delete a branch (never the current one); its reflog goes with it. Returns its old id.
+        """Delete a branch (never the current one). Returns its old id.
+
+        Its reflog stays, ending in the deletion, for `gc.reflog_expire` days: until then
+        gc keeps its commits, and `NAME@{0}` names its last tip (`mvc branch NAME NAME@{0}`
+        brings it back).
 
         Like git's `branch -d`, a branch whose tip no other branch, tag or HEAD reaches is
         refused (UnmergedBranchError): its commits would be left for gc. `force=True` (-D)
@@ -258,8 +262,9 @@ class Repo:
         old = old or self.store.read_ref(ref)
         if old is None:
             raise R.NoSuchRefError(f"no {kind} named {ref.split('/', 2)[2]!r}")
+        # The reflog stays (gc expires it after gc.reflog_expire days): the grace period in
+        # which a deleted branch's commits can still be recovered.
         self.store.update_refs([RefUpdate(ref, old, None)], f"{kind}: deleted")
-        self.store.delete_reflog(ref)
         return old
 
     def switch(self, name: str, *, create: bool = False) -> None:
@@ -485,10 +490,13 @@ class Repo:
     # ------------------------------------------------------------------ maintenance / inspection
     def gc(self, *, dry_run: bool = False, max_chain: int | None = None,
            shrink: bool = False, progress: Progress | None = None,
-           keep_last: int | None = None, keep_every: int | None = None) -> GcReport:
+           keep_last: int | None = None, keep_every: int | None = None,
+           reflog_expire: float | None = None) -> GcReport:
         """Bound delta chains (`gc.max_chain`, `commit.chain_budget`), remove objects unreachable
         from refs and reflogs, and with `shrink` give the freed space back to the file system.
 
+        The reflog of a deleted branch or tag (and so its last tip) is kept `reflog_expire`
+        days after the deletion (default: `gc.reflog_expire`; 0: expire now).
         `keep_last` / `keep_every`: a retention policy (`mvc.repo.retention`): the commits it
         does not keep are pruned -- they stay in history, marked, without their checkpoint.
         Never changes what any kept commit restores."""
@@ -496,11 +504,21 @@ class Repo:
         settings = GcSettings(
             max_chain=int(get("gc.max_chain")) if max_chain is None else max_chain,
             chain_budget=float(get("commit.chain_budget")),
-            chunk_size=int(get("commit.chunk_mib")) << 20, lock_timeout=self._lock_timeout())
-        return collect_garbage(self.odb, self.reader, self.store.refs, self.store.maintenance,
-                               settings, dry_run=dry_run, shrink=shrink, progress=progress,
-                               retention=RetentionPolicy(keep_last, keep_every)
-                               if keep_last is not None or keep_every is not None else None)
+            chunk_size=int(get("commit.chunk_mib")) << 20, lock_timeout=self._lock_timeout(),
+            reflog_expire_days=float(get("gc.reflog_expire")) if reflog_expire is None else reflog_expire)
+        report = collect_garbage(self.odb, self.reader, self.store.refs, self.store.maintenance,
+                                 settings, dry_run=dry_run, shrink=shrink, progress=progress,
+                                 retention=RetentionPolicy(keep_last, keep_every)
+                                 if keep_last is not None or keep_every is not None else None)
+        if not dry_run:
+            # The level cache is disposable: entries of snapshots gc freed or re-encoded go too,
+            # so fsck has nothing to warn about after a gc.
+            try:
+                report.cache_files_removed = len(self.prune_level_cache())
+            except OSError as exc:
+                warnings.warn(MvcWarning(f"gc: stale level-cache files were not deleted ({exc.strerror or exc}); "
+                                         "`mvc fsck --prune-cache` deletes them"), stacklevel=2)
+        return report
 
     def fsck(self, *, progress: Progress | None = None) -> FsckReport:
         """Verify every object and every reference; warn about unusable level-cache entries."""

@@ -80,7 +80,7 @@ def resolve_base(name: str, *, read_ref: Callable[[str], str | None],
         raise UnknownRevisionError("empty revision")
     at = _AT.match(name)
     if at and reflog is not None:
-        ref = reflog_ref(at.group(1), read_ref)
+        ref = reflog_ref(at.group(1), read_ref, reflog)
         history = ref_history(ref, reflog)
         n = int(at.group(2))
         if n >= len(history):
@@ -125,6 +125,13 @@ def _read(read_ref: Callable[[str], str | None], ref: str) -> str | None:
         return None
 
 
+def _reflog_of(reflog: Callable[[str], Sequence[ReflogEntry]], ref: str) -> Sequence[ReflogEntry]:
+    try:
+        return reflog(ref)
+    except InvalidRefError:
+        return []
+
+
 def _through(ref: str, name: str, read_ref: Callable[[str], str | None],
              resolve_ref: Callable[[str], str | None]) -> Resolved:
     """The commit `ref` points at; for a symbolic ref (HEAD), the ref it is attached to."""
@@ -145,9 +152,12 @@ class Move(NamedTuple):
     reason: str
 
 
-def reflog_ref(name: str, read_ref: Callable[[str], str | None]) -> str:
+def reflog_ref(name: str, read_ref: Callable[[str], str | None],
+               reflog: Callable[[str], Sequence[ReflogEntry]] | None = None) -> str:
     """The full ref whose reflog ``NAME@{n}`` reads: HEAD (also for an empty NAME), a full
-    ref name, else the branch, else the tag called NAME."""
+    ref name, else the branch, else the tag called NAME, else (given `reflog`) a deleted
+    branch or tag of that name whose reflog gc has not expired yet (``NAME@{0}``: its last
+    tip)."""
     if name in ("", HEAD):
         return HEAD
     if name.startswith((HEADS, TAGS)):
@@ -155,6 +165,10 @@ def reflog_ref(name: str, read_ref: Callable[[str], str | None]) -> str:
     for ref in (HEADS + name, TAGS + name):
         if _read(read_ref, ref) is not None:
             return ref
+    if reflog is not None:
+        for ref in (HEADS + name, TAGS + name):
+            if _reflog_of(reflog, ref):
+                return ref
     raise UnknownRevisionError(f"unknown ref {name!r}: no branch or tag of that name")
 
 
