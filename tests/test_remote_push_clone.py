@@ -232,8 +232,11 @@ def test_permanent_errors_are_one_line(history, tmp_path, monkeypatch):
 
 
 def test_clone_of_an_empty_remote_and_into_a_used_directory(tmp_path):
+    (tmp_path / "nothing").mkdir()
     res = clone(f"file://{tmp_path / 'nothing'}", tmp_path / "empty")
     assert res.branch is None and res.report.objects == 0
+    code, _, err = run(tmp_path, "clone", f"file://{tmp_path / 'typo'}", "t")
+    assert code == 141 and "no such directory" in err and not (tmp_path / "t").exists()
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "f").write_text("x")
     code, _, err = run(tmp_path, "clone", f"file://{tmp_path / 'nothing'}", "used")

@@ -31,6 +31,7 @@ from mvc.errors import MvcError
 from mvc.progress import NO_PROGRESS, Progress
 from mvc.repo import refs as R
 from mvc.repo.objectdb import ObjectDB, Reached
+from mvc.repo.pruned import PRUNED, pruned_ids
 from mvc.repo.replace import REPLACE
 from mvc.store import ANY, BlobStore, MemoryRefStore, RefConflictError, RefStore
 from mvc.store.objstore import Remote
@@ -170,12 +171,15 @@ def push(odb: ObjectDB, remote: Remote, updates: dict[str, str], *, force: bool 
             report.bytes += n
             progress.advance(n, len(batch))
     progress.end()
-    for r in missing:
-        if r.replaces is not None:
+    # Every replacement and pruned mark the walk passed, sent or not: a killed push may have
+    # left the objects there without them, and a branch must not reach a commit before they
+    # say how to read it.
+    for ref, value in _side_refs(reached, pruned_ids(odb.refs)):
+        if remote.refs.read_ref(ref) is None:
             try:
-                remote.refs.update_ref(REPLACE + r.replaces, None, r.oid, "push: replacement")
+                remote.refs.update_ref(ref, None, value, "push")
             except RefConflictError:
-                pass  # the remote has its own (equally valid) re-encoding of that snapshot
+                pass  # a replacement of its own there: an equally valid re-encoding
     for ref, (old, new) in todo.items():
         try:
             remote.refs.update_ref(ref, ANY if force else old, new, "push")
@@ -198,6 +202,7 @@ def fetch(blobs: BlobStore, refs: RefStore, remote: Remote, name: str, *,
     ``refs/remotes/<name>/<branch>`` to each remote branch and create each remote tag
     that is not here (an existing tag is never moved).  `lock`: held while writing."""
     report = TransferReport()
+    remote.storage.check_exists()  # a mistyped directory or bucket is an error, not "empty"
     if not remote.check_format():
         return report  # an empty remote
     # The remote's refs read once (a listing and parallel GETs) into memory: the walk looks
@@ -211,31 +216,33 @@ def fetch(blobs: BlobStore, refs: RefStore, remote: Remote, name: str, *,
     reached = list(remote_odb.reachable(sorted(set(remote_refs.values())), have=blobs.has))
     progress.end()
     chunks, snaps, commits = _dependency_order(reached)
+    replaced = {r.replaces for r in reached if r.replaces is not None}
     with lock if lock is not None else nullcontext():
         progress.phase(f"fetching from {remote.url}", total_items=len(reached), unit="objects")
-        for group in (chunks, snaps, commits):
-            if group is chunks:
-                # In bounded batches, in any order: nothing refers to a chunk yet.
-                batch: list[bytes] = []
-                size = 0
-                for _, data in remote.blobs.get_many(group):
-                    batch.append(data)
-                    size += len(data)
-                    if size >= BATCH_BYTES:
-                        _store(blobs, batch, report, progress)
-                        batch, size = [], 0
+        # In bounded batches, in any order: nothing refers to a chunk yet.
+        batch: list[bytes] = []
+        size = 0
+        for _, data in remote.blobs.get_many(chunks):
+            batch.append(data)
+            size += len(data)
+            if size >= BATCH_BYTES:
                 _store(blobs, batch, report, progress)
-            else:
-                # In dependency order (small objects: all at once).
-                got = dict(remote.blobs.get_many(group))
-                _store(blobs, [got[o] for o in group], report, progress)
-        progress.end()
-        for r in reached:
-            if r.replaces is not None and refs.read_ref(REPLACE + r.replaces) is None:
+                batch, size = [], 0
+        _store(blobs, batch, report, progress)
+        # Then in dependency order: snapshots (a replaced original only after its replacement
+        # ref), pruned marks, commits. A snapshot or commit stored here is complete, which is
+        # what makes `have=blobs.has` sound for the next fetch after a killed one.
+        got = dict(remote.blobs.get_many(snaps + commits))
+        _store(blobs, [got[o] for o in snaps if o not in replaced], report, progress)
+        for ref, value in _side_refs(reached, pruned_ids(seen)):
+            if refs.read_ref(ref) is None:
                 try:
-                    refs.update_ref(REPLACE + r.replaces, None, r.oid, f"fetch: {name}")
+                    refs.update_ref(ref, None, value, f"fetch: {name}")
                 except RefConflictError:
                     pass
+        _store(blobs, [got[o] for o in snaps if o in replaced], report, progress)
+        _store(blobs, [got[o] for o in commits], report, progress)
+        progress.end()
         for ref, value in sorted(remote_refs.items()):
             if ref.startswith(R.HEADS):
                 local = f"{REMOTES}{name}/{ref[len(R.HEADS):]}"
@@ -250,6 +257,14 @@ def fetch(blobs: BlobStore, refs: RefStore, remote: Remote, name: str, *,
                 except RefConflictError:
                     pass
     return report
+
+
+def _side_refs(reached: list[Reached], pruned: set[str]) -> list[tuple[str, str]]:
+    """The refs that say how to read what a walk reached: gc's replacements
+    (``refs/replace/<original>`` -> replacement) and retention's marks on pruned commits."""
+    out = [(REPLACE + r.replaces, r.oid) for r in reached if r.replaces is not None]
+    out += [(PRUNED + r.oid, r.oid) for r in reached if r.kind == "commit" and r.oid in pruned]
+    return out
 
 
 def _usable(name: str, value: str) -> bool:

@@ -84,6 +84,10 @@ class FileStorage(ObjectStorage):
             os.close(fd)
 
     # ------------------------------------------------------------ the contract
+    def check_exists(self) -> None:
+        if not os.path.isdir(self.root):
+            raise RemoteMissingError(f"{self.url}: no such directory")
+
     def get(self, key: str) -> Stored | None:
         with self._errors():
             try:

@@ -106,6 +106,11 @@ class S3Storage(ObjectStorage):
                 raise RemoteMissingError(f"{self.url}: no such bucket") from None
             raise
 
+    def check_exists(self) -> None:
+        # A listing of one key: NoSuchBucket (141) or access denied (140) if it cannot be read.
+        with self._errors(""):
+            next(iter(self._ob.list(self._store, chunk_size=1)), None)
+
     def get(self, key: str) -> Stored | None:
         with self._errors(key):
             try:

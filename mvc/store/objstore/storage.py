@@ -101,5 +101,9 @@ class ObjectStorage(abc.ABC):
     def delete(self, key: str) -> None:
         """Remove the object at `key` (no error if there is none)."""
 
+    def check_exists(self) -> None:
+        """Raise `RemoteMissingError` if the bucket or directory itself does not exist (an
+        existing one without an mvc repository is fine: an empty remote)."""
+
     def close(self) -> None:
         """Release connections (idempotent)."""
