@@ -160,11 +160,12 @@ def commit_dict(c: Commit) -> dict:
 @click.option("--oneline", is_flag=True, help="One line per commit.")
 @click.option("--graph", is_flag=True, help="Draw the commit graph.")
 @click.option("-n", "max_count", type=int, default=None, help="Show at most N commits.")
+@click.option("--all", "all_refs", is_flag=True, help="History of every branch, tag and HEAD, not just REV.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def log(rev: str, oneline: bool, graph: bool, max_count: int | None, as_json: bool) -> None:
-    """Show the history reachable from REV (default HEAD)."""
+def log(rev: str, oneline: bool, graph: bool, max_count: int | None, all_refs: bool, as_json: bool) -> None:
+    """Show the history reachable from REV (default HEAD), or from every ref with --all."""
     repo = Repo.discover()
-    commits = repo.log(rev, max_count)
+    commits = repo.log(rev, max_count, all_refs=all_refs)
     pruned = repo.pruned()
     if as_json:
         echo_json([dict(commit_dict(c), pruned=c.id in pruned) for c in commits])

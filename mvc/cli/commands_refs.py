@@ -18,9 +18,24 @@ from mvc.repo.revparse import ref_history, reflog_ref
 @click.option("-d", "--delete", is_flag=True,
               help="Delete branch NAME if another branch, a tag or HEAD still reaches its tip.")
 @click.option("-D", "force_delete", is_flag=True, help="Delete branch NAME even if unmerged.")
-def branch(name: str | None, rev: str | None, delete: bool, force_delete: bool) -> None:
-    """List branches, create NAME at REV (default HEAD), or delete NAME with -d (-D: even unmerged)."""
+@click.option("-m", "--move", "rename", is_flag=True, help="Rename branch NAME to REV (a new name): branch -m OLD NEW.")
+@click.option("-f", "--force", is_flag=True, help="Point NAME at REV even if it exists (not the current branch).")
+def branch(name: str | None, rev: str | None, delete: bool, force_delete: bool, rename: bool, force: bool) -> None:
+    """List branches, create NAME at REV (default HEAD), move it there (-f), rename it
+    (-m OLD NEW), or delete NAME with -d (-D: even unmerged)."""
     repo = Repo.discover()
+    if rename:
+        if not name or not rev:
+            raise UsageError("branch -m needs the old and the new name: mvc branch -m OLD NEW")
+        oid = repo.rename_branch(name, rev)
+        echo(f"Renamed branch {name} to {rev} ({oid[:12]})")
+        return
+    if force:
+        if not name:
+            raise UsageError("branch -f needs a branch name: mvc branch -f NAME [REV]")
+        oid = repo.move_branch(name, rev or "HEAD")
+        echo(f"Branch {name} now at {oid[:12]}")
+        return
     if delete or force_delete:
         if not name:
             raise UsageError(f"branch {'-D' if force_delete else '-d'} needs a branch name")
@@ -59,8 +74,11 @@ def tag(name: str | None, rev: str | None, delete: bool) -> None:
         oid = repo.tag(name, rev)
         echo(f"Tagged {oid[:12]} as {name}")
     else:
-        for tname, oid in repo.tags():
-            echo(f"{tname}  {oid[:12]}")
+        tags = repo.tags()
+        # Columns line up as in `mvc branch`: names padded as shown (escaped).
+        width = max((len(escape(tname)) for tname, _ in tags), default=0)
+        for tname, oid in tags:
+            echo(f"{escape(tname).ljust(width)}  {oid[:12]}  {repo.read_commit(oid).summary}")
 
 
 @click.command()

@@ -215,6 +215,38 @@ class Repo:
         self._create_ref(R.HEADS + name, oid, f"branch: created from {rev or 'HEAD'}", "branch")
         return oid
 
+    def move_branch(self, name: str, rev: str) -> str:
+        """Point branch `name` at `rev`, creating it if needed (git's `branch -f`); never the
+        current branch (that is a checkout). Returns the commit id."""
+        R.check_ref_name(name, "branch")
+        if name == self.current_branch():
+            raise R.CurrentBranchError(f"cannot force-move branch {name!r}: HEAD is on it")
+        oid = self.resolve(rev)
+        ref = R.HEADS + name
+        old = self.store.read_ref(ref)
+        self.store.update_refs([RefUpdate(ref, old, oid)], f"branch: moved to {rev}" if old else
+                               f"branch: created from {rev}")
+        return oid
+
+    def rename_branch(self, old: str, new: str) -> str:
+        """Rename branch `old` to `new` (which must not exist), in one ref transaction; HEAD
+        follows when attached to it. `old`'s reflog stays, ending in the rename, for the
+        gc.reflog_expire grace period. Returns the branch's commit id."""
+        R.check_ref_name(new, "branch")
+        oid = self.store.read_ref(R.HEADS + old)
+        if oid is None:
+            raise R.NoSuchRefError(f"no branch named {old!r}")
+        if self.store.read_ref(R.HEADS + new) is not None:
+            raise R.RefExistsError(f"branch {new!r} already exists")
+        updates = [RefUpdate(R.HEADS + new, None, oid), RefUpdate(R.HEADS + old, oid, None)]
+        if self.current_branch() == old:
+            updates.append(RefUpdate(R.HEAD, ANY, R.SYMREF + R.HEADS + new))
+        try:
+            self.store.update_refs(updates, f"branch: renamed {old} to {new}")
+        except RefConflictError:
+            raise R.RefExistsError(f"branch {new!r} already exists, or {old!r} moved meanwhile") from None
+        return oid
+
     def tag(self, name: str, rev: str | None = None) -> str:
         """Create tag `name` at `rev` (default HEAD); returns the commit id."""
         R.check_ref_name(name, "tag")
@@ -478,10 +510,18 @@ class Repo:
             start = self.resolve(rev)
         yield from self.odb.walk_commits([start], order="date")
 
-    def log(self, rev: str = "HEAD", n: int | None = None) -> list[Commit]:
-        """Up to `n` commits reachable from `rev`, newest first."""
+    def log(self, rev: str = "HEAD", n: int | None = None, *, all_refs: bool = False) -> list[Commit]:
+        """Up to `n` commits reachable from `rev`, newest first; `all_refs`: from every branch,
+        tag and HEAD instead (git's `log --all`)."""
         out: list[Commit] = []
-        for c in self.iter_log(rev):
+        commits: Iterator[Commit]
+        if all_refs:
+            roots = {oid for _, oid in self.branches()} | {oid for _, oid in self.tags()}
+            head = self.head()
+            commits = self.odb.walk_commits(roots | ({head} if head else set()), order="date")
+        else:
+            commits = self.iter_log(rev)
+        for c in commits:
             if n is not None and len(out) >= n:
                 break
             out.append(c)
