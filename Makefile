@@ -2,6 +2,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+# Where the CPU build of torch comes from: an *extra* index, so pip prefers 2.13.0+cpu (a local
+# version sorts above 2.13.0) over PyPI's CUDA build (+16 nvidia-* packages) on a fresh machine.
+# Where it cannot be reached pip retries for about 10 s and falls back to PyPI (measured), and an
+# already installed pinned torch never asks. `make TORCH_INDEX=` installs from the default index only.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
@@ -9,10 +14,10 @@ PIP := $(PY) -m pip
 
 $(VENV)/.installed: pyproject.toml setup.py $(wildcard native/*.c native/*.h native/internal/*.h native/*.py)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
-	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[test,bench,s3,lightning,hf]"
+	$(PIP) install --upgrade pip
+	# torch first and pinned (an unpinned one would pull a multi-GB CUDA build), CPU build by default.
+	$(PIP) install $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	$(PIP) install -e ".[test,bench,s3,lightning,hf]"
 	touch $@
 
 install: $(VENV)/.installed
