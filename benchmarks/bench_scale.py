@@ -284,6 +284,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     ap.add_argument("--json", action="store_true", help="print the raw figures as JSON")
+    ap.add_argument("--docs", default=None, metavar="MD",
+                    help="write the table into this markdown file's bench_scale section "
+                         "(e.g. docs/results.md; the section is replaced, the rest kept)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child is not None:
@@ -328,6 +331,8 @@ def main(argv: list[str] | None = None) -> dict:
               "cpus": os.cpu_count(), "torch": torch.__version__, "results": r,
               "ratios": ratios(r, nbytes)}
     print(table(report))
+    if args.docs:
+        write_section(Path(args.docs), table(report))
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     return report
@@ -350,6 +355,22 @@ def ratios(r: dict, nbytes: int) -> dict[str, float | None]:
     for k in ("first commit", "next commit", "lossless commit", "checkout HEAD", "checkout worst"):
         out[f"{k} peak extra RSS / checkpoint"] = r[k]["peak_extra_rss"] / nbytes
     return out
+
+
+SECTION_START, SECTION_END = "<!-- bench_scale -->", "<!-- /bench_scale -->"
+
+
+def write_section(path: Path, body: str) -> None:
+    """Put `body` between the bench_scale markers of `path` (appended when absent)."""
+    text = path.read_text() if path.exists() else ""
+    block = f"{SECTION_START}\n## Commit and checkout at real scale (benchmarks/bench_scale.py)\n\n" \
+            f"{body}\n{SECTION_END}"
+    if SECTION_START in text and SECTION_END in text:
+        head, rest = text.split(SECTION_START, 1)
+        text = head + block + rest.split(SECTION_END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text)
 
 
 def table(rep: dict) -> str:

@@ -335,3 +335,17 @@ def test_compact_moment_counts_and_order():
     assert sub.tolist() == [1.0, -2.0, 3.0, 5.0]
     with pytest.raises(InternalError):
         expand_moment(m, None, -1, spans, torch.zeros(3, dtype=torch.uint8), 9)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_sums_and_bound_match_the_cpu():
+    """On CUDA the sums run where the levels are (torch path, float64 sums)."""
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(300_000, generator=g)
+    q = quantize(x, 16, prune=0.2, protect=0.001)
+    qc = QuantizedTensor(q.levels.cuda(), q.centroids.cuda(), q.protected.cuda(), q.dtype, q.bins)
+    _close(error_sums(qc, x.cuda(), x.cuda()), error_sums(q, x, x))
+    v = torch.rand(300_000, generator=g)
+    assert moment_ratio_bound(x.cuda(), v.cuda()) == pytest.approx(moment_ratio_bound(x, v), rel=3e-7)
+    value, _ = proxy_error({"w": x.cuda()}, {"w": qc}, None)
+    assert value == pytest.approx(proxy_error({"w": x}, {"w": q}, None)[0], rel=1e-9)
