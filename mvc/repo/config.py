@@ -46,7 +46,7 @@ DEFAULTS: dict[str, Any] = {
     "quality.tensor_cap": 0.5,
     # Guard rail on compressed optimizer second moments: ||sqrt(v') - sqrt(v)|| / ||sqrt(v)|| of each
     # must stay within it, else that moment is stored exactly (first moments: never worse than zeros).
-    "quality.moment_cap": 0.75,
+    "quality.moment_cap": 1.0,
     # A quantized tensor is stored as a base at least every this many commits (0 = never forced):
     # caps the per-step overheads of long chains of tiny late-training deltas.
     "commit.base_every": 64,
