@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard native/*.c native/*.h nat
 	$(PIP) install --upgrade pip
 	# torch first and pinned (an unpinned one would pull a multi-GB CUDA build), CPU build by default.
 	$(PIP) install $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
-	$(PIP) install -e ".[test,bench,s3,lightning,hf]"
+	$(PIP) install -e ".[test,bench,s3,lightning,hf,plot]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 
 import click
 
@@ -286,9 +287,17 @@ def diff(rev_a: str, rev_b: str, as_json: bool, show_all: bool) -> None:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def stats(as_json: bool) -> None:
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), default=None, metavar="FILE.png",
+              help="Also draw the history to FILE: bytes, ratio, degradation vs epsilon, branch points "
+                   "(needs the plot extra: matplotlib).")
+def stats(as_json: bool, plot_file: str | None) -> None:
     """Raw checkpoint bytes vs stored bytes, per commit and in total."""
     repo = Repo.discover()
+    if plot_file is not None:
+        from mvc.cli.plot import plot_history
+
+        n = plot_history(repo, Path(plot_file))
+        echo(f"Wrote {plot_file} ({n} commits)", err=as_json)
     s = repo.stats()
     if as_json:
         echo_json(s.to_dict())
