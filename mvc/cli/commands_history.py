@@ -202,11 +202,51 @@ def log(rev: str, oneline: bool, graph: bool, max_count: int | None, all_refs: b
             echo(pad)
 
 
+_OPTIMIZER_KEYS = {"exp_avg", "exp_avg_sq", "momentum_buffer", "max_exp_avg_sq", "step", "sum"}
+
+
+def layer_type(name: str, shape: list[int]) -> str:
+    """The kind of tensor a flattened name and shape suggest, for `mvc show`'s summary:
+    optimizer moments by their key, then embeddings, conv / linear weights, norms, biases."""
+    parts = [p for p in name.replace("/", ".").split(".") if p]
+    last = parts[-1] if parts else name
+    lower = name.lower()
+    if last in _OPTIMIZER_KEYS or "optimizer" in lower:
+        return f"optimizer {last}"
+    if last == "bias":
+        return "bias"
+    if any(k in lower for k in ("norm", ".ln", "ln_", "/ln")) or last in ("running_mean", "running_var"):
+        return "norm"
+    if "embed" in lower or "wte" in lower or "wpe" in lower:
+        return "embedding"
+    if last == "weight":
+        return {4: "conv weight", 3: "conv weight", 2: "linear weight"}.get(len(shape), f"weight {len(shape)}-D")
+    return f"other {len(shape)}-D"
+
+
+def _type_summary(tensors: list) -> str:
+    """One row per layer type: tensors, raw and stored bytes, ratio, how they are stored."""
+    groups: dict[str, list] = {}
+    for t in tensors:
+        groups.setdefault(layer_type(t.name, t.shape), []).append(t)
+    rows = []
+    for kind, ts in sorted(groups.items(), key=lambda kv: -sum(t.raw_bytes for t in kv[1])):
+        raw, stored = sum(t.raw_bytes for t in ts), sum(t.stored_bytes for t in ts)
+        lossy = sum(1 for t in ts if t.codec.startswith("q"))
+        how = f"{lossy} quantized" if lossy == len(ts) else f"{len(ts) - lossy} exact" if not lossy \
+            else f"{lossy} quantized, {len(ts) - lossy} exact"
+        rows.append((kind, len(ts), human_bytes(raw), human_bytes(stored),
+                     ratio(raw / stored) if stored else "-", how))
+    return table(rows, ["layer type", "tensors", "raw", "stored", "ratio", "stored as"], "lrrrrl")
+
+
 @click.command()
 @click.argument("rev", required=False, default="HEAD")
+@click.option("--stat", "stat_only", is_flag=True, help="Summary by layer type only, without the per-tensor table.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def show(rev: str, as_json: bool) -> None:
-    """Show a commit: message, metadata, provenance and how each tensor is stored."""
+def show(rev: str, stat_only: bool, as_json: bool) -> None:
+    """Show a commit: message, metadata, provenance, a summary by layer type and how each
+    tensor is stored (--stat: the summary only)."""
     repo = Repo.discover()
     c = repo.read_commit(repo.resolve(rev))
     pruned = c.id in repo.pruned()
@@ -248,6 +288,14 @@ def show(rev: str, as_json: bool) -> None:
     if snap is None:
         echo("Pruned:  checkpoint not stored (gc retention policy)")
         return
+    click.echo(_type_summary(snap.tensors))
+    if stat_only:
+        raw, stored = snap.raw_bytes, sum(t.stored_bytes for t in snap.tensors)
+        echo()
+        echo(f"{len(snap.tensors)} tensors, {human_bytes(raw)} raw, {human_bytes(stored)} stored"
+             f" ({ratio(raw / stored) if stored else '-'})")
+        return
+    echo()
     rows = [(t.name, t.dtype, "x".join(map(str, t.shape)) or "()", t.codec,
              human_bytes(t.stored_bytes), ratio(t.raw_bytes / t.stored_bytes)
              if t.stored_bytes else "-") for t in snap.tensors]
