@@ -67,8 +67,9 @@ class S3Server:
     def reset(self) -> dict:
         return self._ctl("reset")
 
-    def fail(self, count: int, status: int = 503, method: str | None = None) -> None:
-        q = f"fail?count={count}&status={status}" + (f"&method={method}" if method else "")
+    def fail(self, count: int, status: int = 503, method: str | None = None, path: str = "") -> None:
+        q = (f"fail?count={count}&status={status}" + (f"&method={method}" if method else "")
+             + (f"&path={path}" if path else ""))
         self._ctl(q)
 
     def stop(self) -> None:

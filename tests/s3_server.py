@@ -7,8 +7,9 @@
   access key id of the last signed request
   (``GET /__mvc/stats``, ``POST /__mvc/reset``), counted here on the server's side;
 * fault injection: ``POST /__mvc/fail?status=503&count=N[&method=PUT]`` answers the next N
-  matching requests with that status instead of passing them to moto (status 0: resets the
-  connection instead of answering).
+  matching requests (``&path=SUBSTRING`` of the URL path) with that status instead of passing
+  them to moto; status 0 resets the connection instead of answering, and status -1 passes the
+  request to moto and then resets the connection (it took effect, its answer is lost).
 
 Run as ``python s3_server.py PORTFILE``: writes the port it listens on to PORTFILE.
 """
@@ -42,7 +43,7 @@ class Counting:
                     self.stats[k] = "" if k == "last_key" else 0
             elif path == "/__mvc/fail":
                 self.fail = {"count": int(qs.get("count", 1)), "status": int(qs.get("status", 503)),
-                             "method": qs.get("method")}
+                             "method": qs.get("method"), "path": qs.get("path", "")}
             body = json.dumps(self.stats).encode()
         start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
         return [body]
@@ -56,9 +57,13 @@ class Counting:
             if "Credential=" in auth:  # the access key id the client signed with
                 self.stats["last_key"] = auth.split("Credential=", 1)[1].split("/", 1)[0]
             f = self.fail
-            if f["count"] > 0 and (f.get("method") in (None, method)):
+            hit = (f["count"] > 0 and f.get("method") in (None, method)
+                   and f.get("path", "") in environ["PATH_INFO"])
+            lost = hit and f["status"] == -1
+            if hit:
                 f["count"] -= 1
                 self.stats["failed"] += 1
+            if hit and not lost:
                 body = b"<Error><Code>ServiceUnavailable</Code><Message>injected</Message></Error>"
                 # Drain the request body so the client sees the answer, not a reset.
                 n = int(environ.get("CONTENT_LENGTH") or 0)
@@ -84,6 +89,13 @@ class Counting:
                         with self.guard:
                             self.stats["get_bytes"] += int(v)
             return start_response(status, headers, exc_info)
+        if lost:  # the request takes effect, its answer is lost: the socket closes unanswered
+            with self.write_lock:
+                list(self.app(environ, lambda *a, **k: None))
+            sock = environ["werkzeug.socket"]
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+            return []
         if method in ("PUT", "POST", "DELETE"):
             with self.write_lock:
                 return list(self.app(environ, counting_start))

@@ -368,3 +368,21 @@ def test_remote_add_list_remove(tmp_path):
     assert run(r, "remote", "remove", "origin")[0] == 0
     assert run(r, "remote", "remove", "origin")[0] == 143
     assert run(r, "remote", "-v")[1] == "backup  s3://bucket-1/runs/a\n"
+
+
+def test_ref_write_whose_answer_was_lost(history, tmp_path):
+    """The server applies a conditional ref write, then the connection drops: the client retries,
+    the retry fails its own If-Match, and the ref store finds its own record there: done."""
+    root, ids, _ = history
+    server = S3Server.shared()
+    remote = open_remote(server.fresh_url())
+    src = Repo(root)
+    push(src.odb, remote, {"refs/heads/main": ids[3]})
+    server.reset()
+    server.fail(1, -1, method="PUT", path="refs%252Fheads%252Fmain")
+    report = push(src.odb, remote, {"refs/heads/main": ids[6]})
+    assert server.stats()["failed"] == 1
+    assert report.refs[0].status == "fast-forward"
+    assert remote.refs.read_ref("refs/heads/main") == ids[6]
+    assert [(e.old, e.new) for e in remote.refs.reflog("refs/heads/main")] == [(None, ids[3]), (ids[3], ids[6])]
+    src.close()
