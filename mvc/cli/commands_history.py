@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from mvc.cli.format import echo, echo_json, human_bytes, message_lines, ratio, table
+from mvc.errors import UsageError
 from mvc.repo.objects import Commit
 from mvc.repo.repository import Repo
 
@@ -308,13 +309,24 @@ def show(rev: str, stat_only: bool, as_json: bool) -> None:
 
 @click.command()
 @click.argument("rev_a")
-@click.argument("rev_b")
+@click.argument("rev_b", required=False)
+@click.option("--file", "file", type=click.Path(dir_okay=False), default=None,
+              help="With REV_A alone: the checkpoint file to compare (default: checkpoint.path, else "
+                   "the file last committed or checked out).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--all", "show_all", is_flag=True, help="Also list unchanged tensors.")
-def diff(rev_a: str, rev_b: str, as_json: bool, show_all: bool) -> None:
-    """Per-tensor differences between REV_A and REV_B."""
+def diff(rev_a: str, rev_b: str | None, file: str | None, as_json: bool, show_all: bool) -> None:
+    """Per-tensor differences between REV_A and REV_B, or, with REV_A alone, between REV_A
+    and the working checkpoint file (as git diff REV compares with the work tree)."""
     repo = Repo.discover()
-    diffs = repo.diff(rev_a, rev_b)
+    if rev_b is not None and file is not None:
+        raise UsageError("--file compares REV_A with a file: give no REV_B")
+    if rev_b is None:
+        from mvc.io.files import load_checkpoint
+
+        diffs = repo.diff_state(rev_a, load_checkpoint(_working_file(repo, file)))
+    else:
+        diffs = repo.diff(rev_a, rev_b)
     if as_json:
         echo_json([d.to_dict() for d in diffs])
         return
@@ -331,6 +343,24 @@ def diff(rev_a: str, rev_b: str, as_json: bool, show_all: bool) -> None:
     if rows:
         click.echo(table(rows, ["tensor", "status", "rel L2", "max |diff|"], "llrr"))
     echo(", ".join(f"{n} {s}" for s, n in counts.items()) or "no tensors")
+
+
+def _working_file(repo: Repo, given: str | None) -> Path:
+    """The checkpoint file `diff REV` compares: --file, else checkpoint.path, else the file
+    `status` tracks (last committed or checked out)."""
+    import json
+
+    if given:
+        return Path(given)
+    configured = repo.config.get("checkpoint.path")
+    if configured:
+        p = Path(configured)
+        return p if p.is_absolute() else repo.path / p
+    raw = repo.store.get_meta("worktree")
+    if raw:
+        return Path(json.loads(raw)["path"])
+    raise UsageError("no checkpoint file to compare with: give REV_B, --file PATH, or "
+                     "`mvc config checkpoint.path PATH`")
 
 
 @click.command()

@@ -6,6 +6,7 @@ a `Repo`.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from mvc.repo.levelcache import cache_bytes
 from mvc.repo.objectdb import ObjectDB
 from mvc.repo.pruned import check_not_pruned, pruned_ids
 from mvc.repo.reader import TensorReader
+from mvc.dtypes import dtype_name
 from mvc.store import StoreMaintenance
 
 
@@ -131,6 +133,41 @@ def diff(odb: ObjectDB, reader: TensorReader, cid_a: str, cid_b: str) -> list[Te
             else:
                 d.status = "changed"
                 d.rel_l2, d.max_abs = _compare(ta, tb)
+        out.append(d)
+    return out
+
+
+def diff_state(odb: ObjectDB, reader: TensorReader, cid: str, tensors: Mapping[str, torch.Tensor]
+               ) -> list[TensorDiff]:
+    """Per tensor of commit `cid` (side a) and `tensors` (side b: a flattened state, e.g. the
+    working checkpoint file), as `diff` reports two commits. A quantized tensor that the
+    file holds as committed shows its quantization error: the file is not what was stored."""
+    check_not_pruned(odb.refs, cid)
+    sid = odb.read_commit(cid).snapshot
+    snap = odb.read_snapshot(sid)
+    recs = {r.name: r for r in snap.tensors}
+    out: list[TensorDiff] = []
+    for name in list(recs) + [n for n in tensors if n not in recs]:
+        ra, tb = recs.get(name), tensors.get(name)
+        if ra is None:
+            assert tb is not None
+            out.append(TensorDiff(name, "added", shape_b=list(tb.shape), dtype_b=dtype_name(tb.dtype)))
+            continue
+        if tb is None:
+            out.append(TensorDiff(name, "removed", shape_a=ra.shape, dtype_a=ra.dtype))
+            continue
+        d = TensorDiff(name, "unchanged", ra.shape, list(tb.shape), ra.dtype, dtype_name(tb.dtype))
+        if d.shape_a != d.shape_b or d.dtype_a != d.dtype_b:
+            d.status = "retyped"
+            out.append(d)
+            continue
+        ta = reader.read_any(sid, ra, snap.tensors)
+        tb = tb.detach().cpu().contiguous()
+        if torch.equal(ta.contiguous().view(-1).view(torch.uint8), tb.view(-1).view(torch.uint8)):
+            d.rel_l2, d.max_abs = 0.0, 0.0
+        else:
+            d.status = "changed"
+            d.rel_l2, d.max_abs = _compare(ta, tb)
         out.append(d)
     return out
 

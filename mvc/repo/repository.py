@@ -573,6 +573,11 @@ class Repo:
         """Per-tensor differences between two revisions."""
         return inspect.diff(self.odb, self.reader, self.resolve(a), self.resolve(b))
 
+    def diff_state(self, rev: str, state: Any) -> list[TensorDiff]:
+        """Per-tensor differences between revision `rev` and `state` (any checkpoint structure,
+        e.g. the working checkpoint file loaded)."""
+        return inspect.diff_state(self.odb, self.reader, self.resolve(rev), flatten(state).tensors)
+
     def stats(self) -> RepoStats:
         """Raw vs stored bytes per commit and in total, and what the repository occupies."""
         return inspect.stats(self.odb, self.store.maintenance, self.mvc_dir / "cache")
