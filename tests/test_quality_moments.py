@@ -83,3 +83,23 @@ def test_moment_cap_must_be_positive(tmp_path):
     for bad in (0, -1, "inf"):
         with pytest.raises(ConfigError):
             repo.config.set("quality.moment_cap", bad)
+
+
+def test_a_first_moment_worse_than_zeros_is_stored_as_zeros(tmp_path):
+    """Two levels cannot follow a Gaussian m with a few 100x outliers: the compressed m is
+    further from m than zeros are (relative L2 error ~2), so the commit stores zeros."""
+    state = _trained_state()
+    g = torch.Generator().manual_seed(5)
+    m = state["optimizer"]["state"][0]["exp_avg"]
+    spiky = torch.randn(m.shape, generator=g)
+    spiky.view(-1)[:30] *= 100
+    state["optimizer"]["state"][0]["exp_avg"] = spiky
+    repo = _repo(tmp_path)
+    cid = repo.commit(state, "spiky first moment")
+    q = repo.read_commit(cid).quality
+    assert q["moments_zeroed"] == ["optimizer/state/0/exp_avg"]
+    assert q["moment_distortion"]["linear"] == pytest.approx(1.0)
+    restored = repo.read_state(cid)["optimizer"]["state"]
+    assert torch.equal(restored[0]["exp_avg"], torch.zeros_like(spiky))
+    # the other first moments keep their compressed form
+    assert restored[2]["exp_avg"].abs().sum() > 0
