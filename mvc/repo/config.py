@@ -186,6 +186,12 @@ class Config:
             raise ConfigError(f"unknown config key {key!r} (known: {', '.join(sorted(DEFAULTS))})")
         return _coerce(key, self._load().get(key, DEFAULTS[key]))
 
+    def is_set(self, key: str) -> bool:
+        """Whether `key` is set in the file (not just its default)."""
+        if key not in DEFAULTS:
+            raise ConfigError(f"unknown config key {key!r} (known: {', '.join(sorted(DEFAULTS))})")
+        return key in self._load()
+
     def set(self, key: str, value: Any) -> None:
         """Set `key` (validated against its default's type); None unsets it."""
         if key not in DEFAULTS:

@@ -428,7 +428,11 @@ class Repo:
             if not configured:
                 raise UsageError("commit.mode is 'fixed' but commit.quant is not set")
             quant = QuantConfig.from_dict(configured)
-        if epsilon is None and quality is not None:
+        # quality.epsilon bounds a quality function's relative degradation; without one it
+        # bounds the proxy (weighted relative L2 error, default PROXY_EPSILON 0.05), as
+        # --epsilon does -- but only when set: its default (0.01) is a loss bound, and as the
+        # proxy's it would silently cut compression.
+        if epsilon is None and (quality is not None or self.config.is_set("quality.epsilon")):
             epsilon = self.config.get("quality.epsilon")
         if quant is not None:  # measured by the gates, not searched (pipeline.gate_fixed)
             return pipeline.Quantization("fixed", config=quant, policy=policy, optimizer=optimizer,
