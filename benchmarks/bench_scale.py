@@ -164,7 +164,23 @@ def _rss() -> int:
 
 
 def _peak() -> int:
+    """This process's peak RSS (VmHWM: per address space, so not the forking parent's, which
+    getrusage's ru_maxrss carries across exec)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _reset_peak() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0), so the next peak is the step's own."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def _to(state: Any, device: str) -> Any:
@@ -198,9 +214,10 @@ def child(task: dict) -> dict:
     if kind in ("save", "commit_first", "commit_next", "commit_lossless", "zipnn"):
         state = _load(task["ckpt"], device)
         _sync(device)
+    # A step's peak is what it adds on top of its input in memory: the high-water mark is
+    # reset after setup where the kernel allows, else the setup's own peak is subtracted.
+    setup_peak = 0 if _reset_peak() else _peak()
     base_rss = _rss()
-    # ru_maxrss only grows: a step's peak is what it adds on top of the setup's peak.
-    setup_peak = _peak()
     t0 = time.perf_counter()
     if kind == "save":
         with open(os.path.join(work, "save.pt"), "wb") as f:
