@@ -46,6 +46,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
@@ -54,7 +55,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mvc.errors import MvcError, UsageError
+from mvc.errors import MvcError, MvcWarning, UsageError
 from mvc.integrations.grad_ema import BETA, GradientEMA
 from mvc.quant import QuantConfig, QuantPolicy
 from mvc.search import SearchSpace, serve_trials
@@ -154,6 +155,8 @@ class Tracker:
         self._eval_model: torch.nn.Module | None = None
         self.previous = self._head_config()
         self._ranks = _search_ranks(distributed)
+        #: The revision last restored, until the next lossless fallback names it.
+        self._restored_from: str | None = None
 
     # ------------------------------------------------------------------ schedule
     def in_window(self, step: int | None = None) -> bool:
@@ -202,8 +205,8 @@ class Tracker:
             blocking = time.perf_counter() - t0
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="mvc-tracker")
-            fut = self._executor.submit(self._job, state, message, step, metrics, grads,
-                                        evaluate, blocking, True)
+            fut = self._executor.submit(self._background_job, state, message, step, metrics, grads,
+                                        evaluate, blocking)
             with self._lock:
                 self._futures.append(fut)
             return fut
@@ -225,6 +228,17 @@ class Tracker:
                 raise TrackerError(f"extra_state() may not use the reserved key(s) {clash}")
             state.update(extra)
         return state
+
+    def _background_job(self, state: dict, message: str, step: int | None, metrics: Mapping | None,
+                        grads: dict[str, torch.Tensor], evaluate: Callable | None, blocking: float) -> str:
+        try:
+            return self._job(state, message, step, metrics, grads, evaluate, blocking, True)
+        except BaseException as exc:
+            # Re-raised later, from another call: say which commit it came from (the quality
+            # function's own exception would otherwise arrive with no mvc context).
+            exc.add_note(f"mvc: raised by the Tracker's background commit {message!r}"
+                         f"{f' (step {step})' if step is not None else ''}; nothing was committed")
+            raise
 
     def _job(self, state: dict, message: str, step: int | None, metrics: Mapping | None,
              grads: dict[str, torch.Tensor], evaluate: Callable | None, blocking: float,
@@ -282,6 +296,10 @@ class Tracker:
         c = self.repo.read_commit(cid)
         record = c.quality
         self.previous = QuantConfig.from_dict(c.quant) if c.quant else None
+        restored, self._restored_from = self._restored_from, None
+        if (not c.quant and record and str(record.get("stored", "")).startswith("lossless")
+                and record.get("mode") != "nothing-to-quantize"):
+            self._warn_lossless(cid, record, restored)
         self.history.append({
             "commit": cid, "step": step, "background": background, "blocking_s": blocking,
             "job_s": time.perf_counter() - t0,
@@ -290,6 +308,17 @@ class Tracker:
             "quality": record,
         })
         return cid
+
+    def _warn_lossless(self, cid: str, record: Mapping[str, Any], restored: str | None) -> None:
+        """Say so when the search found no configuration within the bound: the commit is
+        stored exactly (full size), which must never pass silently."""
+        deg = record.get("degradation")
+        measured = f"best measured {deg:+.3g}" if isinstance(deg, (int, float)) else "none measured"
+        after = f" (the first since restore({restored!r}))" if restored else ""
+        warnings.warn(MvcWarning(
+            f"Tracker: commit {cid[:12]}{after} was stored losslessly: no quantization config kept "
+            f"{record.get('metric', 'the quality metric')} within epsilon {record.get('epsilon')} "
+            f"({measured}); check the quality function and epsilon (mvc show {cid[:12]})"), stacklevel=3)
 
     def _metric_name(self) -> str | None:
         if self.quality is None:
@@ -393,6 +422,7 @@ class Tracker:
             self.steps = int(c.step)
         self.previous = QuantConfig.from_dict(c.quant) if c.quant else None
         self.grad_ema.reset()
+        self._restored_from = rev
         return {k: v for k, v in state.items() if k not in _RESERVED}
 
     def _head_config(self) -> QuantConfig | None:

@@ -1,0 +1,55 @@
+"""Tracker: a commit that falls back to lossless says so, naming a preceding restore; a
+background commit's failure carries which commit it was (issue 19 item 6)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mvc.errors import MvcWarning
+from mvc.integrations.tracker import Tracker
+from mvc.repo.repository import Repo
+
+
+def _setup(tmp_path, quality, epsilon):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 2))
+    return Repo.init(tmp_path), model, Tracker(Repo(tmp_path), model, quality=quality, epsilon=epsilon)
+
+
+def test_lossless_fallback_is_a_warning_naming_the_restore(tmp_path):
+    x = torch.randn(64, 32)
+    ref = {}
+
+    def strict(m):  # any change of the outputs is a large relative degradation
+        with torch.no_grad():
+            out = m(x)
+        base = ref.setdefault("out", out.clone())
+        return 1.0 + 1e6 * float((out - base).abs().max())
+
+    repo, model, tr = _setup(tmp_path, strict, 1e-6)
+    with pytest.warns(MvcWarning, match="stored losslessly"):
+        first = tr.commit("first")
+    assert repo.read_commit(first).quant is None
+    tr.restore(first)
+    with pytest.warns(MvcWarning, match=r"first since restore\("):
+        tr.commit("after restore")
+
+
+def test_background_failure_says_which_commit(tmp_path):
+    def broken(m):
+        raise ValueError("eval data missing")
+
+    repo, model, tr = _setup(tmp_path, broken, None)
+    tr.commit("bg", background=True, step=7)
+    with pytest.raises(ValueError, match="eval data missing") as info:
+        tr.wait()
+    assert any("background commit 'bg' (step 7)" in n for n in info.value.__notes__)
+    assert repo.head() is None
+
+
+def test_no_warning_when_the_search_succeeds_or_nothing_is_quantizable(tmp_path, recwarn):
+    repo, model, tr = _setup(tmp_path, None, None)
+    assert repo.read_commit(tr.commit("proxy")).quant is not None
+    tiny = torch.nn.Linear(4, 2)
+    Tracker(repo, tiny).commit("tiny")
+    assert not [w for w in recwarn if issubclass(w.category, MvcWarning)]
