@@ -40,7 +40,7 @@ DEFAULTS: dict[str, Any] = {
     # object. Without one the search uses its proxy metric.
     "quality.hook": None,
     # Bound on the relative degradation of quality.hook's value (the proxy has its own bound).
-    "quality.epsilon": 0.01,
+    "quality.epsilon": 0.005,
     # Guard rail on every trial of the config search, whatever the quality gate: each quantized
     # tensor's relative L2 error ||q - w|| / ||w|| must stay within it (provisional value).
     "quality.tensor_cap": 0.5,

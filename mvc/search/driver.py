@@ -425,7 +425,7 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
               tensor: the confidence-bound gate), or a fidelity gate's outputs when it
               is or carries a `mvc.search.fidelity.Fidelity`; None uses the proxy.  The
               gates are described in `mvc.search.gate`.
-    epsilon:  bound on the relative degradation; None means DEFAULT_EPSILON (0.01) with
+    epsilon:  bound on the relative degradation; None means DEFAULT_EPSILON (0.005) with
               `evaluate`, PROXY_EPSILON with the proxy.  A fidelity gate uses its own
               threshold instead.
     previous: the config chosen at the previous commit: enables the neighbourhood search.

@@ -56,8 +56,10 @@ from mvc.search.space import SearchError
 
 #: Default bound on the proxy (weighted relative L2 error), see the module docstring.
 PROXY_EPSILON = 0.05
-#: Default bound on a user metric's relative degradation (1%).
-DEFAULT_EPSILON = 0.01
+#: Default bound on a user metric's relative degradation per commit (0.5%): on bench_e2e's
+#: char-LM 1% per commit ended about 1.4% worse over 15 commits and 3 restores, 0.5% about
+#: 0.8% (mean of 3 seeds, docs/results.md); the issue-15 target is < 1% end to end.
+DEFAULT_EPSILON = 0.005
 #: Below this |baseline| the degradation is the absolute difference.
 BASELINE_FLOOR = 1e-12
 
