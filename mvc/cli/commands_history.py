@@ -3,13 +3,18 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from mvc.cli.format import echo, echo_json, human_bytes, message_lines, ratio, table
 from mvc.errors import UsageError
-from mvc.repo.objects import Commit
-from mvc.repo.repository import Repo
+
+if TYPE_CHECKING:
+    from mvc.repo.objects import Commit
+    from mvc.repo.repository import Repo
+else:
+    from mvc.cli.lazy import Repo
 
 
 def _decorations(repo: Repo) -> dict[str, list[str]]:

@@ -1,12 +1,18 @@
 """gc, fsck."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from mvc.cli.format import echo, human_bytes
 from mvc.cli.progress import quiet_option, terminal_progress
 from mvc.errors import DataError, UsageError
-from mvc.repo.repository import Repo
+
+if TYPE_CHECKING:
+    from mvc.repo.repository import Repo
+else:
+    from mvc.cli.lazy import Repo
 
 
 def _expire_days(value: str | None) -> float | None:

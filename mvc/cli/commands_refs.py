@@ -2,14 +2,19 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 import click
 
 from mvc.cli.format import echo, echo_json, escape
 from mvc.errors import UsageError
 from mvc.repo.refs import HEAD, HEADS, TAGS
-from mvc.repo.repository import Repo
 from mvc.repo.revparse import ref_history, reflog_ref
+
+if TYPE_CHECKING:
+    from mvc.repo.repository import Repo
+else:
+    from mvc.cli.lazy import Repo
 
 
 @click.command()

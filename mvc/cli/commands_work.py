@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,7 +13,11 @@ from mvc.cli.format import echo, human_bytes
 from mvc.cli.progress import quiet_option, terminal_progress
 from mvc.errors import MvcError, MvcWarning, UsageError
 from mvc.progress import phase
-from mvc.repo.repository import Repo
+
+if TYPE_CHECKING:
+    from mvc.repo.repository import Repo
+else:
+    from mvc.cli.lazy import Repo
 
 
 def _parse_metrics(items: tuple[str, ...]) -> dict[str, float]:

@@ -19,7 +19,24 @@ from mvc.cli.format import echo
 from mvc.errors import DiskFullError, InternalError, MvcError, MvcWarning, is_disk_full
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    """The command modules (and through them torch) are imported when a command is first
+    looked up, not at start-up: `mvc --version` and usage errors of the group itself stay
+    fast."""
+
+    @property  # type: ignore[override]
+    def commands(self) -> dict[str, click.Command]:
+        if not getattr(self, "_loaded", False):
+            self._loaded = True
+            _register()
+        return self._commands
+
+    @commands.setter
+    def commands(self, value: dict[str, click.Command]) -> None:
+        self._commands = value
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="mvc", prog_name="mvc")
 @click.option("-C", "directory", type=click.Path(file_okay=False), default=None,
               help="Run as if started in this directory.")
@@ -47,9 +64,6 @@ def first_sentence(help_text: str) -> str:
     click would cut it at about 45 characters with "..."."""
     paragraph = " ".join(inspect.cleandoc(help_text).split("\n\n")[0].split())
     return re.split(r"(?<=[.!?])\s", paragraph, maxsplit=1)[0]
-
-
-_register()
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
