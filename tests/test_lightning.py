@@ -148,3 +148,27 @@ def test_bad_pointer_file(tmp_path):
 def _write(path, data):
     path.write_bytes(data)
     return path
+
+
+def test_removed_checkpoints_are_freed_by_retention(tmp_path):
+    """ModelCheckpoint's top-k removal drops a pointer and its tag; `gc --keep-last 1` then prunes
+    every commit no pointer holds (tags are always kept) and frees their bytes, while each
+    remaining pointer still restores bit-identically."""
+    io = MvcCheckpointIO(tmp_path / "runs", lossless=True)
+    ckpt = L.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2, save_top_k=1,
+                                       monitor="train_loss")
+    L.Trainer(max_steps=10, accelerator="cpu", logger=False, enable_progress_bar=False,
+              enable_model_summary=False, plugins=[io], callbacks=[ckpt]).fit(Digits(), _loader())
+    pointers = sorted((tmp_path / "ckpts").glob("*.ckpt"))
+    repo = Repo(tmp_path / "runs")
+    before = {p: io.load_checkpoint(p)["state_dict"] for p in pointers}
+    held = {read_pointer(p)["commit"] for p in pointers} | {repo.head()}
+    stored = repo.stats().object_bytes
+    report = repo.gc(keep_last=1, reflog_expire=0)
+    assert report.removed_objects > 0 and report.freed_bytes > 0
+    assert repo.pruned() == {c.id for c in repo.log()} - held
+    assert repo.stats().object_bytes < stored
+    for p, sd in before.items():
+        restored = io.load_checkpoint(p)["state_dict"]
+        assert all(torch.equal(restored[k], v) for k, v in sd.items())
+    assert not repo.fsck().problems
