@@ -430,7 +430,7 @@ class Repo:
             quant = QuantConfig.from_dict(configured)
         # quality.epsilon bounds a quality function's relative degradation; without one it
         # bounds the proxy (weighted relative L2 error, default PROXY_EPSILON 0.05), as
-        # --epsilon does -- but only when set: its default (0.01) is a loss bound, and as the
+        # --epsilon does -- but only when set: its default is a loss bound, and as the
         # proxy's it would silently cut compression.
         if epsilon is None and (quality is not None or self.config.is_set("quality.epsilon")):
             epsilon = self.config.get("quality.epsilon")
