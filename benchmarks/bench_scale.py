@@ -419,6 +419,7 @@ def table(rep: dict) -> str:
         ratio = f"{nb / m['stored']:.2f}x" if m.get("stored") else ""
         lines.append(f"| {name} | {m['seconds']:.2f} s | {vs} | "
                      f"{m['peak_extra_rss'] / 1e9:.2f} GB ({m['peak_extra_rss'] / nb:.2f}x) | {ratio} |")
+    lines.append("")
     for k in ("first commit", "next commit"):
         m = r[k]
         lines.append(f"{k}: mode {m['mode']}, {m['trials']} trials, proxy {m['value']}, "
