@@ -35,3 +35,8 @@ def test_a_command_still_finds_the_repository(tmp_path) -> None:
     rc = subprocess.run([sys.executable, "-m", "mvc", "-C", str(tmp_path), "branch"], capture_output=True,
                         text=True).returncode
     assert rc == 0
+
+
+def test_help_lists_every_command_without_torch() -> None:
+    assert not _imports_torch(
+        "from mvc.cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass")

@@ -1,23 +1,23 @@
 """remote, push, fetch, pull, clone (docs/remotes.md)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from mvc.cli.format import echo, human_bytes
 from mvc.cli.progress import quiet_option, terminal_progress
 from mvc.errors import UsageError
-from mvc.remote.config import RemoteConfig
-from mvc.remote.porcelain import (
-    ORIGIN,
-    clone as clone_repo,
-    default_clone_dir,
-    fast_forward,
-    push_updates,
-    record_push,
-)
-from mvc.remote.transfer import REMOTES, TransferReport, fetch as fetch_objects, push as push_objects
-from mvc.repo.repository import Repo
+from mvc.cli.lazy import Repo
+from mvc.remote.config import ORIGIN, REMOTES, RemoteConfig
 from mvc.store.objstore import open_remote
+
+if TYPE_CHECKING:
+    from mvc.remote.transfer import TransferReport
+    from mvc.repo.repository import Repo as RepoType
+
+# mvc.remote.porcelain / transfer import the repository code, and so torch: they are imported
+# where a command runs, so that listing the commands (`mvc --help`) does not pay for torch.
 
 
 def _default_remote(config: RemoteConfig, name: str | None) -> str:
@@ -91,6 +91,9 @@ def push(remote_name: str | None, refs: tuple[str, ...], force: bool, quiet: boo
     config = RemoteConfig(repo.mvc_dir)
     name = _default_remote(config, remote_name)
     target = open_remote(config.url(name))
+    from mvc.remote.porcelain import push_updates, record_push
+    from mvc.remote.transfer import push as push_objects
+
     try:
         updates = push_updates(repo.store.refs, list(refs), repo.current_branch())
         with terminal_progress(quiet=quiet) as progress:
@@ -115,7 +118,9 @@ def fetch(remote_name: str | None, quiet: bool) -> None:
     _fetch(repo, name, config.url(name), quiet)
 
 
-def _fetch(repo: Repo, name: str, url: str, quiet: bool) -> TransferReport:
+def _fetch(repo: RepoType, name: str, url: str, quiet: bool) -> TransferReport:
+    from mvc.remote.transfer import fetch as fetch_objects
+
     source = open_remote(url)
     try:
         with terminal_progress(quiet=quiet) as progress:
@@ -150,6 +155,8 @@ def pull(remote_name: str | None, branch: str | None, quiet: bool) -> None:
     target = repo.store.read_ref(upstream)
     if target is None:
         raise UsageError(f"the remote {name!r} has no branch {branch!r}")
+    from mvc.remote.porcelain import fast_forward
+
     r = fast_forward(repo.odb, repo.store.refs, branch, target, f"{name}/{branch}")
     echo(f"pull: branch {branch}: {_short(r.old)} -> {_short(r.new)} ({r.status})")
     if r.status == "fast-forward" and repo.current_branch() == branch:
@@ -164,6 +171,8 @@ def clone(url: str, directory: str | None, quiet: bool) -> None:
     """Create a repository in DIRECTORY (default: the URL's last component) from the remote
     at URL, named origin, with every commit of its branches and tags (no --depth: a clone
     is complete)."""
+    from mvc.remote.porcelain import clone as clone_repo, default_clone_dir
+
     with terminal_progress(quiet=quiet) as progress:
         res = clone_repo(url, directory or default_clone_dir(url), progress=progress)
     echo(f"clone: {res.path}: {_objects_line('received', res.report)}")

@@ -15,6 +15,10 @@ from mvc.errors import MvcError, UsageError
 from mvc.store.objstore import open_storage
 
 REMOTES_FILE = "remotes.json"
+#: The remote a clone names, and the default of push/fetch/pull.
+ORIGIN = "origin"
+#: Remote-tracking branches: refs/remotes/NAME/BRANCH.
+REMOTES = "refs/remotes/"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 

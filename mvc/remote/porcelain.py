@@ -14,9 +14,8 @@ from urllib.parse import urlparse
 
 from mvc.errors import UsageError
 from mvc.progress import NO_PROGRESS, Progress
-from mvc.remote.config import RemoteConfig
+from mvc.remote.config import ORIGIN, REMOTES, RemoteConfig
 from mvc.remote.transfer import (
-    REMOTES,
     NonFastForwardError,
     RefResult,
     TransferReport,
@@ -28,9 +27,6 @@ from mvc.repo.objectdb import ObjectDB
 from mvc.repo.repository import MVC_DIR, Repo
 from mvc.store import ANY, RefStore
 from mvc.store.objstore import open_remote
-
-#: The name `clone` gives the remote it clones from.
-ORIGIN = "origin"
 
 
 class CloneTargetError(UsageError):

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from mvc.errors import MvcError
 from mvc.progress import NO_PROGRESS, Progress
+from mvc.remote.config import REMOTES
 from mvc.repo import refs as R
 from mvc.repo.objectdb import ObjectDB, Reached
 from mvc.repo.pruned import PRUNED, pruned_ids
@@ -38,8 +39,6 @@ from mvc.store.objstore import Remote
 
 #: Objects are read and sent in batches of about this many bytes (bounded memory).
 BATCH_BYTES = 256 << 20
-#: Where fetched branches are kept: ``refs/remotes/<remote>/<branch>``.
-REMOTES = "refs/remotes/"
 
 
 class NonFastForwardError(MvcError):
