@@ -190,7 +190,17 @@ def _fmt_table(runs: list[dict], wl_name: str) -> list[str]:
     return lines
 
 
-NOTES = """## How the peers were built (simplifications)
+NOTES = """## Quality gates on a pretrained transformer
+
+The CNN transfer above is one-shot compression judged by a loss. `benchmarks/bench_transfer.py`
+(table: docs/transfer.md) commits a pretrained character transformer once per gate and measures
+held-out top-1 agreement with the original: the scalar loss gate at epsilon 0.01 accepted a
+config costing +1.23% held-out loss and 8.8% changed answers, the proxy (no quality function)
+one costing +21%; the fidelity gate at its defaults refuses every config of the search space on
+that model (stores it losslessly). `benchmarks/bench_nohook.py` measures commits without a
+quality function on both models above. Evidence and the defaults chosen from it: docs/quality.md.
+
+## How the peers were built (simplifications)
 
 All peers are re-implemented in `benchmarks/e2e_baselines.py` from the papers' descriptions and
 get the same per-checkpoint search over their own knobs as mvc (most compressive knob whose
