@@ -62,7 +62,7 @@ def test_commit_line_lossless(work):
 
 def test_commit_line_lossy_names_bins_prune_and_gate(work):
     _save(work / "model.pt", 1)
-    code, out, err = run(work, "commit", "-m", "e1")
+    code, out, err = run(work, "commit", "-m", "e1", "--epsilon", "0.05")
     assert code == 0, err
     m = _LINE.match(out.strip())
     assert m, out
@@ -70,6 +70,17 @@ def test_commit_line_lossy_names_bins_prune_and_gate(work):
     assert re.match(r"lossy: \d+ bins, prune [\d.]+, gate proxy rel-L2 [\d.e-]+ \(bound 0.05\)$",
                     how), how
     assert float(m.group(4)[:-1]) > 1.5
+
+
+def test_commit_without_a_hook_is_lossless_and_says_lossy_is_opt_in(work):
+    _save(work / "model.pt", 1)
+    code, out, err = run(work, "commit", "-m", "e1")
+    assert code == 0, err
+    m = _LINE.match(out.strip())
+    assert m, out
+    assert m.group(5) == "lossless (no quality.hook: lossy commits are opt-in; see docs/quality.md)"
+    code, out, err = run(work, "commit", "-m", "e2", "--lossless")
+    assert code == 0 and _LINE.match(out.strip()).group(5) == "lossless", out
 
 
 def test_commit_line_says_when_no_configuration_was_feasible(work):

@@ -16,6 +16,8 @@ def _state():
 def test_configured_epsilon_bounds_the_proxy(tmp_path):
     with Repo.init(tmp_path) as repo:
         c = repo.read_commit(repo.commit(_state(), "default"))
+        assert c.quant is None and c.quality is None, "unset, nothing opts in to a lossy commit"
+        c = repo.read_commit(repo.commit(_state(), "proxy", epsilon=PROXY_EPSILON))
         assert c.quality["epsilon"] == PROXY_EPSILON
         repo.config.set("quality.epsilon", 0.002)
         tight = repo.read_commit(repo.commit({k: v * 1.5 for k, v in _state().items()}, "tight"))

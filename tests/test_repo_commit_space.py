@@ -8,6 +8,7 @@ from test_repo_search import _state
 from mvc.errors import UsageError
 from mvc.quant import QuantConfig
 from mvc.repo.repository import Repo
+from mvc.search.quality import PROXY_EPSILON
 from mvc.search import SearchSpace
 
 SPACE = SearchSpace(bins=(32,), prune=(0.0, 0.1), protect=(0.01,))
@@ -20,7 +21,7 @@ def _in_space(quant: dict, space: SearchSpace) -> bool:
 
 def test_commit_searches_the_given_space(tmp_path):
     with Repo.init(tmp_path / "r") as repo:
-        default = repo.read_commit(repo.commit(_state(), "default cube"))
+        default = repo.read_commit(repo.commit(_state(), "default cube", epsilon=PROXY_EPSILON))
         assert not _in_space(default.quant, SPACE)  # the default cube picks something else here
         c = repo.read_commit(repo.commit(_state(1), "narrow cube", space=SPACE))
         assert _in_space(c.quant, SPACE) and c.quality["mode"] in ("neighbourhood",

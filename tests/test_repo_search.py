@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from mvc.repo.repository import Repo
+from mvc.search.quality import PROXY_EPSILON
 
 
 def _state(seed: int = 0) -> dict:
@@ -13,15 +14,25 @@ def _state(seed: int = 0) -> dict:
                       "fc2.weight": torch.randn(10, 256, generator=g) * 0.05}}
 
 
-def test_default_commit_searches_with_the_proxy(tmp_path):
+def test_default_commit_without_quality_is_lossless(tmp_path):
+    """Nothing judges a lossy commit without a quality function: it is stored exactly (issue 15
+    item 5, docs/quality.md); an explicit epsilon opts in to the proxy."""
     with Repo.init(tmp_path / "r") as repo:
-        cid = repo.commit(_state(), "default")
+        c = repo.read_commit(repo.commit(_state(), "default"))
+        assert c.quant is None and c.quality is None
+        got = repo.read_state(c.id)
+        assert torch.equal(got["model"]["fc1.weight"], _state()["model"]["fc1.weight"])
+
+
+def test_an_explicit_epsilon_searches_with_the_proxy(tmp_path):
+    with Repo.init(tmp_path / "r") as repo:
+        cid = repo.commit(_state(), "proxy", epsilon=PROXY_EPSILON)
         c = repo.read_commit(cid)
         assert c.quant is not None and c.quality["metric"].startswith("proxy")
         assert c.quality["value"] <= c.quality["epsilon"]
         assert c.quality["mode"] == "exhaustive"
         # the next commit starts from the previous config (neighbourhood search)
-        c2 = repo.read_commit(repo.commit(_state(1), "second"))
+        c2 = repo.read_commit(repo.commit(_state(1), "second", epsilon=PROXY_EPSILON))
         assert c2.quality["mode"] in ("neighbourhood", "fallback-exhaustive")
         # the biases stay exact, the quantized weights restore within the proxy bound
         got = repo.read_state(cid)

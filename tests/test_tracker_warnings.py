@@ -48,7 +48,7 @@ def test_background_failure_says_which_commit(tmp_path):
 
 
 def test_no_warning_when_the_search_succeeds_or_nothing_is_quantizable(tmp_path, recwarn):
-    repo, model, tr = _setup(tmp_path, None, None)
+    repo, model, tr = _setup(tmp_path, None, 0.05)  # an explicit epsilon opts in to the proxy
     assert repo.read_commit(tr.commit("proxy")).quant is not None
     tiny = torch.nn.Linear(4, 2)
     Tracker(repo, tiny).commit("tiny")

@@ -61,7 +61,8 @@ def init(path: str) -> None:
               help="A metric to record (repeatable).")
 @click.option("--lossless", is_flag=True, default=False, help="Store every tensor exactly.")
 @click.option("--epsilon", type=float, default=None,
-              help="Bound on relative quality degradation for the config search.")
+              help="Bound for the config search: the quality.hook's relative degradation, or without "
+                   "a hook the proxy's weighted relative L2 error (opts in to lossy commits).")
 @quiet_option
 def commit(message: str, checkpoint: str | None, step: int | None, metrics: tuple[str, ...],
            lossless: bool, epsilon: float | None, quiet: bool) -> None:
@@ -70,8 +71,10 @@ def commit(message: str, checkpoint: str | None, step: int | None, metrics: tupl
 
     By default (commit.mode = search) the most compressive quantization whose
     quality loss stays within epsilon is chosen, measured by the quality.hook
-    function when configured, else by a proxy metric. On a terminal a progress bar
-    shows the load, the search and the tensors written (-q: none)."""
+    function. Without a hook the commit is lossless unless --epsilon (or
+    quality.epsilon) bounds the proxy, a weighted reconstruction error, not a loss
+    (docs/quality.md). On a terminal a progress bar shows the load, the search and
+    the tensors written (-q: none)."""
     from mvc.io.dirs import load_dir
     from mvc.io.files import load_checkpoint
 
@@ -96,8 +99,10 @@ def commit(message: str, checkpoint: str | None, step: int | None, metrics: tupl
     c = repo.read_commit(cid)
     snap = repo.read_snapshot(c.snapshot)
     stored = sum(t.stored_bytes for t in snap.tensors)
-    echo(f"[{branch or 'detached HEAD'} {cid[:12]}] {c.summary}  "
-         f"{storage_line(c, snap.raw_bytes, stored)}")
+    line = storage_line(c, snap.raw_bytes, stored)
+    if not c.quant and c.quality is None and not lossless and repo.config.get("commit.mode") == "search":
+        line += " (no quality.hook: lossy commits are opt-in; see docs/quality.md)"
+    echo(f"[{branch or 'detached HEAD'} {cid[:12]}] {c.summary}  {line}")
 
 
 class QualityHookError(UsageError):

@@ -128,9 +128,10 @@ class Tracker:
                  extra_state: Callable[[], dict] | None = None, beta: float = BETA,
                  policy: QuantPolicy | None = None, space: SearchSpace | None = None,
                  distributed: bool | None = None) -> None:
-        """repo: an mvc `Repo`; quality(model) -> loss, or None for the proxy metric;
-        epsilon: bound on the relative degradation (None: 0.01 with `quality`, the
-        proxy's own bound without); every: commit interval in steps (schedules the
+        """repo: an mvc `Repo`; quality(model) -> loss, or None (then commits are lossless
+        unless `epsilon` is given: it opts in to the proxy metric and bounds it);
+        epsilon: bound on the relative degradation (None: quality.epsilon with `quality`);
+        every: commit interval in steps (schedules the
         gradient window); extra_state() -> dict of extra top-level state entries;
         distributed: spread the search over the ranks of `torch.distributed` (None: when
         it is initialized with more than one rank; see the module docstring)."""

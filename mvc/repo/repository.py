@@ -344,10 +344,13 @@ class Repo:
 
         * "search": the commit hook picks the most compressive quantization
           config whose degradation stays within `epsilon` on `quality`
-          (`quality(candidate_state) -> loss`, lower is better; without one,
-          a documented proxy with its own bound), starting from the parent's
-          config (Inshrinkerator §5). The chosen config, the metric, its
-          baseline and measured value are recorded in the commit.
+          (`quality(candidate_state) -> loss`, lower is better), starting from
+          the parent's config (Inshrinkerator §5). The chosen config, the
+          metric, its baseline and measured value are recorded in the commit.
+          Without `quality` (and no `quality.hook` passed by the CLI) the commit
+          is lossless, unless `epsilon` (or a configured `quality.epsilon`) or
+          `space` opts in to the proxy: a weighted reconstruction error bounded
+          by `epsilon` (default 0.05 with `space`), not a loss (docs/quality.md).
         * "fixed": quantize with `commit.quant`.
         * "lossless": store every tensor exactly.
 
@@ -434,6 +437,12 @@ class Repo:
         # proxy's it would silently cut compression.
         if epsilon is None and (quality is not None or self.config.is_set("quality.epsilon")):
             epsilon = self.config.get("quality.epsilon")
+        if quant is None and space is None and quality is None and epsilon is None:
+            # Nothing judges a lossy commit: no proxy bound keeps a trained model's restore well
+            # under 1% held-out loss while still compressing (docs/quality.md, bench_nohook),
+            # so lossy commits are opt-in: a quality function, an explicit bound on the proxy
+            # (epsilon= / --epsilon / quality.epsilon), a search space, or a fixed config.
+            return pipeline.Quantization("lossless", policy=policy)
         if quant is not None:  # measured by the gates, not searched (pipeline.gate_fixed)
             return pipeline.Quantization("fixed", config=quant, policy=policy, optimizer=optimizer,
                                          quality=quality, epsilon=epsilon,
