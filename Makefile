@@ -4,8 +4,9 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 # Where the CPU build of torch comes from: an *extra* index, so pip prefers 2.13.0+cpu (a local
 # version sorts above 2.13.0) over PyPI's CUDA build (+16 nvidia-* packages) on a fresh machine.
-# Where it cannot be reached pip retries for about 10 s and falls back to PyPI (measured), and an
-# already installed pinned torch never asks. `make TORCH_INDEX=` installs from the default index only.
+# Where it cannot be reached pip falls back to PyPI (one retry per package, not five: with five, the
+# ten packages torch needs cost about a minute of retries, measured), and an already installed
+# pinned torch never asks. `make TORCH_INDEX=` installs from the default index only.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -16,7 +17,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard native/*.c native/*.h nat
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	# torch first and pinned (an unpinned one would pull a multi-GB CUDA build), CPU build by default.
-	$(PIP) install $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
+	$(PIP) install $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX) --retries 1) "$(TORCH_SPEC)"
 	$(PIP) install -e ".[test,bench,s3,lightning,hf,plot]"
 	touch $@
 
