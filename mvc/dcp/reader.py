@@ -33,7 +33,7 @@ from torch.distributed.checkpoint._nested_dict import FLATTEN_MAPPING
 from mvc.dtypes import parse_dtype
 from mvc.errors import UsageError
 from mvc.repo.objects import TensorRecord
-from mvc.repo.repository import Repo
+from mvc.repo.repository import Repo, RepoOnDemand
 from mvc.repo.shards import shard_of
 
 from mvc.dcp.layout import fqn_view
@@ -52,8 +52,7 @@ class MvcStorageReader(StorageReader):
 
     def __init__(self, repo: str | os.PathLike | Repo, rev: str = "HEAD") -> None:
         super().__init__()
-        self._repo = repo if isinstance(repo, Repo) else None
-        self.path = Path(repo.path if isinstance(repo, Repo) else repo)
+        self._repo = RepoOnDemand(repo)
         self.rev = rev
         #: The commit read (set by `read_metadata`).
         self.commit_id: str | None = None
@@ -65,20 +64,19 @@ class MvcStorageReader(StorageReader):
     @property
     def repo(self) -> Repo:
         """The repository, opened by this process on first use."""
-        if self._repo is None:
-            self._repo = Repo(self.path)
-        return self._repo
+        return self._repo.get()
+
+    @property
+    def path(self) -> Path:
+        return self._repo.path
 
     def close(self) -> None:
         """Close the repository this reader opened."""
-        if self._repo is not None:
-            self._repo.close()
-            self._repo = None
+        self._repo.close()
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
-        if checkpoint_id and Path(checkpoint_id) != self.path:
-            self.close()
-            self.path = Path(checkpoint_id)
+        if checkpoint_id:
+            self._repo.retarget(checkpoint_id)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:

@@ -40,7 +40,7 @@ from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy
 from mvc.repo import pipeline
 from mvc.repo.objects import TensorRecord
 from mvc.repo.provenance import author, code_provenance
-from mvc.repo.repository import Repo
+from mvc.repo.repository import Repo, RepoOnDemand
 from mvc.repo.shards import SHARD_KEY, covers_whole, shard_meta, shard_name, shard_of
 from mvc.search.space import SearchSpace
 
@@ -106,8 +106,7 @@ class MvcStorageWriter(StorageWriter):
             raise DcpOptionError(f"MvcStorageWriter takes {', '.join(COMMIT_OPTIONS)} and "
                                  f"lossless; not {', '.join(unknown)}")
         _check_types(commit_options)
-        self._repo = repo if isinstance(repo, Repo) else None
-        self.path = Path(repo.path if isinstance(repo, Repo) else repo)
+        self._repo = RepoOnDemand(repo)
         self.message = message
         self.lossless = bool(lossless)
         self.options = dict(commit_options)
@@ -132,22 +131,21 @@ class MvcStorageWriter(StorageWriter):
     @property
     def repo(self) -> Repo:
         """The repository, opened by this process on first use (every rank opens its own)."""
-        if self._repo is None:
-            self._repo = Repo(self.path)
-        return self._repo
+        return self._repo.get()
+
+    @property
+    def path(self) -> Path:
+        return self._repo.path
 
     def close(self) -> None:
         """Close the repository this writer opened."""
-        if self._repo is not None:
-            self._repo.close()
-            self._repo = None
+        self._repo.close()
 
     # -------------------------------------------------------------- StorageWriter
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         """A new save begins; `checkpoint_id`, when given, is another repository's path."""
-        if checkpoint_id and Path(checkpoint_id) != self.path:
-            self.close()
-            self.path = Path(checkpoint_id)
+        if checkpoint_id:
+            self._repo.retarget(checkpoint_id)
         self.commit_id = None
         self._shared = None
 

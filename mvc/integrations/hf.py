@@ -27,7 +27,7 @@ from transformers import TrainerCallback
 from mvc.errors import UsageError
 from mvc.integrations.grad_ema import GradientEMA
 from mvc.io.dirs import DEFAULT_OPAQUE, checkout_dir, commit_dir
-from mvc.repo.repository import Repo
+from mvc.repo.repository import Repo, RepoOnDemand
 
 #: The checkpoint directories the Trainer writes: ``<output_dir>/checkpoint-<global step>``.
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -40,11 +40,6 @@ class HfIntegrationError(UsageError):
     load_best_model_at_end, a resume from a commit without a step)."""
 
     exit_code = 153
-
-
-def open_repo(repo: str | os.PathLike | Repo) -> Repo:
-    """`repo` itself, or the repository at that path (created when there is none)."""
-    return repo if isinstance(repo, Repo) else Repo.init(repo)
 
 
 def step_metrics(state_file: str | os.PathLike, step: int) -> dict[str, float]:
@@ -78,9 +73,8 @@ class MvcCallback(TrainerCallback):
 
     def __init__(self, repo: str | os.PathLike | Repo, *, delete: bool = False, grad_ema: bool = False,
                  opaque: Sequence[str] = DEFAULT_OPAQUE, **commit_args: Any) -> None:
-        # Opened on first use: every rank builds the plugin, only one commits.
-        self._repo_arg = repo
-        self._repo: Repo | None = repo if isinstance(repo, Repo) else None
+        # Opened on first use: every rank builds the callback, only one commits.
+        self._repo = RepoOnDemand(repo, create=True)
         self.delete = delete
         self.opaque = tuple(opaque)
         self.commit_args = commit_args
@@ -91,9 +85,7 @@ class MvcCallback(TrainerCallback):
     @property
     def repo(self) -> Repo:
         """The repository commits go to (opened, or created, on first use)."""
-        if self._repo is None:
-            self._repo = open_repo(self._repo_arg)
-        return self._repo
+        return self._repo.get()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         """Refuse settings that need the deleted directories; start the gradient EMA."""
@@ -129,7 +121,7 @@ def checkout_checkpoint(repo: str | os.PathLike | Repo, output_dir: str | os.Pat
                         rev: str = "HEAD") -> str:
     """Write the checkpoint directory committed at `rev` to ``<output_dir>/checkpoint-<its step>``
     (absent or empty) and return that path, for ``trainer.train(resume_from_checkpoint=...)``."""
-    r = open_repo(repo)
+    r = RepoOnDemand(repo, create=True).get()
     cid = r.resolve(rev)
     step = r.read_commit(cid).step
     if step is None:

@@ -37,7 +37,7 @@ from lightning.pytorch.callbacks import Callback
 from mvc.errors import UsageError
 from mvc.integrations.grad_ema import BETA, GradientEMA
 from mvc.io.files import load_checkpoint
-from mvc.repo.repository import Repo
+from mvc.repo.repository import Repo, RepoOnDemand
 
 #: The first key of every pointer file, and its format version.
 POINTER_MARK = "mvc_checkpoint_pointer"
@@ -53,11 +53,6 @@ class PointerFileError(UsageError):
     """A Lightning checkpoint pointer file is malformed, or names a commit of another repository."""
 
     exit_code = 154
-
-
-def open_repo(repo: str | os.PathLike | Repo) -> Repo:
-    """`repo` itself, or the repository at that path (created when there is none)."""
-    return repo if isinstance(repo, Repo) else Repo.init(repo)
 
 
 def read_pointer(path: str | os.PathLike) -> dict | None:
@@ -102,8 +97,7 @@ class MvcCheckpointIO(CheckpointIO):
     def __init__(self, repo: str | os.PathLike | Repo, **commit_args: Any) -> None:
         super().__init__()
         # Opened on first use: every rank builds the plugin, only one commits.
-        self._repo_arg = repo
-        self._repo: Repo | None = repo if isinstance(repo, Repo) else None
+        self._repo = RepoOnDemand(repo, create=True)
         self.commit_args = commit_args
         self.commits: list[tuple[str, str]] = []
         #: Set by `MvcCallback.on_save_checkpoint` for the next save only.
@@ -112,9 +106,7 @@ class MvcCheckpointIO(CheckpointIO):
     @property
     def repo(self) -> Repo:
         """The repository commits go to (opened, or created, on first use)."""
-        if self._repo is None:
-            self._repo = open_repo(self._repo_arg)
-        return self._repo
+        return self._repo.get()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike,
                         storage_options: Any = None, **kwargs: Any) -> None:
