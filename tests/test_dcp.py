@@ -205,6 +205,21 @@ def test_unsharded_save_after_sharded_starts_new_bases(ranks, tmp_path):
         repo.store.update_ref("refs/heads/main", w.commit_id, r0["c3"], "test: reset")
 
 
+def test_a_save_without_epsilon_is_lossless(tmp_path):
+    """No model to judge a lossy save: as for Repo.commit without a quality function, the proxy
+    is opt-in (epsilon=), and without it the save stores every tensor exactly."""
+    model, opt = plain_model(0)
+    msd, osd = get_state_dict(model, opt)
+    Repo.init(tmp_path / "repo").close()
+    w = MvcStorageWriter(tmp_path / "repo", message="default")
+    dcp.save({"model": msd, "optim": osd}, storage_writer=w)
+    with Repo(tmp_path / "repo") as repo:
+        c = repo.read_commit(w.commit_id)
+        assert c.quant is None and w.last_config is None
+        assert not [r for r in repo.read_snapshot(c.snapshot).tensors if lossy.is_quantized(r)]
+        assert_same(repo.read_state(w.commit_id)["model"], dict(msd))
+
+
 def _rec(name: str, shape: list[int], of: str, offsets: list[int], full: list[int]
          ) -> TensorRecord:
     return TensorRecord(name, "float32", shape, "raw/1", [], 0, 0,

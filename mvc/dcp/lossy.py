@@ -82,6 +82,12 @@ class How:
         if quant is not None:
             return cls("fixed", config=quant.to_dict(), policy=policy)
         eps = options.get("epsilon")
+        if eps is None and repo.config.is_set("quality.epsilon"):
+            eps = repo.config.get("quality.epsilon")
+        if eps is None and space is None:
+            # As for Repo.commit without a quality function: nothing judges a lossy save but the
+            # proxy, which is opt-in (epsilon= / quality.epsilon / space=; docs/quality.md).
+            return cls("lossless", policy=policy)
         cap = options.get("tensor_cap")
         if cap is None:
             cap = repo.config.get("quality.tensor_cap")
