@@ -33,7 +33,8 @@ from torch.distributed.checkpoint._nested_dict import FLATTEN_MAPPING
 from mvc.dtypes import parse_dtype
 from mvc.errors import UsageError
 from mvc.repo.objects import TensorRecord
-from mvc.repo.repository import Repo, RepoOnDemand
+from mvc.integrations.repo_handle import RepoOnDemand, UsesRepo
+from mvc.repo.repository import Repo
 from mvc.repo.shards import shard_of
 
 from mvc.dcp.layout import fqn_view
@@ -46,7 +47,7 @@ class DcpLayoutError(UsageError):
     exit_code = 163
 
 
-class MvcStorageReader(StorageReader):
+class MvcStorageReader(UsesRepo, StorageReader):
     """Read the commit `rev` (default HEAD) of the mvc repository at `repo` (a path or `Repo`)
     for ``dcp.load(state, storage_reader=MvcStorageReader("runs/exp1", rev="v1"))``."""
 
@@ -60,19 +61,6 @@ class MvcStorageReader(StorageReader):
         self._records: dict[str, TensorRecord] = {}
         self._values: dict[str, Any] = {}
         self._storage: dict[MetadataIndex, str] = {}
-
-    @property
-    def repo(self) -> Repo:
-        """The repository, opened by this process on first use."""
-        return self._repo.get()
-
-    @property
-    def path(self) -> Path:
-        return self._repo.path
-
-    def close(self) -> None:
-        """Close the repository this reader opened."""
-        self._repo.close()
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:

@@ -40,7 +40,8 @@ from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy
 from mvc.repo import pipeline
 from mvc.repo.objects import TensorRecord
 from mvc.repo.provenance import author, code_provenance
-from mvc.repo.repository import Repo, RepoOnDemand
+from mvc.integrations.repo_handle import RepoOnDemand, UsesRepo
+from mvc.repo.repository import Repo
 from mvc.repo.shards import SHARD_KEY, covers_whole, shard_meta, shard_name, shard_of
 from mvc.search.space import SearchSpace
 
@@ -82,7 +83,7 @@ class _Value:
     value: Any
 
 
-class MvcStorageWriter(StorageWriter):
+class MvcStorageWriter(UsesRepo, StorageWriter):
     """Write a DCP checkpoint as one commit of the mvc repository at `repo` (a path or `Repo`;
     it must exist: ``mvc init``).
 
@@ -128,19 +129,6 @@ class MvcStorageWriter(StorageWriter):
         return self._chosen[1]
 
     # -------------------------------------------------------------- the repository
-    @property
-    def repo(self) -> Repo:
-        """The repository, opened by this process on first use (every rank opens its own)."""
-        return self._repo.get()
-
-    @property
-    def path(self) -> Path:
-        return self._repo.path
-
-    def close(self) -> None:
-        """Close the repository this writer opened."""
-        self._repo.close()
-
     # -------------------------------------------------------------- StorageWriter
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         """A new save begins; `checkpoint_id`, when given, is another repository's path."""

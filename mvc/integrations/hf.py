@@ -27,7 +27,8 @@ from transformers import TrainerCallback
 from mvc.errors import UsageError
 from mvc.integrations.grad_ema import GradientEMA
 from mvc.io.dirs import DEFAULT_OPAQUE, checkout_dir, commit_dir
-from mvc.repo.repository import Repo, RepoOnDemand
+from mvc.integrations.repo_handle import RepoOnDemand
+from mvc.repo.repository import Repo
 
 #: The checkpoint directories the Trainer writes: ``<output_dir>/checkpoint-<global step>``.
 CHECKPOINT_PREFIX = "checkpoint-"

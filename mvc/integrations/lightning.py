@@ -37,7 +37,8 @@ from lightning.pytorch.callbacks import Callback
 from mvc.errors import UsageError
 from mvc.integrations.grad_ema import BETA, GradientEMA
 from mvc.io.files import load_checkpoint
-from mvc.repo.repository import Repo, RepoOnDemand
+from mvc.integrations.repo_handle import RepoOnDemand
+from mvc.repo.repository import Repo
 
 #: The first key of every pointer file, and its format version.
 POINTER_MARK = "mvc_checkpoint_pointer"

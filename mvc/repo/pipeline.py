@@ -529,6 +529,20 @@ def _write_all(plan: CommitPlan, todo: list[str], writer: ChunkWriter, read_quan
 
 # ---------------------------------------------------------------------------- publish
 
+def check_metrics(metrics: Mapping[str, float] | None) -> dict[str, float]:
+    """A commit's metrics as finite floats by name (`UsageError` naming the bad one)."""
+    out: dict[str, float] = {}
+    for k, v in (metrics or {}).items():
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise UsageError(f"metric {k!r} must be a number, got {v!r}") from None
+        if f != f or f in (float("inf"), float("-inf")):
+            raise UsageError(f"metric {k!r} must be finite, got {v!r}")
+        out[str(k)] = f
+    return out
+
+
 @dataclass(frozen=True)
 class CommitInfo:
     """What a commit object says besides its snapshot and parents (all plain values)."""

@@ -370,7 +370,7 @@ class Repo:
         """
         if not isinstance(message, str) or not message.strip():
             raise UsageError("a commit needs a non-empty message")
-        clean_metrics = _check_metrics(metrics)
+        clean_metrics = pipeline.check_metrics(metrics)
         if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
             raise UsageError(f"step must be an int, got {step!r}")
         how = self._quantization(lossless, quant, policy, quality, epsilon, space)
@@ -595,46 +595,3 @@ class Repo:
         """Raw vs stored bytes per commit and in total, and what the repository occupies."""
         return inspect.stats(self.odb, self.store.maintenance, self.mvc_dir / "cache")
 
-
-class RepoOnDemand:
-    """A repository given open, or named by path and opened by this process on first use.
-
-    Framework objects (a Lightning plugin, a Trainer callback, a DCP storage writer) are built
-    on every rank and may be pickled by a launcher; only the processes that use one open the
-    store. `create`: initialise a repository where there is none."""
-
-    def __init__(self, repo: "Repo | str | os.PathLike", *, create: bool = False) -> None:
-        self._repo: Repo | None = repo if isinstance(repo, Repo) else None
-        self.path = Path(repo.path if isinstance(repo, Repo) else os.fspath(repo))
-        self.create = create
-
-    def get(self) -> "Repo":
-        """The repository, opened (or created, with `create`) on the first call."""
-        if self._repo is None:
-            self._repo = Repo.init(self.path) if self.create else Repo(self.path)
-        return self._repo
-
-    def close(self) -> None:
-        """Close the repository (a later `get` opens it again)."""
-        if self._repo is not None:
-            self._repo.close()
-            self._repo = None
-
-    def retarget(self, path: "str | os.PathLike") -> None:
-        """Name another repository (closing this one when it differs)."""
-        if Path(path) != self.path:
-            self.close()
-            self.path = Path(path)
-
-
-def _check_metrics(metrics: Mapping[str, float] | None) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for k, v in (metrics or {}).items():
-        try:
-            f = float(v)
-        except (TypeError, ValueError):
-            raise UsageError(f"metric {k!r} must be a number, got {v!r}") from None
-        if f != f or f in (float("inf"), float("-inf")):
-            raise UsageError(f"metric {k!r} must be finite, got {v!r}")
-        out[str(k)] = f
-    return out
