@@ -12,14 +12,16 @@ from mvc.search import SearchSpace, SearchSpaceError
 from mvc.search.space import short
 
 
-def test_defaults_are_table_9():
+def test_defaults_are_table_9_plus_64_bins():
     sp = SearchSpace()
-    assert sp.bins == (4, 6, 8, 12, 16, 32)
+    # Table 9's 4..32 plus one finer level: a commit whose 32-bin trial misses epsilon
+    # gets 64 bins (~5x) instead of a lossless fallback (1.2x).
+    assert sp.bins == (4, 6, 8, 12, 16, 32, 64)
     assert sp.embedding_bins == (16, 32)
     assert sp.prune == (0.5, 0.4, 0.3, 0.2, 0.1, 0.0)  # most compressive first
     assert sp.prune_metric == ("magnitude", "sensitivity")
     assert sp.protect == (0.0005, 0.005, 0.01)
-    assert sp.shape(False) == (6, 6, 3) and sp.shape(True) == (6, 6, 3, 2)
+    assert sp.shape(False) == (7, 6, 3) and sp.shape(True) == (7, 6, 3, 2)
 
 
 def test_json_round_trip_and_custom_axes():
@@ -72,7 +74,8 @@ def test_snap_rounds_to_the_conservative_side():
     idx = sp.snap(QuantConfig(bins=10, prune=0.25, protect=0.001), False)
     cfg = sp.config(("magnitude", idx), False)
     assert (cfg.bins, cfg.prune, cfg.protect) == (12, 0.2, 0.005)
-    assert sp.snap(QuantConfig(bins=64, prune=0.0, protect=0.5), False) == (5, 5, 2)
+    assert sp.snap(QuantConfig(bins=64, prune=0.0, protect=0.5), False) == (6, 5, 2)
+    assert sp.snap(QuantConfig(bins=128, prune=0.0, protect=0.5), False) == (6, 5, 2)
     assert sp.snap(QuantConfig(bins=8, embedding_bins=None), True)[3] == 0  # 8 -> 16
 
 

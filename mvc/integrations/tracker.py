@@ -313,8 +313,15 @@ class Tracker:
     def _warn_lossless(self, cid: str, record: Mapping[str, Any], restored: str | None) -> None:
         """Say so when the search found no configuration within the bound: the commit is
         stored exactly (full size), which must never pass silently."""
-        deg = record.get("degradation")
-        measured = f"best measured {deg:+.3g}" if isinstance(deg, (int, float)) else "none measured"
+        closest = record.get("closest") or {}
+        deg, cfg = closest.get("degradation"), closest.get("config") or {}
+        if isinstance(deg, (int, float)):
+            measured = (f"the closest trial, {cfg.get('bins')} bins / prune {cfg.get('prune')}, "
+                        f"measured {deg:+.3g}")
+            if closest.get("refused"):
+                measured += f" and was refused by {closest['refused']}"
+        else:
+            measured = "no trial measured"
         after = f" (the first since restore({restored!r}))" if restored else ""
         warnings.warn(MvcWarning(
             f"Tracker: commit {cid[:12]}{after} was stored losslessly: no quantization config kept "
