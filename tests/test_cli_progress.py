@@ -99,6 +99,25 @@ def test_nothing_extra_on_a_pipe_and_none_with_quiet(repo_dir: Path) -> None:
     assert rc == 0 and term == ""
 
 
+@pytest.mark.slow
+def test_a_400_mb_checkpoint_shows_a_live_bar_on_a_terminal_and_nothing_on_a_pipe(
+        tmp_path: Path) -> None:
+    # The issue's size: long enough that the bar is redrawn while tensors are written.
+    n, numel = 96, 1 << 20   # 96 tensors of 4 MiB: 402.7 MB
+    g = torch.Generator().manual_seed(1)
+    torch.save({f"block{i}.weight": torch.randn(numel, generator=g) for i in range(n)},
+               tmp_path / "big.pt")
+    Repo.init(tmp_path).close()
+    rc, out, term = _run_on_pty(tmp_path, "commit", "-m", "400 MB", "--lossless", "big.pt")
+    assert rc == 0 and out.startswith("[main "), term
+    assert "384.0 MiB" in term and f"{n}/{n} tensors" in term and "ETA" in term, term[-2000:]
+    partial = {int(k) for k in re.findall(rf"\b(\d+)/{n} tensors", term)}
+    assert any(0 < k < n for k in partial), sorted(partial)  # redrawn part-way, not only at the end
+    rc, out, err = _run_on_pipe(tmp_path, "checkout", "HEAD", "-o", "copy.pt")
+    assert rc == 0 and err == "" and out.startswith("Wrote ")
+    assert (tmp_path / "copy.pt").stat().st_size >= n * numel * 4
+
+
 class Recorder:
     """A `mvc.progress.Progress` that keeps what it heard."""
 
