@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import click
 
 from mvc.cli.format import echo, echo_json, human_bytes, message_lines, ratio, table
+from mvc.cli.graph import GraphRow, draw
 from mvc.errors import UsageError
 
 if TYPE_CHECKING:
@@ -178,14 +179,18 @@ def log(rev: str, oneline: bool, graph: bool, max_count: int | None, all_refs: b
         echo_json([dict(commit_dict(c), pruned=c.id in pruned) for c in commits])
         return
     deco = _decorations(repo)
-    for i, c in enumerate(commits):
+    rows = list(draw(commits)) if graph else [GraphRow(c, "", "", []) for c in commits]
+    for i, g in enumerate(rows):
+        c = cast("Commit", g.commit)
         refs = f" ({', '.join(deco[c.id])})" if c.id in deco else ""
-        bullet = "* " if graph else ""
+        bullet = f"{g.row} " if graph else ""
         if oneline:
             mark = " [pruned]" if c.id in pruned else ""
             echo(f"{bullet}{c.id[:12]}{refs}{mark} {c.summary}")
+            for line in g.after:
+                echo(line)
             continue
-        pad = "| " if graph else ""
+        pad = f"{g.pad} " if graph else ""
         echo(f"{bullet}commit {c.id}{refs}")
         if c.id in pruned:
             echo(f"{pad}Pruned: checkpoint not stored (gc retention policy)")
@@ -201,11 +206,13 @@ def log(rev: str, oneline: bool, graph: bool, max_count: int | None, all_refs: b
             extra.append(short_gate(c.quality))
         if extra:
             echo(f"{pad}Info:   {', '.join(extra)}")
-        echo(pad)
+        echo(pad.rstrip())
         for line in message_lines(c.message) or [""]:
             echo(f"{pad}    {line}", multiline=True)
-        if i + 1 < len(commits):
-            echo(pad)
+        for line in g.after:
+            echo(line)
+        if i + 1 < len(rows) and not g.after:
+            echo(pad.rstrip())
 
 
 _OPTIMIZER_KEYS = {"exp_avg", "exp_avg_sq", "momentum_buffer", "max_exp_avg_sq", "step", "sum"}
