@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 PROBE = """
 import sys
@@ -40,3 +43,87 @@ def test_a_command_still_finds_the_repository(tmp_path) -> None:
 def test_help_lists_every_command_without_torch() -> None:
     assert not _imports_torch(
         "from mvc.cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass")
+
+
+# Commands that open a repository but never touch tensors (issue 19 item 6): each runs in a
+# fresh interpreter against a repository holding a real commit (objects, snapshot, reflog,
+# tracked checkpoint file), and must leave torch unimported.
+COMMAND_PROBE = """
+import sys
+from mvc.cli.main import main
+rc = main(sys.argv[1:])
+print("torch imported:", "torch" in sys.modules)
+sys.exit(rc)
+"""
+
+
+@pytest.fixture(scope="module")
+def committed(tmp_path_factory) -> Path:
+    import torch
+
+    from cli_helpers import run
+
+    work = tmp_path_factory.mktemp("startup")
+    assert run(work, "init")[0] == 0
+    assert run(work, "config", "checkpoint.path", "model.pt")[0] == 0
+    torch.save({"w": torch.arange(12.0).reshape(3, 4), "step": 7}, work / "model.pt")
+    code, _, err = run(work, "commit", "-m", "first")
+    assert code == 0, err
+    assert run(work, "tag", "v1")[0] == 0
+    assert run(work, "branch", "old")[0] == 0
+    return work
+
+
+def _run_probe(work: Path, *args: str) -> tuple[int, str, bool]:
+    proc = subprocess.run([sys.executable, "-c", COMMAND_PROBE, *args], cwd=work, capture_output=True,
+                          text=True)
+    out, _, flag = proc.stdout.rpartition("torch imported: ")
+    return proc.returncode, out + proc.stderr, flag.strip() == "True"
+
+
+@pytest.mark.parametrize(("args", "expect"), [
+    (("log",), "first"),
+    (("log", "--json"), '"message": "first"'),
+    (("log", "--all", "--oneline"), "first"),
+    (("branch",), "old"),
+    (("branch", "startup-new"), "startup-new"),
+    (("branch", "-f", "startup-moved", "HEAD"), ""),
+    (("branch", "-m", "old", "startup-renamed"), ""),
+    (("tag",), "v1"),
+    (("tag", "startup-tag"), "startup-tag"),
+    (("reflog",), "commit: first"),
+    (("reflog", "main"), "commit: first"),
+    (("config",), "commit.mode = search"),
+    (("config", "checkpoint.path"), "model.pt"),
+    (("config", "core.lock_timeout", "30"), ""),
+    (("config", "commit.mode", "turbo"), "must be one of"),    # validation (rc 19)
+    (("config", "quality.epsilon", "1.5"), "must be in (0, 1)"),
+    (("status",), "unchanged since HEAD"),
+    (("show", "--stat", "HEAD"), "first"),
+    (("switch", "main"), ""),
+])
+def test_repository_commands_do_not_import_torch(committed: Path, args: tuple[str, ...], expect: str) -> None:
+    code, out, imported = _run_probe(committed, *args)
+    assert code == (19 if "must" in expect else 0), out
+    assert expect in out
+    assert not imported, f"`mvc {' '.join(args)}` imported torch"
+
+
+def test_commands_that_need_tensors_still_get_them(committed: Path) -> None:
+    code, out, imported = _run_probe(committed, "checkout", "HEAD", "-o", str(committed / "copy.pt"))
+    assert code == 0, out
+    assert imported
+    import torch
+
+    assert torch.equal(torch.load(committed / "copy.pt")["w"], torch.arange(12.0).reshape(3, 4))
+
+
+def test_reading_history_through_the_api_does_not_import_torch(committed: Path) -> None:
+    # The Python API too: opening a repository and walking refs, commits, snapshots and config.
+    assert not _imports_torch(
+        f"from mvc.repo.repository import Repo\n"
+        f"r = Repo({str(committed)!r})\n"
+        "c = r.log()[0]\n"
+        "assert c.message == 'first' and r.read_snapshot(c.snapshot).tensors\n"
+        "assert r.branches() and r.tags() and r.config.items()\n"
+        "assert r.resolve('v1') == c.id and r.store.reflog('HEAD')")

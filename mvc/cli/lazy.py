@@ -1,9 +1,9 @@
 """`Repo` for the command modules, imported on first use.
 
-`mvc.repo.repository` imports torch (about a second, more on a busy machine); a command
-module that names `Repo` through this stand-in costs nothing to import, so listing the
-commands (`mvc --help`) does not pay for it. Type checkers see the real class (the modules
-import it under TYPE_CHECKING).
+`mvc.repo.repository` imports the store (LMDB) and the object code (~0.15 s; torch only
+once a command touches tensors: see `Repo`); a command module that names `Repo` through
+this stand-in costs nothing to import, so listing the commands (`mvc --help`) does not pay
+for it. Type checkers see the real class (the modules import it under TYPE_CHECKING).
 """
 from __future__ import annotations
 

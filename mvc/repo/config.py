@@ -12,7 +12,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from mvc.codecs.base import exact_codecs
 from mvc.errors import UsageError
 
 #: Every known key with its default. Unknown keys are refused so typos surface.
@@ -98,13 +97,21 @@ _RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "gc.reflog_expire": (lambda v: v >= 0.0, ">= 0 days (0: deleted refs' reflogs go at the next gc)"),
 }
 
+def _exact_codecs() -> list[str]:
+    # The codec registry is filled by the codec modules, which import torch: only a
+    # commit.lossless_codec other than its default asks it.
+    from mvc.codecs import exact_codecs
+
+    return exact_codecs()
+
+
 #: String keys with a fixed set of values (a callable: the set is known only at run time).
 _CHOICES: dict[str, Callable[[], list[str]]] = {
     "commit.mode": lambda: ["search", "fixed", "lossless"],
     "commit.fixed_gate": lambda: ["warn", "refuse"],
     "commit.optimizer": lambda: ["exact", "compressed"],
     "checkpoint.format": lambda: ["pt", "safetensors"],
-    "commit.lossless_codec": exact_codecs,  # a quantized codec cannot store a tensor exactly
+    "commit.lossless_codec": _exact_codecs,  # a quantized codec cannot store a tensor exactly
 }
 
 
@@ -114,7 +121,8 @@ def _coerce(key: str, value: Any) -> Any:
     if check is not None and value is not None and not check[0](value):
         raise ConfigError(f"config {key} must be {check[1]}, got {value!r}")
     choices = _CHOICES.get(key)
-    if choices is not None and value is not None and value not in choices():
+    # A default is valid by construction: not asking spares `mvc config` the codec registry.
+    if choices is not None and value is not None and value != DEFAULTS[key] and value not in choices():
         raise ConfigError(f"config {key} must be one of {', '.join(choices())}, got {value!r}")
     return value
 

@@ -32,7 +32,6 @@ from typing import Literal
 
 from mvc.errors import DataError
 from mvc.repo import refs as R
-from mvc.repo.lossy import parent_ref
 from mvc.repo.objects import Commit, MalformedObjectError, Snapshot, object_kind
 from mvc.repo.pruned import PRUNED, pruned_ids
 from mvc.repo.replace import REPLACE, ReplacementError, follow_replacement
@@ -316,6 +315,10 @@ class ObjectDB:
                           snapshots: set[str], chunks: set[str],
                           on_damage: OnDamage | None) -> Iterator[Reached]:
         """Snapshot `sid`, its replacement, the snapshots its deltas need, and their chunks."""
+        # lossy asks each record's codec, and the codec registry imports torch: walks of
+        # history alone (log, branch -d) never get here.
+        from mvc.repo.lossy import parent_ref
+
         stack: list[tuple[str, str, str]] = [(sid, via, role)]
         while stack:
             sid, via, role = stack.pop()

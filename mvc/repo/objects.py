@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, NoReturn
 
 from mvc.errors import DataError
-from mvc.state import MAX_SKELETON_DEPTH, skeleton_depth
+from mvc.state.skeleton import MAX_SKELETON_DEPTH, skeleton_depth
 from mvc.store.base import InvalidIdError, check_oid
 
 COMMIT_HEADER = b"mvc-commit 1\n"

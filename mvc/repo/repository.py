@@ -3,40 +3,45 @@
 `Repo` is the composition root: it opens the store, builds the object database
 (`objectdb.ObjectDB`) and the tensor reader (`reader.TensorReader`, which owns
 the level caches) over it, and hands each service the parts it needs with plain
-settings read from the config -- the commit pipeline (`pipeline.py`), gc
-(`gc.py`), fsck (`fsck.py`), diff and stats (`inspect.py`).  What remains here
-is revision and ref handling, which every command shares.
+settings read from the config -- the commit pipeline (`pipeline.py`, its settings
+from `commitopts.py`), gc (`gc.py`), fsck (`fsck.py`), diff and stats
+(`inspect.py`).  What remains here is revision and ref handling, which every
+command shares.  Everything that touches tensors (torch) is imported on first
+use, so opening a repository to read refs, commits or config does not load it.
 """
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from mvc.errors import MvcError, MvcWarning, UsageError
 from mvc.progress import Progress, phase
-from mvc.state import flatten
-from mvc.quant import QuantConfig, QuantPolicy
 from mvc.repo import refs as R
-from mvc.repo import inspect, pipeline
 from mvc.repo.config import Config
-from mvc.repo.fsck import FsckReport, check_repository
-from mvc.repo.gc import GcReport, GcSettings, collect_garbage
-from mvc.repo.pruned import pruned_ids
-from mvc.repo.retention import RetentionPolicy
-from mvc.repo.inspect import RepoStats, TensorDiff
-from mvc.repo.levelcache import DiskLevelCache, check_level_cache
 from mvc.repo.objectdb import ObjectDB
 from mvc.repo.objects import Commit, Snapshot
 from mvc.repo.provenance import author, code_provenance
-from mvc.repo.reader import TensorReader
+from mvc.repo.pruned import pruned_ids
 from mvc.repo.revparse import (UnknownRevisionError, check_spelling, resolve_base,
                                 split_suffixes)
-from mvc.search.space import SearchSpace
 from mvc.store import ANY, InvalidRefError, RefConflictError, RefUpdate, open_store
+
+if TYPE_CHECKING:
+    # The tensor side (torch, the pipeline, the reader and the services over it) is imported
+    # where it is first used: commands that only read refs, commits and config never load it.
+    import torch
+
+    from mvc.quant import QuantConfig, QuantPolicy
+    from mvc.repo import pipeline
+    from mvc.repo.fsck import FsckReport
+    from mvc.repo.gc import GcReport
+    from mvc.repo.inspect import RepoStats, TensorDiff
+    from mvc.repo.levelcache import DiskLevelCache
+    from mvc.repo.reader import TensorReader
+    from mvc.search.space import SearchSpace
 
 MVC_DIR = ".mvc"
 DEFAULT_BRANCH = "main"
@@ -63,14 +68,31 @@ class Repo:
         self.config = Config(self.mvc_dir / "config.json")
         #: Commits and snapshots, and the one walker of history.
         self.odb = ObjectDB(store.blobs, store.refs)
-        #: Each lossy commit leaves its levels in `.mvc/cache/levels` for the next process
-        #: (a resume after a failure, the next CLI commit): `cache.levels_keep` newest commits.
-        #: fsck checks the directory even when the cache is off.
-        keep = int(self.config.get("cache.levels_keep"))
-        self._level_cache = DiskLevelCache(self.mvc_dir / "cache" / "levels", keep,
-                                           blobs=store.blobs, meta=store.maintenance)
-        #: Tensors of snapshots (checkout, diff, gc's compaction, the commit's parent levels).
-        self.reader = TensorReader(self.odb, disk=self._level_cache if keep > 0 else None)
+        self._levels_keep = int(self.config.get("cache.levels_keep"))  # as opened
+        self._tensor_lock = threading.Lock()
+        self._tensor_side: tuple[DiskLevelCache, TensorReader] | None = None
+
+    def _tensors(self) -> tuple[DiskLevelCache, TensorReader]:
+        """The level cache and the reader, built on first use: they import torch, which
+        commands that only read refs, commits and config never need."""
+        with self._tensor_lock:
+            if self._tensor_side is None:
+                from mvc.repo.levelcache import DiskLevelCache
+                from mvc.repo.reader import TensorReader
+
+                # Each lossy commit leaves its levels in `.mvc/cache/levels` for the next process
+                # (a resume after a failure, the next CLI commit): `cache.levels_keep` newest
+                # commits. fsck checks the directory even when the cache is off.
+                cache = DiskLevelCache(self.mvc_dir / "cache" / "levels", self._levels_keep,
+                                       blobs=self.store.blobs, meta=self.store.maintenance)
+                disk = cache if self._levels_keep > 0 else None
+                self._tensor_side = (cache, TensorReader(self.odb, disk=disk))
+            return self._tensor_side
+
+    @property
+    def reader(self) -> TensorReader:
+        """Tensors of snapshots (checkout, diff, gc's compaction, the commit's parent levels)."""
+        return self._tensors()[1]
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -368,12 +390,15 @@ class Repo:
         `progress` (a `mvc.progress.Progress`; default: none) hears of the plan ("choosing
         storage") and of each tensor written (its raw bytes).
         """
+        from mvc.repo import commitopts, pipeline
+        from mvc.state import flatten
+
         if not isinstance(message, str) or not message.strip():
             raise UsageError("a commit needs a non-empty message")
         clean_metrics = pipeline.check_metrics(metrics)
         if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
             raise UsageError(f"step must be an int, got {step!r}")
-        how = self._quantization(lossless, quant, policy, quality, epsilon, space)
+        how = commitopts.quantization(self.config, lossless, quant, policy, quality, epsilon, space)
         settings = self._commit_settings()
         read_quantized = self.reader.read_quantized
         lossy_plan = how.mode != "lossless"
@@ -401,73 +426,27 @@ class Repo:
         return cid
 
     def _commit_settings(self) -> pipeline.CommitSettings:
-        get = self.config.get
-        return pipeline.CommitSettings(
-            lossless_codec=str(get("commit.lossless_codec")),
-            chunk_size=int(get("commit.chunk_mib")) << 20,
-            base_every=int(get("commit.base_every")),
-            delta_max_ratio=float(get("commit.delta_max_ratio")),
-            chain_budget=float(get("commit.chain_budget")))
+        from mvc.repo.commitopts import commit_settings
 
-    def _quantization(self, lossless, quant, policy, quality, epsilon, space
-                      ) -> pipeline.Quantization:
-        """How this commit stores tensors, from its arguments and `commit.*` config."""
-        if quant is not None and not isinstance(quant, QuantConfig):
-            raise UsageError(f"quant must be a mvc.quant.QuantConfig, got {type(quant).__name__}")
-        if quality is not None and not callable(quality):
-            raise UsageError("quality must be a callable taking the candidate state")
-        if space is not None:
-            if not isinstance(space, SearchSpace):
-                raise UsageError(f"space must be a mvc.search.SearchSpace, got {type(space).__name__}")
-            if quant is not None or lossless:
-                raise UsageError("space= selects the config search: it cannot be combined with "
-                                 "quant= or lossless=True")
-        mode = self.config.get("commit.mode")
-        if lossless or (quant is None and space is None and mode == "lossless"):
-            return pipeline.Quantization("lossless", policy=policy)
-        optimizer = str(self.config.get("commit.optimizer"))
-        if quant is None and space is None and mode == "fixed":
-            configured = self.config.get("commit.quant")
-            if not configured:
-                raise UsageError("commit.mode is 'fixed' but commit.quant is not set")
-            quant = QuantConfig.from_dict(configured)
-        # quality.epsilon bounds a quality function's relative degradation; without one it
-        # bounds the proxy (weighted relative L2 error, default PROXY_EPSILON 0.05), as
-        # --epsilon does -- but only when set: its default is a loss bound, and as the
-        # proxy's it would silently cut compression.
-        if epsilon is None and (quality is not None or self.config.is_set("quality.epsilon")):
-            epsilon = self.config.get("quality.epsilon")
-        if quant is None and space is None and quality is None and epsilon is None:
-            # Nothing judges a lossy commit: no proxy bound keeps a trained model's restore well
-            # under 1% held-out loss while still compressing (docs/quality.md, bench_nohook),
-            # so lossy commits are opt-in: a quality function, an explicit bound on the proxy
-            # (epsilon= / --epsilon / quality.epsilon), a search space, or a fixed config.
-            return pipeline.Quantization("lossless", policy=policy)
-        if quant is not None:  # measured by the gates, not searched (pipeline.gate_fixed)
-            return pipeline.Quantization("fixed", config=quant, policy=policy, optimizer=optimizer,
-                                         quality=quality, epsilon=epsilon,
-                                         tensor_cap=self.config.get("quality.tensor_cap"),
-                                         fixed_rule=str(self.config.get("commit.fixed_gate")),
-                                         moment_cap=self.config.get("quality.moment_cap"))
-        return pipeline.Quantization("search", space=space, quality=quality, epsilon=epsilon,
-                                     policy=policy, optimizer=optimizer,
-                                     tensor_cap=self.config.get("quality.tensor_cap"),
-                                     moment_cap=self.config.get("quality.moment_cap"))
+        return commit_settings(self.config)
 
     def _parent_info(self, cid: str | None, records: bool = True) -> pipeline.ParentInfo:
         """The commit `cid` as a parent (None: an unborn branch); `records=False` skips reading
         its snapshot (an exact commit needs only the id)."""
+        from mvc.repo.pipeline import ParentInfo
+
         if cid is None:
-            return pipeline.ParentInfo()
+            return ParentInfo()
         if not records:
-            return pipeline.ParentInfo(cid)
+            return ParentInfo(cid)
         c = self.read_commit(cid)
-        return pipeline.ParentInfo.of(cid, c, c.snapshot, self.read_snapshot(c.snapshot))
+        return ParentInfo.of(cid, c, c.snapshot, self.read_snapshot(c.snapshot))
 
     def _parent_centroids(self) -> dict[str, torch.Tensor]:
         """HEAD's centroids by tensor name (what a commit warm-starts k-means from)."""
-        return pipeline.parent_centroids(self._parent_info(self.head()),
-                                         self.reader.read_quantized)
+        from mvc.repo.pipeline import parent_centroids
+
+        return parent_centroids(self._parent_info(self.head()), self.reader.read_quantized)
 
     def _remember_levels(self, cid: str, snap_id: str, quantized: Mapping[str, Any],
                          bases: pipeline.Bases) -> None:
@@ -553,6 +532,9 @@ class Repo:
         `keep_last` / `keep_every`: a retention policy (`mvc.repo.retention`): the commits it
         does not keep are pruned -- they stay in history, marked, without their checkpoint.
         Never changes what any kept commit restores."""
+        from mvc.repo.gc import GcSettings, collect_garbage
+        from mvc.repo.retention import RetentionPolicy
+
         get = self.config.get
         settings = GcSettings(
             max_chain=int(get("gc.max_chain")) if max_chain is None else max_chain,
@@ -575,23 +557,34 @@ class Repo:
 
     def fsck(self, *, progress: Progress | None = None) -> FsckReport:
         """Verify every object and every reference; warn about unusable level-cache entries."""
-        return check_repository(self.odb, self.store.maintenance, self._level_cache, progress)
+        from mvc.repo.fsck import check_repository
+
+        return check_repository(self.odb, self.store.maintenance, self._tensors()[0], progress)
 
     def prune_level_cache(self) -> list[str]:
         """Delete the level-cache files fsck warns about (the cache is disposable); returns the
         warnings that named them."""
-        return check_level_cache(self._level_cache, self.odb.read_snapshot, remove=True)
+        from mvc.repo.levelcache import check_level_cache
+
+        return check_level_cache(self._tensors()[0], self.odb.read_snapshot, remove=True)
 
     def diff(self, a: str, b: str) -> list[TensorDiff]:
         """Per-tensor differences between two revisions."""
+        from mvc.repo import inspect
+
         return inspect.diff(self.odb, self.reader, self.resolve(a), self.resolve(b))
 
     def diff_state(self, rev: str, state: Any) -> list[TensorDiff]:
         """Per-tensor differences between revision `rev` and `state` (any checkpoint structure,
         e.g. the working checkpoint file loaded)."""
+        from mvc.repo import inspect
+        from mvc.state import flatten
+
         return inspect.diff_state(self.odb, self.reader, self.resolve(rev), flatten(state).tensors)
 
     def stats(self) -> RepoStats:
         """Raw vs stored bytes per commit and in total, and what the repository occupies."""
+        from mvc.repo import inspect
+
         return inspect.stats(self.odb, self.store.maintenance, self.mvc_dir / "cache")
 

@@ -1,0 +1,73 @@
+"""How a commit stores tensors: its settings and storage mode, read from the repository config
+and the commit's own arguments.
+
+Kept apart from `Repo` so that opening a repository (log, branch, status, config) never
+imports the pipeline and, through it, torch: `Repo.commit` imports this module on first use.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from mvc.errors import UsageError
+from mvc.quant import QuantConfig, QuantPolicy
+from mvc.repo import pipeline
+from mvc.repo.config import Config
+from mvc.search.space import SearchSpace
+
+
+def commit_settings(config: Config) -> pipeline.CommitSettings:
+    """The `commit.*` configuration values, read now."""
+    get = config.get
+    return pipeline.CommitSettings(
+        lossless_codec=str(get("commit.lossless_codec")),
+        chunk_size=int(get("commit.chunk_mib")) << 20,
+        base_every=int(get("commit.base_every")),
+        delta_max_ratio=float(get("commit.delta_max_ratio")),
+        chain_budget=float(get("commit.chain_budget")))
+
+
+def quantization(config: Config, lossless: bool | None, quant: QuantConfig | None,
+                 policy: QuantPolicy | None, quality: Callable[[Any], float] | None,
+                 epsilon: float | None, space: SearchSpace | None) -> pipeline.Quantization:
+    """How this commit stores tensors, from its arguments and `commit.*` config."""
+    if quant is not None and not isinstance(quant, QuantConfig):
+        raise UsageError(f"quant must be a mvc.quant.QuantConfig, got {type(quant).__name__}")
+    if quality is not None and not callable(quality):
+        raise UsageError("quality must be a callable taking the candidate state")
+    if space is not None:
+        if not isinstance(space, SearchSpace):
+            raise UsageError(f"space must be a mvc.search.SearchSpace, got {type(space).__name__}")
+        if quant is not None or lossless:
+            raise UsageError("space= selects the config search: it cannot be combined with "
+                             "quant= or lossless=True")
+    mode = config.get("commit.mode")
+    if lossless or (quant is None and space is None and mode == "lossless"):
+        return pipeline.Quantization("lossless", policy=policy)
+    optimizer = str(config.get("commit.optimizer"))
+    if quant is None and space is None and mode == "fixed":
+        configured = config.get("commit.quant")
+        if not configured:
+            raise UsageError("commit.mode is 'fixed' but commit.quant is not set")
+        quant = QuantConfig.from_dict(configured)
+    # quality.epsilon bounds a quality function's relative degradation; without one it
+    # bounds the proxy (weighted relative L2 error, default PROXY_EPSILON 0.05), as
+    # --epsilon does -- but only when set: its default is a loss bound, and as the
+    # proxy's it would silently cut compression.
+    if epsilon is None and (quality is not None or config.is_set("quality.epsilon")):
+        epsilon = config.get("quality.epsilon")
+    if quant is None and space is None and quality is None and epsilon is None:
+        # Nothing judges a lossy commit: no proxy bound keeps a trained model's restore well
+        # under 1% held-out loss while still compressing (docs/quality.md, bench_nohook),
+        # so lossy commits are opt-in: a quality function, an explicit bound on the proxy
+        # (epsilon= / --epsilon / quality.epsilon), a search space, or a fixed config.
+        return pipeline.Quantization("lossless", policy=policy)
+    if quant is not None:  # measured by the gates, not searched (pipeline.gate_fixed)
+        return pipeline.Quantization("fixed", config=quant, policy=policy, optimizer=optimizer,
+                                     quality=quality, epsilon=epsilon,
+                                     tensor_cap=config.get("quality.tensor_cap"),
+                                     fixed_rule=str(config.get("commit.fixed_gate")),
+                                     moment_cap=config.get("quality.moment_cap"))
+    return pipeline.Quantization("search", space=space, quality=quality, epsilon=epsilon,
+                                 policy=policy, optimizer=optimizer,
+                                 tensor_cap=config.get("quality.tensor_cap"),
+                                 moment_cap=config.get("quality.moment_cap"))
