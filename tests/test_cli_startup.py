@@ -70,7 +70,8 @@ def committed(tmp_path_factory) -> Path:
     code, _, err = run(work, "commit", "-m", "first")
     assert code == 0, err
     assert run(work, "tag", "v1")[0] == 0
-    assert run(work, "branch", "old")[0] == 0
+    for args in (("branch", "old"), ("branch", "doomed"), ("tag", "doomed")):
+        assert run(work, *args)[0] == 0
     return work
 
 
@@ -81,16 +82,18 @@ def _run_probe(work: Path, *args: str) -> tuple[int, str, bool]:
     return proc.returncode, out + proc.stderr, flag.strip() == "True"
 
 
-@pytest.mark.parametrize(("args", "expect"), [
+TORCH_FREE = [
     (("log",), "first"),
     (("log", "--json"), '"message": "first"'),
     (("log", "--all", "--oneline"), "first"),
-    (("branch",), "old"),
+    (("branch",), "main"),
     (("branch", "startup-new"), "startup-new"),
     (("branch", "-f", "startup-moved", "HEAD"), ""),
     (("branch", "-m", "old", "startup-renamed"), ""),
+    (("branch", "-d", "doomed"), "Deleted branch doomed"),
     (("tag",), "v1"),
     (("tag", "startup-tag"), "startup-tag"),
+    (("tag", "-d", "doomed"), "doomed"),
     (("reflog",), "commit: first"),
     (("reflog", "main"), "commit: first"),
     (("config",), "commit.mode = search"),
@@ -101,7 +104,12 @@ def _run_probe(work: Path, *args: str) -> tuple[int, str, bool]:
     (("status",), "unchanged since HEAD"),
     (("show", "--stat", "HEAD"), "first"),
     (("switch", "main"), ""),
-])
+    (("remote", "add", "startup-remote", "file:///nonexistent/startup-remote"), ""),
+    (("remote", "-v"), ""),
+]
+
+
+@pytest.mark.parametrize(("args", "expect"), TORCH_FREE, ids=[" ".join(a) for a, _ in TORCH_FREE])
 def test_repository_commands_do_not_import_torch(committed: Path, args: tuple[str, ...], expect: str) -> None:
     code, out, imported = _run_probe(committed, *args)
     assert code == (19 if "must" in expect else 0), out
