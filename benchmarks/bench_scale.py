@@ -215,6 +215,10 @@ def child(task: dict) -> dict:
     if kind in ("save", "commit_first", "commit_next", "commit_lossless", "zipnn"):
         state = _load(task["ckpt"], device)
         _sync(device)
+    # mvc imports its tensor side on first use; a module import is not the work measured (the
+    # peers' imports happened above too), so warm it as a training process would have.
+    import mvc.repo.pipeline  # noqa: F401
+    import mvc.repo.reader  # noqa: F401
     # A step's peak is what it adds on top of its input in memory: the high-water mark is
     # reset after setup where the kernel allows, else the setup's own peak is subtracted.
     setup_peak = 0 if _reset_peak() else _peak()

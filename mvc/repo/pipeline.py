@@ -18,11 +18,9 @@ ships the plan, runs `write(plan.subset(mine), mine, ...)` on every rank and
 
 A `CommitPlan` is **picklable** (plain dataclasses of tensors, `QuantizedTensor`s, records
 and JSON-able values; no callables, no store handles): ship it to the ranks rather than
-re-deriving it.  Re-deriving is possible -- `plan` is deterministic given the state, the
-parent and the quantization settings (k-means is seeded; the search too, for a
-deterministic quality function) -- but a lossy plan needs the whole state (the search
-evaluates the model, first-moment bounds pair the two Adam moments), so only a process
-holding the whole state can derive it.
+re-deriving it.  `plan` is deterministic (k-means is seeded; the search too, for a
+deterministic quality function), but a lossy plan needs the whole state (the search evaluates
+the model, first-moment bounds pair the two Adam moments): only its holder can derive it.
 
 The pipeline never sees `Repo`: it takes the blob store (`put` / `put_many` / `has`), a
 `read_quantized(snapshot_id, record)` for the parent's quantized tensors, the ref store
@@ -53,6 +51,7 @@ from mvc.search.measure import DEFAULT_MOMENT_CAP, measure, moment_distortion
 from mvc.search.space import SearchSpace
 from mvc.state import FlatState, unflatten
 from mvc.store import ObjectMissingError, object_id
+from mvc.store.writeback import BackgroundWriter
 
 #: Tensors this small are stored raw: a codec header would cost more than it saves.
 RAW_BELOW_BYTES = 64
@@ -469,10 +468,12 @@ def write(plan: CommitPlan, names: Iterable[str], *, blobs: BlobSink,
     if missing:
         raise UsageError(f"this plan does not carry the tensors of {sorted(missing)[:5]} "
                          "(a subset made for another writer)")
-    writer = ChunkWriter(blobs, plan.settings.chunk_size)
     todo = [n for n in plan.names if n in wanted]
+    # Chunks are stored on a thread while the next tensor encodes: see mvc.store.writeback.
     with phase(progress, "writing", total_items=len(todo),
-               total_bytes=sum(_nbytes(plan.tensors[n]) for n in todo)) as p:
+               total_bytes=sum(_nbytes(plan.tensors[n]) for n in todo)) as p, \
+            BackgroundWriter(blobs) as sink:
+        writer = ChunkWriter(sink, plan.settings.chunk_size)
         records = _write_all(plan, todo, writer, read_quantized, bases, p)
         writer.flush()
     return records
