@@ -1,0 +1,126 @@
+"""Background commits at scale (issue 14 item 6): how long the training loop is blocked.
+
+`Tracker.commit(..., background=True)` copies the state to the CPU and returns; the
+commit itself (search or lossless encoding, writing) runs on a worker thread while
+training goes on.  This measures, on bench_scale's GPT-2-small-shaped model (124M
+parameters by default, `--params` to scale) trained a few AdamW steps:
+
+    torch.save       the same state to a file, fsync included (the peer)
+    blocking         the time `commit(background=True)` takes to return
+    commit job       the background commit's own time, start to finish
+    steps during     training steps run while the commit runs, their mean time against
+                     the mean step time without a commit running
+
+    python benchmarks/bench_background.py [--params 124e6] [--epsilon 0.05] [--json]
+
+Without `--epsilon` the commit is lossless (the default without a quality function);
+with it, the proxy search runs in the background.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_scale import GPT, corpus_tokens, shape_for, tensor_bytes  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", type=float, default=124e6)
+    ap.add_argument("--steps", type=int, default=3, help="AdamW steps before the commit")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--epsilon", type=float, default=None,
+                    help="opt in to a lossy commit judged by the proxy (default: lossless)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+
+    import mvc
+
+    shape = shape_for(a.params)
+    torch.manual_seed(0)
+    model = GPT(**shape)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    data = corpus_tokens(shape["vocab"])
+    g = torch.Generator().manual_seed(0)
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        starts = torch.randint(0, data.numel() - a.seq - 1, (a.batch,), generator=g)
+        x = torch.stack([data[s:s + a.seq] for s in starts])
+        y = torch.stack([data[s + 1:s + a.seq + 1] for s in starts])
+        loss = nn.functional.cross_entropy(model(x).reshape(-1, shape["vocab"]), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return time.perf_counter() - t0
+
+    quiet = [step() for _ in range(a.steps)]
+    n_params = sum(p.numel() for p in model.parameters())
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+    nbytes = tensor_bytes(state)
+    with tempfile.TemporaryDirectory(prefix="mvc-bg-") as tmp:
+        t0 = time.perf_counter()
+        with open(Path(tmp) / "ck.pt", "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        save_s = time.perf_counter() - t0
+        (Path(tmp) / "ck.pt").unlink()
+        repo = mvc.Repo.init(Path(tmp) / "repo")
+        kw = {} if a.epsilon is None else {"epsilon": a.epsilon}
+        tracker = mvc.Tracker(repo, model, opt, **kw)
+        t0 = time.perf_counter()
+        fut = tracker.commit("background", step=a.steps, background=True)
+        blocking = time.perf_counter() - t0
+        during = []
+        while not fut.done():
+            during.append(step())
+        cid = fut.result()
+        job_s = tracker.history[-1]["job_s"]
+        tracker.close()
+        c = repo.read_commit(cid)
+        stored = sum(r.stored_bytes for r in repo.read_snapshot(c.snapshot).tensors)
+        repo.close()
+    quiet_step = sum(quiet[1:]) / max(1, len(quiet) - 1)  # the first step warms up
+    rep = {
+        "params": n_params, "shape": shape, "checkpoint_bytes": nbytes,
+        "torch_save_s": save_s, "blocking_s": blocking, "blocking_vs_save": blocking / save_s,
+        "commit_job_s": job_s, "stored_bytes": stored, "ratio": nbytes / stored,
+        "config": c.quant, "steps_during": len(during),
+        "step_s_quiet": quiet_step,
+        "step_s_during": sum(during) / len(during) if during else None,
+        "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+    }
+    if a.json:
+        print(json.dumps(rep, indent=1, default=str))
+    else:
+        print(f"{n_params / 1e6:.1f}M parameters, checkpoint {nbytes / 1e9:.2f} GB, "
+              f"{'lossless' if a.epsilon is None else f'proxy epsilon {a.epsilon}'}")
+        print("| step | time | vs torch.save |\n|---|---|---|")
+        print(f"| torch.save (incl. fsync) | {save_s:.2f} s | 1x |")
+        print(f"| training loop blocked by commit(background=True) | {blocking:.2f} s | "
+              f"{blocking / save_s:.2f}x |")
+        print(f"| the background commit itself | {job_s:.2f} s | {job_s / save_s:.2f}x |")
+        sd = rep["step_s_during"]
+        print(f"\n{len(during)} training steps ran during the commit: "
+              + (f"{sd:.2f} s each vs {quiet_step:.2f} s without a commit running "
+                 f"({sd / quiet_step:.2f}x; {os.cpu_count()} CPUs shared by both)" if sd else "none"))
+        print(f"stored {stored / 1e9:.3f} GB ({rep['ratio']:.2f}x)")
+    return rep
+
+
+if __name__ == "__main__":
+    main()
