@@ -73,6 +73,14 @@ def test_cli_quality_hook_from_config(tmp_path, monkeypatch):
     with Repo(tmp_path) as repo:
         q = repo.read_commit(repo.head()).quality
         assert "evaluate" in q["metric"] and q["degradation"] <= 0.01
-    assert run(tmp_path, "config", "quality.hook", "nosuchmodule:f")[0] == 0
+    # A hook that cannot be imported is refused when it is set, and the setting is kept
+    code, _, err = run(tmp_path, "config", "quality.hook", "nosuchmodule:f")
+    assert code == 28 and "nosuchmodule" in err and "Traceback" not in err
+    assert run(tmp_path, "config", "quality.hook", "evalhook:nosuchfn")[0] == 28
+    assert run(tmp_path, "config", "quality.hook", "no-colon")[0] == 28
+    assert run(tmp_path, "config", "quality.hook")[1].strip() == "evalhook:evaluate"
+    # ...and still at commit time, for one that stopped importing after it was set
+    with Repo(tmp_path) as repo:
+        repo.config.set("quality.hook", "nosuchmodule:f")
     code, _, err = run(tmp_path, "commit", "-m", "bad hook", "c.pt")
     assert code == 28 and "nosuchmodule" in err

@@ -267,6 +267,9 @@ def config_cmd(key: str | None, value: str | None, unset: bool) -> None:
         v = repo.config.get(key)
         echo("" if v is None else str(v))
     else:
+        if key == "quality.hook" and value:
+            # Checked now, not at the next commit: a typo should fail where it is made.
+            load_hook(value, repo.path)
         repo.config.set(key, value)
 
 
