@@ -144,6 +144,25 @@ def test_diff_and_stats(repo):
     assert s.raw_bytes == 48 + 52 and s.stored_bytes > 0
 
 
+def test_stats_names_the_bytes_no_ref_reaches_and_gc_frees_them(repo, tmp_path):
+    from cli_helpers import run
+
+    repo.commit({"w": torch.arange(1000.0)}, "a")
+    assert repo.stats().unreachable_objects == 0
+    # What an interrupted commit leaves: objects written, no ref moved to them.
+    orphans = [repo.store.blobs.put(bytes([i]) * 5000) for i in range(3)]
+    s = repo.stats()
+    assert s.unreachable_objects == 3
+    assert s.unreachable_bytes == sum(repo.store.blobs.size(o) for o in orphans)
+    assert s.to_dict()["unreachable_bytes"] == s.unreachable_bytes
+    code, out, err = run(repo.path, "stats")
+    assert code == 0, err
+    assert "3 objects no ref or reflog reaches" in out and "`mvc gc` frees them" in out
+    repo.gc()
+    assert repo.stats().unreachable_objects == 0
+    assert "no ref or reflog reaches" not in run(repo.path, "stats")[1]
+
+
 def test_bad_commit_arguments(repo):
     from mvc.errors import UsageError
 

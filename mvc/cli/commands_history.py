@@ -401,6 +401,9 @@ def stats(as_json: bool, plot_file: str | None) -> None:
          f"{human_bytes(s.stored_bytes)} stored ({ratio(s.ratio)}); "
          f"{human_bytes(s.total_disk_bytes)} on disk ({human_bytes(s.disk_bytes)} store, "
          f"{human_bytes(s.cache_bytes)} level cache)")
+    if s.unreachable_objects:
+        echo(f"{human_bytes(s.unreachable_bytes)} in {s.unreachable_objects} objects no ref or "
+             "reflog reaches (an interrupted commit, deleted history): `mvc gc` frees them")
 
 
 COMMANDS = [log, show, diff, stats]

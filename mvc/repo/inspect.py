@@ -59,6 +59,10 @@ class RepoStats:
     disk_bytes: int = 0
     #: Files under `.mvc/cache/` (the level cache): disposable, so counted apart from the store.
     cache_bytes: int = 0
+    #: Objects no ref or reflog reaches (an interrupted commit, expired history): what
+    #: `mvc gc` would free, before any chain compaction.
+    unreachable_bytes: int = 0
+    unreachable_objects: int = 0
 
     @property
     def total_disk_bytes(self) -> int:
@@ -83,6 +87,8 @@ class RepoStats:
             "raw_bytes": self.raw_bytes, "stored_bytes": self.stored_bytes, "ratio": self.ratio,
             "object_bytes": self.object_bytes, "disk_bytes": self.disk_bytes,
             "cache_bytes": self.cache_bytes, "total_disk_bytes": self.total_disk_bytes,
+            "unreachable_bytes": self.unreachable_bytes,
+            "unreachable_objects": self.unreachable_objects,
         }
 
 
@@ -195,6 +201,12 @@ def stats(odb: ObjectDB, maintenance: StoreMaintenance, cache_dir: Path) -> Repo
                 added += odb.blobs.size(oid)
         out.commits.append(CommitStats(c.id, c.summary, snap.raw_bytes, added))
     out.object_bytes = odb.blobs.object_bytes()
+    # Damage is fsck's to report; here it only means less is counted as reachable.
+    reached = {r.oid for r in odb.reachable(odb.root_ids(), on_damage=lambda d: None)}
+    for oid in odb.blobs.iter_ids():
+        if oid not in reached:
+            out.unreachable_objects += 1
+            out.unreachable_bytes += odb.blobs.size(oid)
     out.disk_bytes = maintenance.disk_usage()
     out.cache_bytes = cache_bytes(cache_dir)
     return out
