@@ -92,11 +92,26 @@ def _logits_fn(model: nn.Module) -> Callable[[dict, torch.Tensor], torch.Tensor]
     return logits
 
 
+def _embed_fn(model: nn.Module) -> Callable[[dict, torch.Tensor], torch.Tensor]:
+    """A sentence-embedding-style output: the final normed hidden states, mean-pooled."""
+    def embed(state: dict, x: torch.Tensor) -> torch.Tensor:
+        got: dict[str, torch.Tensor] = {}
+        hook = model.norm.register_forward_hook(lambda m, i, o: got.__setitem__("h", o))
+        try:
+            with torch.no_grad():
+                functional_call(model, state, (x,))
+        finally:
+            hook.remove()
+        return got["h"].mean(dim=1)
+    return embed
+
+
 def _gates(model: nn.Module, d: dict[str, Any]) -> dict[str, Callable[[dict], Any]]:
     """The quality functions of the rows, by name (None: the proxy)."""
     from mvc.quality import fidelity
 
     logits = _logits_fn(model)
+    embed = _embed_fn(model)
     xc, yc = d["calib"]
 
     def loss(state: dict) -> float:
@@ -111,7 +126,8 @@ def _gates(model: nn.Module, d: dict[str, Any]) -> dict[str, Callable[[dict], An
     return {"loss": loss, "per-example": per_example,
             "fid-kl": lambda t=None: fidelity(logits, xc, "kl", t),           # type: ignore[misc]
             "fid-top1": lambda t=None: fidelity(logits, xc, "top1", t),       # type: ignore[misc]
-            "fid-kl-mean": lambda t=None: fidelity(logits, xc, "kl", t, None)}  # type: ignore[misc]
+            "fid-kl-mean": lambda t=None: fidelity(logits, xc, "kl", t, None),  # type: ignore[misc]
+            "fid-cos": lambda t=None: fidelity(embed, xc, "cosine", t)}         # type: ignore[misc]
 
 
 def held_out(model: nn.Module, ref_state: dict, state: dict, d: dict[str, Any]) -> dict[str, float]:
@@ -126,8 +142,10 @@ def held_out(model: nn.Module, ref_state: dict, state: dict, d: dict[str, Any]) 
     ce_b = float(nn.functional.cross_entropy(b.reshape(-1, b.shape[-1]), y.reshape(-1)))
     acc_a = float((a.argmax(-1) == y).double().mean())
     acc_b = float((b.argmax(-1) == y).double().mean())
+    embed = _embed_fn(model)
+    cos = float((1 - nn.functional.cosine_similarity(embed(ref_state, x), embed(state, x), dim=-1)).mean())
     return {"agree": agree, "kl": kl, "loss_pct": 100 * (ce_b - ce_a) / ce_a,
-            "acc": acc_b, "acc_ref": acc_a}
+            "acc": acc_b, "acc_ref": acc_a, "cos": cos}
 
 
 def commit_row(model: nn.Module, state: dict, d: dict[str, Any], label: str, quality: Any,
@@ -170,13 +188,15 @@ def commit_row(model: nn.Module, state: dict, d: dict[str, Any], label: str, qua
 def rows_spec(small: bool) -> list[tuple[str, str | None, float | None, float | None]]:
     """(label, gate key, threshold-or-epsilon, tensor cap) of each row."""
     from mvc.quality import DEFAULT_THRESHOLDS as T
+    from mvc.search import PROXY_EPSILON as P  # lossy without a quality function is opt-in
 
     rows: list[tuple[str, str | None, float | None, float | None]] = [
         (f"fidelity kl (default {T['kl']:g})", "fid-kl", None, None),
         (f"fidelity top1 (default {T['top1']:g})", "fid-top1", None, None),
         ("scalar loss, eps 0.01", "loss", 0.01, None),
         ("per-example UCB, eps 0.01", "per-example", 0.01, None),
-        ("proxy (no quality fn)", None, None, None),
+        (f"fidelity cosine (default {T['cosine']:g})", "fid-cos", None, None),
+        (f"proxy (no quality fn, opted in: bound {P:g})", None, P, None),
     ]
     if not small:
         rows += [
@@ -185,18 +205,21 @@ def rows_spec(small: bool) -> list[tuple[str, str | None, float | None, float | 
             ("fidelity kl 0.002", "fid-kl", 0.002, None),
             ("fidelity kl 0.005", "fid-kl", 0.005, None),
             ("fidelity kl 0.02", "fid-kl", 0.02, None),
+            ("fidelity cosine 0.001", "fid-cos", 0.001, None),
+            ("fidelity cosine 0.003", "fid-cos", 0.003, None),
+            ("fidelity cosine 0.03", "fid-cos", 0.03, None),
             ("fidelity top1 0.01", "fid-top1", 0.01, None),
             ("fidelity top1 0.05", "fid-top1", 0.05, None),
             ("scalar loss, eps 0.005", "loss", 0.005, None),
             ("scalar loss, eps 0.01, cap off", "loss", 0.01, 1e6),
             ("scalar loss, eps 0.01, cap 0.3", "loss", 0.01, 0.3),
-            ("proxy, cap off", None, None, 1e6),
-            ("proxy, cap 0.3", None, None, 0.3),
+            ("proxy, cap off", None, P, 1e6),
+            ("proxy, cap 0.3", None, P, 0.3),
         ]
     return rows
 
 
-CURVE = [(32, 0.0), (16, 0.0), (12, 0.0), (8, 0.0), (6, 0.0), (32, 0.2), (16, 0.2), (16, 0.4),
+CURVE = [(64, 0.0), (64, 0.1), (32, 0.0), (16, 0.0), (12, 0.0), (8, 0.0), (6, 0.0), (32, 0.2), (16, 0.2), (16, 0.4),
          (8, 0.3), (4, 0.0)]
 
 
@@ -206,17 +229,24 @@ def curve(model: nn.Module, state: dict, d: dict[str, Any], gates: dict, as_json
 
     rows = []
     print("| config | ratio | calib KL mean | calib KL 95% bound | calib top-1 flips (bound) "
-          "| held-out agreement | held-out KL | held-out loss |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| calib cosine distance (bound) | held-out agreement | held-out KL "
+          "| held-out cosine distance | held-out loss |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for bins, prune in CURVE:
         r = commit_row(model, state, d, f"{bins}b/p{prune}", gates["fid-kl"](1e6), None, None,
                        quant=QuantConfig(bins=bins, prune=prune))
         t1 = commit_row(model, state, d, f"{bins}b/p{prune}", gates["fid-top1"](1.0), None, None,
                         quant=QuantConfig(bins=bins, prune=prune))
+        cs = commit_row(model, state, d, f"{bins}b/p{prune}", gates["fid-cos"](2.0), None, None,
+                        quant=QuantConfig(bins=bins, prune=prune))
         r["calib_top1"], r["calib_top1_ucb"] = t1["calib"], t1["ucb"]
+        r["calib_cos"], r["calib_cos_ucb"] = cs["calib"], cs["ucb"]
         rows.append(r)
         print(f"| {bins} bins, prune {prune} | {r['ratio']:.1f}x | {r['calib']:.4f} | "
               f"{r['ucb']:.4f} | {r['calib_top1']:.4f} ({r['calib_top1_ucb']:.4f}) | "
-              f"{100 * r['agree']:.2f}% | {r['kl']:.4f} | {r['loss_pct']:+.2f}% |", flush=True)
+              f"{r['calib_cos']:.5f} ({r['calib_cos_ucb']:.5f}) | "
+              f"{100 * r['agree']:.2f}% | {r['kl']:.4f} | {r['cos']:.5f} | {r['loss_pct']:+.2f}% |",
+              flush=True)
     if as_json:
         print(json.dumps(rows, indent=1, default=str))
     return 0
@@ -273,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for label, key, thr, cap in rows_spec(a.small):
         if key is None:
-            quality, eps = None, None
+            quality, eps = None, thr
         elif key.startswith("fid-"):
             quality, eps = gates[key](thr), None
         else:
@@ -297,15 +327,16 @@ def main(argv: list[str] | None = None) -> int:
         "windows of the test split (disjoint).  One fresh repository per row, default search "
         "space, default tensor cap unless stated.", "",
         "| gate | ratio | config | calib value (gate's unit) | held-out top-1 agreement "
-        "| held-out KL (nats) | held-out loss | held-out acc | worst tensor distortion |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+        "| held-out KL (nats) | held-out cosine distance | held-out loss | held-out acc "
+        "| worst tensor distortion |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         cal = "-" if r["calib"] is None else f"{r['calib']:.4g}"
         if r["ucb"] is not None:
             cal += f" (UCB {r['ucb']:.4g})"
         md = "-" if r["max_distortion"] is None else f"{r['max_distortion']:.3f}"
         lines.append(f"| {r['gate']} | {r['ratio']:.1f}x | {r['knob']} | {cal} | "
-                     f"{100 * r['agree']:.2f}% | {r['kl']:.4f} | {r['loss_pct']:+.2f}% | "
+                     f"{100 * r['agree']:.2f}% | {r['kl']:.4f} | {r['cos']:.5f} | {r['loss_pct']:+.2f}% | "
                      f"{100 * r['acc']:.1f}% | {md} |")
     lines.append("")
     default = rows[0]

@@ -264,8 +264,9 @@ def _divergence(metric, ref, out):
 def test_fidelity_gate_accepts_within_its_threshold(classifier, metric):
     _, flat, x, outputs_fn, calls = classifier
     # 128 single-answer examples: the 95% bound on a top-1 disagreement rate stays above
-    # 0.02 unless no answer flips at all, so top-1 gets a looser bound here
-    thr = 0.05 if metric == "top1" else None
+    # 0.02 unless no answer flips at all, so top-1 gets a looser bound here; so does cosine,
+    # whose default (0.00015, from bench_transfer's LM) keeps this toy model exact
+    thr = {"top1": 0.05, "cosine": 0.01}.get(metric)
     fid = fidelity(outputs_fn, x, metric=metric, threshold=thr)
     assert fid.threshold == (thr or DEFAULT_THRESHOLDS[metric]) and fid.confidence == 0.95
     calls.clear()
@@ -476,7 +477,7 @@ def test_cli_quality_hook_may_be_a_fidelity_object(tmp_path):
         "def logits(state, x):\n"
         "    m = state['model']\n"
         "    return 5 * torch.relu(x @ m['fc1.weight'].T) @ m['fc2.weight'].T\n"
-        "fid = fidelity(logits, X, metric='cosine')\n")
+        "fid = fidelity(logits, X, metric='cosine', threshold=0.01)\n")
     g = torch.Generator().manual_seed(2)
     state = {"model": {"fc1.weight": torch.randn(256, 128, generator=g) * 0.05,
                        "fc2.weight": torch.randn(64, 256, generator=g) * 0.05}}
@@ -489,7 +490,7 @@ def test_cli_quality_hook_may_be_a_fidelity_object(tmp_path):
     code, out, _ = run(tmp_path, "show", "--json")
     q = json.loads(out)["quality"]
     assert q["gate"] == "fidelity" and q["fidelity_metric"] == "cosine"
-    assert q["fidelity"] <= DEFAULT_THRESHOLDS["cosine"] and q["threshold"] == q["epsilon"]
+    assert q["fidelity"] <= 0.01 and q["threshold"] == q["epsilon"] == 0.01
 
 
 def test_config_tensor_cap_bounds_every_trial(tmp_path):
