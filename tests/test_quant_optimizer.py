@@ -29,7 +29,8 @@ def test_log_domain_round_trip_properties():
     assert bool((q.levels.reshape(-1)[zero] == q.pruned_level).all())
     assert bool((r[~zero] > 0).all())                        # never restores a zero v
     rel = ((r[~zero] - v[~zero]).abs() / v[~zero])
-    assert float(rel.max()) < 2.5 and float(rel.median()) < 0.35
+    # levels follow the entries (LOG_SIGMA): the bulk is close, a rare tail entry may not be
+    assert float(rel.quantile(0.99)) < 0.8 and float(rel.median()) < 0.35
     # each entry restores to the centroid nearest to it in the log domain
     lv, lr = v[~zero].double().log(), r[~zero].double().log()
     nearest = (lv[:, None] - q.centroids.double()[None, :]).abs().min(dim=1).values
@@ -199,3 +200,25 @@ def test_second_moment_warm_start_keeps_levels_and_repo_stores_a_small_delta(tmp
         assert recs[2][name].stored_bytes < 0.5 * recs[0][name].stored_bytes
     finally:
         r.close()
+
+
+def test_log_domain_levels_follow_the_entries_not_the_tails():
+    """Adam divides every entry's step by its own sqrt(v): each entry counts once in the
+    log-domain k-means.  Weighted by |log v| (the weights' default), the few levels go to the
+    tails (the smallest v has the largest |log v|) and most entries' steps are off by 2x."""
+    g = torch.Generator().manual_seed(5)
+    # a wide bulk plus a sparse tail of tiny values, as a CNN's rarely active inputs give
+    v = torch.cat([torch.exp(torch.randn(60_000, generator=g) * 1.5 - 19.0),
+                   torch.exp(torch.rand(6_000, generator=g) * -20.0 - 25.0)])
+
+    def step_error(q):   # |log| of the factor each entry's step is off by
+        return (restore(q, "log").double() / v.double()).log().abs().div(2)
+
+    ours = step_error(quantize_second_moment(v, 4))
+    magnitude = step_error(quantize_second_moment(v, 4, sigma=0.2))
+    assert float(ours.mean()) < 0.6 * float(magnitude.mean())
+    assert float((ours > 0.5).double().mean()) < 0.5 * float((magnitude > 0.5).double().mean())
+    # quantize_optimizer_state uses the same weighting for exp_avg_sq
+    flat = {"optimizer/state/0/exp_avg_sq": v}
+    q = quantize_optimizer_state(flat, None)["optimizer/state/0/exp_avg_sq"].q
+    assert torch.equal(q.levels, quantize_second_moment(v, 4).levels)

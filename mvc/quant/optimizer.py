@@ -36,7 +36,15 @@ for Adam) leave the tensor exact.  Few levels suffice (default 4: Adam only need
 v's scale per entry; factored second moments as in Adafactor are far coarser), and
 v is a slow EMA (beta2 = 0.999), so with k-means warm-started from the parent
 commit's centroids (`init`, log values) its levels barely move between commits and
-v is stored as a small delta.
+v is stored as a small delta.  The log-domain k-means counts every entry once
+(`LOG_SIGMA`): Adam divides each entry's own step by its sqrt(v), so the error that
+matters is the per-entry one.  The weights' weighting (mostly by |value|) means
+nothing for a log value and favoured the *smallest* v: on bench_e2e's CNN it put the
+4 levels over the tails of fc1's 25-nat spread of log v and left 38% of its entries
+with steps over 2x too large after a restore (20% with every entry counted once; mean
+|log| step error 0.91 -> 0.62).  It costs bytes (v about +50% on the char-LM) and a rare
+tail entry may restore further off than before; end to end, bench_e2e's char-LM went
+from +1.07% to +0.86% (mean of 3 seeds, docs/results.md).
 
 Result.  `OptQuantized(q, domain)`: q is a `QuantizedTensor` whose levels and
 centroids describe the *transformed* values (log(v) in the log domain), with the
@@ -261,8 +269,15 @@ def _quantize_moment_native(m: torch.Tensor, wq: QuantizedTensor | None, bins: i
     return QuantizedTensor(levels.reshape(m.shape), qs.centroids, qs.protected, m.dtype, bins)
 
 
+#: k-means weight share of bucket frequency for log(v) (`mvc.quant.kmeans.bucket_weights`):
+#: 1.0, every entry counts once.  The weights' default (0.2: mostly |value|) would weight a
+#: log value by its magnitude, i.e. favour the *smallest* v, and spread the few levels over
+#: the tails where few entries are: see the module docstring.
+LOG_SIGMA = 1.0
+
+
 def quantize_second_moment(v: torch.Tensor, bins: int, *, protect: float = 0.0, seed: int = 0,
-                           alpha: float = 0.002, sigma: float = 0.2,
+                           alpha: float = 0.002, sigma: float = LOG_SIGMA,
                            init: torch.Tensor | None = None) -> QuantizedTensor | None:
     """Log-domain quantization of a non-negative tensor; None if it has negative entries."""
     flat = v.detach().reshape(-1)
@@ -310,6 +325,7 @@ def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],
                              param_map: Mapping | None = None, prune_moment: float = 0.85,
                              protect: float = 0.0, min_numel: int = 128, seed: int = 0,
                              alpha: float = 0.01, log_alpha: float = 0.002, sigma: float = 0.2,
+                             log_sigma: float = LOG_SIGMA,
                              init: Mapping[str, torch.Tensor] | None = None,
                              ) -> dict[str, OptQuantized]:
     """Compress the optimizer moments among `tensors` (flat names); others are left out.
@@ -322,6 +338,7 @@ def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],
     prune_moment: extra fraction of first-moment entries pruned by magnitude.
     protect:     fraction of entries kept exact (by magnitude of the transformed value).
     log_alpha:   sketch accuracy for log values (finer than for weights: |log v| ~ 10-30).
+    sigma, log_sigma: k-means frequency share for first moments / for log(v).
     init:        warm-start centroids by state name (the parent commit's, in the
                  tensor's domain: log values for second moments), used where the bin
                  count matches; keeps levels, and so deltas, stable between commits.
@@ -346,7 +363,7 @@ def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],
             continue  # NaN/Inf: kept exact
         if domain == "log":
             q = quantize_second_moment(t, bins_second, protect=protect, seed=seed,
-                                       alpha=log_alpha, sigma=sigma, init=init.get(name))
+                                       alpha=log_alpha, sigma=log_sigma, init=init.get(name))
             if q is not None:
                 out[name] = OptQuantized(q, "log")
             continue
