@@ -82,6 +82,13 @@ def train_run(wl: Workload, key: str, steps: int, every: int, failures: list[int
             "state": state}
 
 
+def _task(wname: str, seed: int, key: str, steps: int, every: int, failures: list[int],
+          epsilon: float) -> dict:
+    """One `train_run` in a worker process (workloads hold closures: built where they run)."""
+    torch.set_num_threads(2)
+    return train_run(make_workload(wname, seed), key, steps, every, failures, epsilon)
+
+
 def _sum_parts(items) -> dict:
     """{component: [raw, stored]} summed over several such dicts."""
     out: dict = {}
@@ -227,7 +234,8 @@ biases, norms, step counters) are stored lossless by every system.
   background, which would hide most of its overhead; not used here so that all systems compare alike).
   Compressed Adam moments (mvc/quant/optimizer.py): the first moment m is pruned where the weight is
   pruned, then 85% of the rest by magnitude, and quantized to 2 levels; the second moment v is
-  quantized in the log domain to 4 levels, k-means warm-started from the parent commit's centroids,
+  quantized in the log domain to 4 levels (k-means counting every entry once: the error that
+  matters is each entry's own step), warm-started from the parent commit's centroids,
   and stored as a delta against the parent; on restore |m| is clamped to the exact state's largest
   |m| / sqrt(v) times the restored sqrt(v).
 
@@ -327,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=1,
                     help="runs per system with different init / data order / split; the table "
                          "shows ratios over all runs and the mean degradation with its spread")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="worker processes for the independent (workload, seed, system) runs; "
+                         "overhead figures then include the other workers' load")
     ap.add_argument("--quick", action="store_true", help="smoke run; docs are not written")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default=str(ROOT / "docs"))
@@ -341,18 +352,30 @@ def main(argv: list[str] | None = None) -> int:
     all_runs: dict = {}
     meta: dict = {}
     pretrained = None
+    plan = {}
     for wname in a.workloads.split(","):
         steps = a.cnn_steps if wname == "cnn" else a.lm_steps
         # failures half-way between checkpoints, spread over the run (>= 3)
         n_ck = steps // a.every
-        fails = sorted({(k * n_ck // 4) * a.every + a.every // 2 for k in (1, 2, 3)})
+        plan[wname] = (steps, sorted({(k * n_ck // 4) * a.every + a.every // 2 for k in (1, 2, 3)}))
+    futures: dict = {}
+    pool = None
+    if a.jobs > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(a.jobs, mp_context=multiprocessing.get_context("spawn"))
+        futures = {(w, seed, key): pool.submit(_task, w, seed, key, st, a.every, fl, a.epsilon)
+                   for w, (st, fl) in plan.items() for seed in range(a.seeds) for key in keys}
+    for wname, (steps, fails) in plan.items():
         per_seed = []
         for seed in range(a.seeds):
             wl = make_workload(wname, seed)
             runs = []
             for key in keys:
                 t0 = time.perf_counter()
-                r = train_run(wl, key, steps, a.every, fails, a.epsilon)
+                r = (futures[(wname, seed, key)].result() if pool is not None
+                     else train_run(wl, key, steps, a.every, fails, a.epsilon))
                 print(f"[{wl.name} seed {seed}] {r['system']:<24} ratio w {r['ratio_w']:7.1f}x full "
                       f"{r['ratio_total']:7.1f}x  test {r['final']['test']:.4f}  "
                       f"overhead {r['overhead_pct']:5.0f}%  ({time.perf_counter() - t0:.0f}s)",
@@ -367,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         all_runs[wl.name] = _merge_seeds(per_seed)
         meta[wl.name] = {"params": n_params(wl.build()), "steps": steps, "every": a.every,
                          "failures": fails, "seeds": a.seeds}
+    if pool is not None:
+        pool.shutdown()
     trans = transfer(cnn_wl, pretrained, a.epsilon, 30) if pretrained is not None else []
     elapsed = time.perf_counter() - t_start
 
