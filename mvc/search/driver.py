@@ -592,10 +592,8 @@ def _record(run: _Runner, winner: Point | None, mode: str) -> dict[str, Any]:
     rec["max_distortion"] = _finite(round(tr.worst, 6)) if tr else None
     rec["worst_tensor"] = tr.worst_name if tr else None
     rec["trials"] = run.log
-    if tr is None and run.log:
-        # What came closest, so "stored losslessly" can say which gate refused and by how much.
-        rec["closest"] = min(run.log, key=lambda e: (e.get("degradation") is None,
-                                                     e.get("degradation") or 0.0, -e["bits"]))
+    if tr is None and run.log:  # what came closest: a lossless fallback names it
+        rec["closest"] = min(run.log, key=lambda e: (e.get("degradation") is None, e.get("degradation") or 0.0))
     if run.par is not None:
         rec["ranks"], rec["rounds"] = run.par.size, run.rounds
     return rec
