@@ -37,6 +37,7 @@ from mvc.errors import MvcError
 from mvc.quant import LogSketch, QuantConfig, QuantizedTensor, QuantPolicy, quantize_prepared
 from mvc.quant.errors import NonFiniteTensorError
 from mvc.quant.partition import layer_type, thresholds
+from mvc.repo.commitopts import quantization
 from mvc.repo.repository import Repo
 from mvc.search import default_policy
 from mvc.search.gate import DEFAULT_TENSOR_CAP
@@ -71,28 +72,20 @@ class How:
         # which the default policy's ``state/<index>`` pattern does not catch.
         policy = options.get("policy") or QuantPolicy(
             exclude=tuple(default_policy().exclude) + ("*/state/*", "state/*"))
-        mode = str(repo.config.get("commit.mode"))
-        quant, space = options.get("quant"), options.get("space")
-        if lossless or (quant is None and space is None and mode == "lossless"):
+        # Repo.commit's rules (precedence, a fixed mode's config, the proxy opt-in), without a
+        # quality function: a storage writer has no model to evaluate.
+        how = quantization(repo.config, lossless, options.get("quant"), policy, None,
+                           options.get("epsilon"), options.get("space"))
+        if how.mode == "lossless":
             return cls("lossless", policy=policy)
-        if quant is None and space is None and mode == "fixed":
-            configured = repo.config.get("commit.quant")
-            if configured:
-                quant = QuantConfig.from_dict(configured)
-        if quant is not None:
-            return cls("fixed", config=quant.to_dict(), policy=policy)
-        eps = options.get("epsilon")
-        if eps is None and repo.config.is_set("quality.epsilon"):
-            eps = repo.config.get("quality.epsilon")
-        if eps is None and space is None:
-            # As for Repo.commit without a quality function: nothing judges a lossy save but the
-            # proxy, which is opt-in (epsilon= / quality.epsilon / space=; docs/quality.md).
-            return cls("lossless", policy=policy)
+        if how.mode == "fixed":
+            assert how.config is not None
+            return cls("fixed", config=how.config.to_dict(), policy=policy)
         cap = options.get("tensor_cap")
         if cap is None:
-            cap = repo.config.get("quality.tensor_cap")
-        return cls("search", space=space or SearchSpace(),
-                   epsilon=float(PROXY_EPSILON if eps is None else eps),
+            cap = how.tensor_cap
+        return cls("search", space=how.space or SearchSpace(),
+                   epsilon=float(PROXY_EPSILON if how.epsilon is None else how.epsilon),
                    tensor_cap=float(DEFAULT_TENSOR_CAP if cap is None else cap), policy=policy)
 
 

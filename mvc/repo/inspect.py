@@ -132,15 +132,21 @@ def diff(odb: ObjectDB, reader: TensorReader, cid_a: str, cid_b: str) -> list[Te
         elif (ra.codec, ra.chunks, ra.meta) == (rb.codec, rb.chunks, rb.meta):
             d.rel_l2, d.max_abs = 0.0, 0.0
         else:
-            ta = reader.read_any(sid_a, ra, snap_a.tensors)
-            tb = reader.read_any(sid_b, rb, snap_b.tensors)
-            if torch.equal(ta.view(-1).view(torch.uint8), tb.view(-1).view(torch.uint8)):
-                d.rel_l2, d.max_abs = 0.0, 0.0
-            else:
-                d.status = "changed"
-                d.rel_l2, d.max_abs = _compare(ta, tb)
+            _measure(d, reader.read_any(sid_a, ra, snap_a.tensors),
+                     reader.read_any(sid_b, rb, snap_b.tensors))
         out.append(d)
     return out
+
+
+def _measure(d: TensorDiff, ta: torch.Tensor, tb: torch.Tensor) -> None:
+    """Fill `d` from two tensors of one shape and dtype: unchanged when bit-identical,
+    else changed with the relative L2 and largest absolute difference."""
+    ta, tb = ta.contiguous(), tb.contiguous()
+    if torch.equal(ta.view(-1).view(torch.uint8), tb.view(-1).view(torch.uint8)):
+        d.rel_l2, d.max_abs = 0.0, 0.0
+    else:
+        d.status = "changed"
+        d.rel_l2, d.max_abs = _compare(ta, tb)
 
 
 def diff_state(odb: ObjectDB, reader: TensorReader, cid: str, tensors: Mapping[str, torch.Tensor]
@@ -167,13 +173,7 @@ def diff_state(odb: ObjectDB, reader: TensorReader, cid: str, tensors: Mapping[s
             d.status = "retyped"
             out.append(d)
             continue
-        ta = reader.read_any(sid, ra, snap.tensors)
-        tb = tb.detach().cpu().contiguous()
-        if torch.equal(ta.contiguous().view(-1).view(torch.uint8), tb.view(-1).view(torch.uint8)):
-            d.rel_l2, d.max_abs = 0.0, 0.0
-        else:
-            d.status = "changed"
-            d.rel_l2, d.max_abs = _compare(ta, tb)
+        _measure(d, reader.read_any(sid, ra, snap.tensors), tb.detach().cpu())
         out.append(d)
     return out
 
@@ -185,7 +185,8 @@ def stats(odb: ObjectDB, maintenance: StoreMaintenance, cache_dir: Path) -> Repo
     A chunk's bytes are charged to the first commit (in time order) that uses
     it, so deduplicated tensors cost nothing in later commits.
     """
-    commits = sorted(odb.walk_commits(odb.root_ids()), key=lambda c: (c.time, c.id))
+    roots = odb.root_ids()
+    commits = sorted(odb.walk_commits(roots), key=lambda c: (c.time, c.id))
     charged: set[str] = set()
     out = RepoStats()
     pruned = pruned_ids(odb.refs)
@@ -202,7 +203,7 @@ def stats(odb: ObjectDB, maintenance: StoreMaintenance, cache_dir: Path) -> Repo
         out.commits.append(CommitStats(c.id, c.summary, snap.raw_bytes, added))
     out.object_bytes = odb.blobs.object_bytes()
     # Damage is fsck's to report; here it only means less is counted as reachable.
-    reached = {r.oid for r in odb.reachable(odb.root_ids(), on_damage=lambda d: None)}
+    reached = {r.oid for r in odb.reachable(roots, on_damage=lambda d: None)}
     for oid in odb.blobs.iter_ids():
         if oid not in reached:
             out.unreachable_objects += 1
