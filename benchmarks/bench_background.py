@@ -28,12 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_scale import GPT, corpus_tokens, shape_for, tensor_bytes  # noqa: E402
+from benchmarks.bench_scale import shape_for, tensor_bytes, trainer  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -50,21 +49,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import mvc
 
     shape = shape_for(a.params)
-    torch.manual_seed(0)
-    model = GPT(**shape)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-    data = corpus_tokens(shape["vocab"])
-    g = torch.Generator().manual_seed(0)
+    model, opt, train_step = trainer(shape, "cpu", a.batch, a.seq)
 
     def step() -> float:
         t0 = time.perf_counter()
-        starts = torch.randint(0, data.numel() - a.seq - 1, (a.batch,), generator=g)
-        x = torch.stack([data[s:s + a.seq] for s in starts])
-        y = torch.stack([data[s + 1:s + a.seq + 1] for s in starts])
-        loss = nn.functional.cross_entropy(model(x).reshape(-1, shape["vocab"]), y.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        train_step()
         return time.perf_counter() - t0
 
     quiet = [step() for _ in range(a.steps)]

@@ -40,7 +40,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -114,16 +114,17 @@ def corpus_tokens(vocab: int, limit: int = 2_000_000) -> torch.Tensor:
     return torch.tensor([rank.get(w, vocab - 1) for w in words[:limit]], dtype=torch.int64)
 
 
-def train(shape: dict[str, int], steps: list[int], device: str, batch: int, seq: int,
-          seed: int = 0) -> list[dict]:
-    """Checkpoints {"model", "optimizer", "step"} after each count of AdamW steps in `steps`."""
+def trainer(shape: dict[str, int], device: str, batch: int, seq: int, seed: int = 0
+            ) -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], None]]:
+    """The workload's model, its AdamW, and a function running one training step on the next
+    batch of stdlib text."""
     torch.manual_seed(seed)
     model = GPT(**shape).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
     data = corpus_tokens(shape["vocab"])
-    out = []
     g = torch.Generator().manual_seed(seed)
-    for step in range(1, max(steps) + 1):
+
+    def step() -> None:
         starts = torch.randint(0, data.numel() - seq - 1, (batch,), generator=g)
         x = torch.stack([data[s:s + seq] for s in starts]).to(device)
         y = torch.stack([data[s + 1:s + seq + 1] for s in starts]).to(device)
@@ -131,6 +132,16 @@ def train(shape: dict[str, int], steps: list[int], device: str, batch: int, seq:
         opt.zero_grad()
         loss.backward()
         opt.step()
+    return model, opt, step
+
+
+def train(shape: dict[str, int], steps: list[int], device: str, batch: int, seq: int,
+          seed: int = 0) -> list[dict]:
+    """Checkpoints {"model", "optimizer", "step"} after each count of AdamW steps in `steps`."""
+    model, opt, step_once = trainer(shape, device, batch, seq, seed)
+    out = []
+    for step in range(1, max(steps) + 1):
+        step_once()
         if step in steps:
             out.append({"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
                         "optimizer": _clone(opt.state_dict()), "step": step})
