@@ -14,7 +14,9 @@ elsewhere torch does it chunk by chunk on the tensor's device.
 """
 from __future__ import annotations
 
+import math
 import weakref
+from collections.abc import Sequence
 
 import torch
 
@@ -45,28 +47,86 @@ def error_sums(q: QuantizedTensor, x: torch.Tensor, w: torch.Tensor | None = Non
           if w is not None else None)
     if xf.numel() != lv.numel() or (wf is not None and wf.numel() != lv.numel()):
         raise ValueError("error_sums: x / w do not match the levels' element count")
-    table = level_table(q, lv.device)
-    if native_ok(xf, lv.dtype):
-        s = qerr_sums(xf, lv.contiguous(), table, wf)
+    return table_error_sums(lv, xf, level_table(q, lv.device), wf)
+
+
+def table_error_sums(levels: torch.Tensor, x: torch.Tensor, table: torch.Tensor,
+                     w: torch.Tensor | None = None) -> ErrorSums:
+    """The six error sums with d = table[levels] - x and the table's last entry standing for
+    exact values (d = 0): `error_sums` for any table of level values, e.g. a transformed
+    domain's.  `levels` flat uint8/int16/int32/int64, `x` (and `w`) flat contiguous float32
+    on its device, `table` float32."""
+    prot = table.numel() - 1
+    if native_ok(x, levels.dtype):
+        s = qerr_sums(x, levels.contiguous(), table, w)
         return (float(s[0]), float(s[1]), float(s[2]), float(s[3]), float(s[4]), float(s[5]))
-    acc = torch.zeros(6, dtype=torch.float64, device=lv.device)
-    prot = q.protected_level
-    for s0 in range(0, lv.numel(), _CHUNK):
-        lc = lv[s0:s0 + _CHUNK]
-        xc = xf[s0:s0 + _CHUNK].to(torch.float64)
+    acc = torch.zeros(6, dtype=torch.float64, device=levels.device)
+    for s0 in range(0, levels.numel(), _CHUNK):
+        lc = levels[s0:s0 + _CHUNK]
+        xc = x[s0:s0 + _CHUNK].to(torch.float64)
         idx = lc if lc.dtype in (torch.int32, torch.int64) else lc.to(torch.int32)
         d = torch.index_select(table, 0, idx).to(torch.float64).sub_(xc)
         d.masked_fill_(lc == prot, 0.0)
         dd, xx, ax = d.mul_(d), xc * xc, xc.abs()
         parts = [dd.sum(), xx.sum(), (ax * dd).sum(), (ax * xx).sum()]
-        if wf is not None:
-            aw = wf[s0:s0 + _CHUNK].to(torch.float64).abs()
+        if w is not None:
+            aw = w[s0:s0 + _CHUNK].to(torch.float64).abs()
             parts += [(aw * dd).sum(), (aw * xx).sum()]
         else:
             parts += [acc.new_zeros(()), acc.new_zeros(())]
         acc += torch.stack(parts)
     a = acc.tolist()
     return (a[0], a[1], a[2], a[3], a[4], a[5])
+
+
+class _SumsCache:
+    """Error sums by quantization, so every reader of one quantization's sums shares its
+    pass: the search's guard rail and proxy, and the trials that reuse a `QuantizedTensor`
+    whose (bins, thresholds) did not change.  Keyed weakly by the quantization (freed with
+    it) and checked against the very value and gradient tensors, unchanged since (their
+    in-place version counters), that the sums were computed from.  Sums taken with a
+    gradient serve a request without one (its first four terms do not depend on it)."""
+
+    def __init__(self) -> None:
+        self._map: weakref.WeakKeyDictionary[QuantizedTensor, tuple] = weakref.WeakKeyDictionary()
+
+    @staticmethod
+    def _tag(t: torch.Tensor | None) -> tuple:
+        return (None, -1) if t is None else (weakref.ref(t), t._version)
+
+    def get(self, q: QuantizedTensor, w: torch.Tensor, g: torch.Tensor | None) -> ErrorSums:
+        hit = self._map.get(q)
+        if hit is not None:
+            (wr, wv), (gr, gv), sums = hit
+            if wr() is w and wv == w._version:
+                if g is None:
+                    return (sums[0], sums[1], sums[2], sums[3], 0.0, 0.0)
+                if gr is not None and gr() is g and gv == g._version:
+                    return sums
+        sums = error_sums(q, w, g)
+        self._map[q] = (self._tag(w), self._tag(g), sums)
+        return sums
+
+
+_SUMS = _SumsCache()
+
+
+def cached_error_sums(q: QuantizedTensor, w: torch.Tensor,
+                      g: torch.Tensor | None = None) -> ErrorSums:
+    """`error_sums(q, w, g)`, remembered for q while it lives: a later call with the same
+    tensor objects (unchanged), or with `g=None` after one with a gradient, is a lookup.
+    Pass the caller's own tensor objects (not fresh views): they are recognised by
+    identity."""
+    return _SUMS.get(q, w, g)
+
+
+def relative_error(s: Sequence[float]) -> float:
+    """||dequantize(q) - x|| / ||x|| from q's error sums (the first two suffice): 0 for an all-zero x restored as
+    zeros, inf when an all-zero x is not."""
+    n, r = s[0], s[1]
+    if r <= 0.0:
+        return 0.0 if n == 0.0 else math.inf
+    return math.sqrt(n / r)
 
 
 _COUNTS: weakref.WeakKeyDictionary[QuantizedTensor, tuple[int, torch.Tensor]] = \

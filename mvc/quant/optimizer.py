@@ -86,6 +86,7 @@ from mvc.quant._kernels import (
 )
 from mvc.quant.assign import level_dtype
 from mvc.quant.config import check_bins
+from mvc.quant.error import error_sums, table_error_sums
 from mvc.quant.errors import QuantError
 from mvc.quant.partition import check_fraction
 from mvc.quant.tensor import QuantizedTensor, quantize
@@ -308,15 +309,50 @@ def quantize_second_moment(v: torch.Tensor, bins: int, *, protect: float = 0.0, 
     return _scatter(flat, keep, v.shape, v.dtype, bins, protected, qs.centroids, qs.levels)
 
 
+def _log_values(q: QuantizedTensor) -> torch.Tensor:
+    # exp in float64, then one rounding to the stored dtype: the same values on every device.
+    table64 = np.exp(q.centroids.detach().cpu().numpy().astype(np.float64))
+    return torch.from_numpy(table64).to(q.dtype)
+
+
 def restore(q: QuantizedTensor, domain: str) -> torch.Tensor:
     """The tensor an `OptQuantized` stands for (original dtype, shape and device)."""
     if domain == "linear":
         return q.dequantize()
     if domain != "log":
         raise OptimizerStateError(f"unknown optimizer-state domain {domain!r}; known: {DOMAINS}")
-    # exp in float64, then one rounding to the stored dtype: the same values on every device.
-    table64 = np.exp(q.centroids.detach().cpu().numpy().astype(np.float64))
-    return q.lookup(torch.from_numpy(table64).to(q.dtype))
+    return q.lookup(_log_values(q))
+
+
+def moment_error_sums(q: QuantizedTensor, domain: str, x: torch.Tensor) -> tuple[float, float]:
+    """(sum d^2, sum r^2) of a compressed moment in the quantity Adam uses from it, r the
+    exact one: linear (m) d = m' - m, r = m; log (v) d = sqrt(v') - sqrt(v), r = sqrt(v).
+
+    float32 values (v' rounded to its dtype, as `restore` gives it), float64 sums, from the
+    levels and a table of level values in one pass: no restored copy of the moment.
+    """
+    if domain == "linear":
+        s = error_sums(q, x)
+        return s[0], s[1]
+    if domain != "log":
+        raise OptimizerStateError(f"unknown optimizer-state domain {domain!r}; known: {DOMAINS}")
+    lv = q.levels.reshape(-1)
+    xf = x.detach().reshape(-1).to(device=lv.device)
+    if xf.numel() != lv.numel():
+        raise ValueError("moment_error_sums: x does not match the levels' element count")
+    # sqrt of each level's restored value; pruned (v = 0) restore as 0, protected exactly
+    table = torch.zeros(q.n_levels, dtype=torch.float32, device=lv.device)
+    table[:q.bins] = _log_values(q).to(device=lv.device, dtype=torch.float32).sqrt()
+    num = den = 0.0
+    for a in range(0, lv.numel(), _SQRT_CHUNK):
+        xs = xf[a:a + _SQRT_CHUNK].to(torch.float32).clamp_min(0).sqrt()
+        s = table_error_sums(lv[a:a + _SQRT_CHUNK], xs, table)
+        num, den = num + s[0], den + s[1]
+    return num, den
+
+
+#: Elements per chunk of sqrt(v) in `moment_error_sums` (a 16 MiB float32 temporary).
+_SQRT_CHUNK = 1 << 22
 
 
 def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],

@@ -37,7 +37,7 @@ from mvc.quant import (
     quantize_prepared,
 )
 from mvc.quant.errors import NonFiniteTensorError
-from mvc.quant.error import level_histogram
+from mvc.quant.error import cached_error_sums, level_histogram, relative_error
 from mvc.quant.importance import sensitivity
 from mvc.quant.optimizer import OPTIMIZER_STATE_PATTERNS
 from mvc.quant.partition import Thresholds, layer_type, thresholds
@@ -50,7 +50,6 @@ from mvc.search.gate import (
     ProxyJudge,
     Verdict,
     check_tensor_cap,
-    tensor_distortion,
 )
 from mvc.search.guided import MonotoneOracle, guided_search
 from mvc.search.measure import choose_judge
@@ -168,8 +167,7 @@ class _Runner:
     """Runs trials: quantize (with reuse), score, log; keeps the best trials' levels."""
 
     def __init__(self, prep: _Prepared, space: SearchSpace, evaluate: Evaluate | None,
-                 epsilon: float, seed: int,
-                 init: Mapping[str, torch.Tensor] | None = None,
+                 epsilon: float, seed: int, init: Mapping[str, torch.Tensor] | None = None,
                  tensor_cap: float = DEFAULT_TENSOR_CAP,
                  confidence: float = DEFAULT_CONFIDENCE) -> None:
         self.prep, self.space, self.evaluate = prep, space, evaluate
@@ -240,7 +238,10 @@ class _Runner:
                     q = quantize_prepared(t, x, p.sketches[name], sens, tthr, bins,
                                           seed=self.seed, sigma=config.sigma,
                                           init=self.init.get(name))
-                    self._dist[key] = tensor_distortion(q, x)
+                    # the proxy's own pass (with its gradient) serves the guard rail too
+                    g = p.grads.get(name) if self.evaluate is None else None
+                    g = g if g is not None and g.shape == t.shape else None
+                    self._dist[key] = relative_error(cached_error_sums(q, t, g))
                 qmap[name] = keys[key] = q
         self._last = keys
         return qmap, keys
@@ -262,8 +263,7 @@ class _Runner:
     @staticmethod
     def bits(qmap: Mapping[str, QuantizedTensor | None]) -> float:
         """Measured bits per quantized parameter: level entropy plus protected values."""
-        total_bits = 0.0
-        n = 0
+        total_bits, n = 0.0, 0
         for q in qmap.values():
             if q is None or q.levels.numel() == 0:
                 continue

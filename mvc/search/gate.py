@@ -68,7 +68,7 @@ from typing import Any
 import torch
 
 from mvc.quant import QuantizedTensor
-from mvc.quant.error import error_sums
+from mvc.quant.error import error_sums, relative_error
 from mvc.search.quality import (
     BASELINE_FLOOR,
     QualityFunctionError,
@@ -98,11 +98,7 @@ def tensor_distortion(q: QuantizedTensor, x: torch.Tensor) -> float:
     protected values are exact, so they contribute nothing.  0 for an all-zero tensor
     restored as zeros, inf when an all-zero tensor is not.
     """
-    s = error_sums(q, x)
-    n, r = s[0], s[1]
-    if r <= 0.0:
-        return 0.0 if n == 0.0 else math.inf
-    return math.sqrt(n / r)
+    return relative_error(error_sums(q, x))
 
 
 def check_tensor_cap(cap: Any) -> float:

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from mvc.quant import QuantizedTensor
-from mvc.quant.optimizer import restore as restore_moment
+from mvc.quant.error import relative_error
+from mvc.quant.optimizer import moment_error_sums
 from mvc.search.fidelity import FidelityJudge, FidelityOutputs
 from mvc.search.gate import (
     DEFAULT_CONFIDENCE,
@@ -75,18 +76,7 @@ def moment_distortion(q: QuantizedTensor, domain: str, x: torch.Tensor) -> float
                              the denominator of Adam's step.
     0 for an all-zero tensor restored as zeros, inf when it is not.
     """
-    # float32 values, float64 sums (linalg's dtype= casts as it reduces): not two float64
-    # copies of each moment, 2 x 124M values at GPT-2 small's scale.
-    x = x.detach().reshape(-1).to(torch.float32)
-    y = restore_moment(q, domain).reshape(-1).to(device=x.device, dtype=torch.float32)
-    if domain == "log":
-        x = x.clamp_min(0).sqrt_()
-        y = y.clamp_min(0).sqrt_()   # not in place: restore_moment's tensor may be shared
-    num = float(torch.linalg.vector_norm(y - x, dtype=torch.float64))
-    den = float(torch.linalg.vector_norm(x, dtype=torch.float64))
-    if den <= 0.0:
-        return 0.0 if num == 0.0 else float("inf")
-    return num / den
+    return relative_error(moment_error_sums(q, domain, x))
 
 
 def measure(tensors: Mapping[str, torch.Tensor], qmap: Mapping[str, QuantizedTensor | None], *,

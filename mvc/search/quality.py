@@ -43,7 +43,6 @@ for that.
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,7 +50,7 @@ import torch
 
 from mvc.errors import UsageError
 from mvc.quant import QuantizedTensor
-from mvc.quant.error import ErrorSums, error_sums
+from mvc.quant.error import cached_error_sums
 from mvc.search.space import SearchError
 
 #: Default bound on the proxy (weighted relative L2 error), see the module docstring.
@@ -111,34 +110,6 @@ def proxy_name(with_grads: bool) -> str:
     return PROXY_MAX if with_grads else PROXY_MAGNITUDE
 
 
-class _SumsCache:
-    """Error sums by quantization, so trials that share a tensor's quantization share its
-    pass: the search reuses a `QuantizedTensor` whose (bins, thresholds) did not change,
-    and a trial then costs a dictionary lookup for it.  Keyed weakly by the quantization
-    (freed with it) and checked against the very value and gradient tensors, unchanged
-    since (their in-place version counters), that the sums were computed from."""
-
-    def __init__(self) -> None:
-        self._map: weakref.WeakKeyDictionary[QuantizedTensor, tuple] = weakref.WeakKeyDictionary()
-
-    @staticmethod
-    def _tag(t: torch.Tensor | None) -> tuple:
-        return (None, -1) if t is None else (weakref.ref(t), t._version)
-
-    def get(self, q: QuantizedTensor, w: torch.Tensor, g: torch.Tensor | None) -> ErrorSums:
-        hit = self._map.get(q)
-        if hit is not None:
-            (wr, wv), (gr, gv), sums = hit
-            if wr() is w and wv == w._version and (
-                    (g is None and gr is None) or (g is not None and gr is not None
-                                                   and gr() is g and gv == g._version)):
-                return sums
-        sums = error_sums(q, w, g)
-        self._map[q] = (self._tag(w), self._tag(g), sums)
-        return sums
-
-
-_SUMS = _SumsCache()
 
 
 def _ratio(num: float, den: float) -> float:
@@ -160,7 +131,7 @@ def _weighted(tensors: Mapping[str, torch.Tensor], qmap: Mapping[str, QuantizedT
         assert q is not None  # names holds the quantized tensors only
         # The mapping's own tensor objects (not .detach() views, new at every call): the
         # cache recognises them by identity.
-        s = _SUMS.get(q, tensors[n], grads[n] if grads is not None else None)
+        s = cached_error_sums(q, tensors[n], grads[n] if grads is not None else None)
         num, den, gnum, gden = num + s[2], den + s[3], gnum + s[4], gden + s[5]
     return _ratio(num, den), (_ratio(gnum, gden) if grads is not None else None)
 
