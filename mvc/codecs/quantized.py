@@ -43,6 +43,7 @@ from mvc.errors import InternalError, MvcError, UsageError
 from mvc.native import huffman, rle
 from mvc.native.status import NativeDecodeError
 from mvc.quant import QuantizedTensor, level_dtype
+from mvc.quant._kernels import level_census
 
 __all__ = [
     "QBASE", "QDELTA",
@@ -128,19 +129,34 @@ def _levels_np(t: torch.Tensor, n_levels: int, what: str, dtype: Optional[np.dty
     return np.ascontiguousarray(arr.astype(dtype, copy=False))
 
 
+def _census(levels: np.ndarray, n_levels: int) -> np.ndarray | None:
+    """int64 count of each level in [0, n_levels) of flat `levels`, or None when one is outside:
+    the range check and the protected count in one pass (native and threaded for uint8)."""
+    if levels.dtype == np.uint8 and levels.size:
+        counts = level_census(torch.from_numpy(levels), n_levels)
+        return counts.numpy() if counts is not None else None
+    if levels.size and (int(levels.min()) < 0 or int(levels.max()) >= n_levels):
+        return None
+    return np.bincount(levels.reshape(-1), minlength=n_levels).astype(np.int64)
+
+
 def _quant_parts(q: Any) -> tuple[np.ndarray, int, np.ndarray, torch.Tensor, int]:
     """(levels, k, centroids float32, protected values, n_protected) of a QuantizedTensor."""
     k = int(q.bins)
     if not 1 <= k <= MAX_LEVELS - 2:
         raise QuantInputError(f"bins must be in [1, {MAX_LEVELS - 2}], got {k}")
-    levels = _levels_np(q.levels, k + 2, "levels")
+    levels = _levels_np(q.levels, k + 2, "levels", check=False)
+    counts = _census(levels, k + 2)
+    if counts is None:
+        raise QuantInputError(f"levels hold values outside [0, {k + 2}): "
+                              f"min {int(levels.min())}, max {int(levels.max())}")
     cent = q.centroids.detach().to("cpu", torch.float32).reshape(-1).contiguous()
     if cent.numel() != k:
         raise QuantInputError(f"{cent.numel()} centroids for {k} bins")
     prot = q.protected.detach().to("cpu").reshape(-1).contiguous()
     if prot.dtype != q.dtype:
         raise QuantInputError(f"protected values are {prot.dtype}, tensor dtype is {q.dtype}")
-    n_prot = int(np.count_nonzero(levels == k + 1))
+    n_prot = int(counts[k + 1])
     if prot.numel() != n_prot:
         raise QuantInputError(f"{prot.numel()} protected values for {n_prot} protected levels")
     return levels, k, cent.numpy().astype(_CENTROID_DTYPE, copy=False), prot, n_prot
@@ -314,9 +330,10 @@ def decode_base(meta: Mapping[str, Any], payload: BytesLike, dtype: torch.dtype,
         levels = np.empty(0, dtype=dg.delta_dtype(k + 2))
     else:
         levels = _decode_with(huffman.decode, level_sec, numel, dg.delta_dtype(k + 2), "level stream")
-        if int(levels.max()) > k + 1:
-            raise QuantPayloadError(f"decoded level {int(levels.max())} >= {k + 2} levels")
-    if int(np.count_nonzero(levels == k + 1)) != n_prot:
+    counts = _census(levels, k + 2)
+    if counts is None:
+        raise QuantPayloadError(f"decoded level {int(levels.max())} >= {k + 2} levels")
+    if int(counts[k + 1]) != n_prot:
         raise QuantPayloadError("protected level count does not match stored protected values")
     return _assemble(levels, k, cent, prot, dtype, shape)
 

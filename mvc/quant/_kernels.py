@@ -255,20 +255,33 @@ def ratio_max(m: torch.Tensor, v: torch.Tensor) -> float:
 
 
 def level_counts(levels: torch.Tensor, n_levels: int) -> torch.Tensor:
-    """int64 count of each level 0..n_levels-1 of contiguous CPU uint8/int16 `levels`."""
+    """int64 count of each level 0..n_levels-1 of contiguous CPU uint8/int16 `levels` (made by
+    this process: one outside the range is an `InternalError`)."""
+    counts = level_census(levels, n_levels)
+    if counts is None:
+        raise InternalError(f"a level outside [0, {n_levels})")
+    return counts
+
+
+def level_census(levels: torch.Tensor, n_levels: int) -> torch.Tensor | None:
+    """`level_counts`, or None when a level is outside [0, n_levels) (levels read from
+    storage: the caller names the damage)."""
     ffi, lib = _lib()
     fn, ctype = ((lib.mvc_level_counts_u8, "const uint8_t *") if levels.dtype == torch.uint8
                  else (lib.mvc_level_counts_i16, "const int16_t *"))
     lp = ffi.cast(ctype, levels.data_ptr())
     parts: list[np.ndarray] = []
+    bad: list[int] = []
 
     def run(a: int, b: int) -> None:
         counts = np.zeros(n_levels, dtype=np.int64)
         if fn(lp + a, b - a, n_levels, ffi.cast("int64_t *", counts.ctypes.data)) != 0:
-            raise InternalError(f"a level outside [0, {n_levels})")
+            bad.append(a)
         parts.append(counts)
 
     parallel_chunks(levels.numel(), run)
+    if bad:
+        return None
     total = np.sum(parts, axis=0) if parts else np.zeros(n_levels, dtype=np.int64)
     return torch.from_numpy(np.ascontiguousarray(total, dtype=np.int64))
 
@@ -340,6 +353,23 @@ def log_positive(v: torch.Tensor) -> torch.Tensor:
 
     _run_indexed(len(spans), run)
     return out
+
+
+def clamp_moment_(m: torch.Tensor, v: torch.Tensor, bound: float) -> None:
+    """m = clamp(m, -lim, lim) in place, lim = sqrt(max(v, 0)) * float32(bound), for contiguous
+    CPU float32 `m` and `v` of one element count (native/moments.h)."""
+    ffi, lib = _lib()
+    if m.numel() != v.numel():
+        raise InternalError("clamp_moment_: m and v differ in size")
+    mp = ffi.cast("float *", m.data_ptr())
+    vp = ffi.cast("const float *", v.data_ptr())
+    b = float(np.float32(bound))
+
+    def run(a: int, e: int) -> None:
+        if lib.mvc_clamp_moment_f32(mp + a, vp + a, e - a, b) != 0:  # pragma: no cover
+            raise InternalError("mvc_clamp_moment_f32 rejected its arguments")
+
+    parallel_chunks(m.numel(), run)
 
 
 def expand_positive(v: torch.Tensor, sub: torch.Tensor, fill: int) -> torch.Tensor:
