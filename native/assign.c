@@ -165,15 +165,19 @@ static inline double fast_log2(uint32_t mag)
 
 int64_t mvc_loghist_f32(const float *x, size_t n, const mvc_partition_t *part_in,
                         const double *bounds, int n_bounds, double inv_log2_gamma,
-                        int first_index, int64_t *counts, int64_t *zero)
+                        int first_index, const int32_t *cells, size_t n_cells,
+                        int cell_bits, int64_t *counts, int64_t *zero)
 {
     mvc_partition_t local; /* see assign_impl: keeps the rule out of the aliasing analysis */
     const mvc_partition_t *part = NULL;
     if (part_in != NULL) { local = *part_in; part = &local; }
     if (n_bounds < 3 || bounds == NULL || counts == NULL || zero == NULL) return -1;
     if (n > 0 && x == NULL) return -1;
+    if (cells == NULL || cell_bits < 0 || cell_bits > 23 || n_cells != ((size_t)255 << cell_bits))
+        return -1;
     int64_t bad = 0, zeros = 0;
     const int last = n_bounds - 1;
+    const int shift_bits = 23 - cell_bits;
     /* ceil(v) as a truncating cast of a shifted positive number; the shift keeps every
      * possible index (|v| < 1e6 for alpha >= 1e-3) positive. */
     const double shift = 1048576.0;
@@ -188,15 +192,24 @@ int64_t mvc_loghist_f32(const float *x, size_t n, const mvc_partition_t *part_in
         float fa;
         memcpy(&fa, &mag, sizeof fa);
         const double a = (double)fa;
-        const double v = fast_log2(mag) * inv_log2_gamma + shift;
-        int j = (int)v;
-        j += (double)j < v; /* ceil */
-        j -= base;
-        j = j < 1 ? 1 : (j > last - 1 ? last - 1 : j);
-        /* The seed is exact or one off (fast_log2's error is < 1% of a bucket), so one
-         * branch-free nudge each way lands on the smallest j with a <= bounds[j]. */
-        j += (a > bounds[j]);
-        j -= (a <= bounds[j - 1]);
+        int j;
+        if (mag >= 0x00800000u) {
+            /* the cell's bucket, or the next one when a boundary lies inside the cell; the
+             * clamp only keeps a wrong table inside the buffers */
+            j = cells[mag >> shift_bits];
+            j = j < 1 ? 1 : (j > last - 1 ? last - 1 : j);
+            j += (a > bounds[j]);
+        } else {
+            const double v = fast_log2(mag) * inv_log2_gamma + shift;
+            j = (int)v;
+            j += (double)j < v; /* ceil */
+            j -= base;
+            j = j < 1 ? 1 : (j > last - 1 ? last - 1 : j);
+            /* The seed is exact or one off (fast_log2's error is < 1% of a bucket), so one
+             * branch-free nudge each way lands on the smallest j with a <= bounds[j]. */
+            j += (a > bounds[j]);
+            j -= (a <= bounds[j - 1]);
+        }
         counts[j + (bits >> 31) * (size_t)n_bounds]++;
     }
     *zero += zeros;

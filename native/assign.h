@@ -40,10 +40,15 @@ int64_t mvc_gather_level_i16(const int16_t *levels, size_t n, int level, const v
  * gamma^(first_index + j) (ascending, spanning the float32 range with one spare entry
  * each side, inv_log2_gamma = 1 / log2(gamma), gamma >= 1.002).  counts[j] counts
  * positive values, counts[n_bounds + j] negative ones, *zero the zeros; all are added
- * to.  Returns the number of non-finite elements (skipped), or -1 on a bad argument. */
+ * to.  Normal values find their bucket through `cells` (n_cells == 255 << cell_bits): cell
+ * c = (bits of |x|) >> (23 - cell_bits) holds the bucket of the smallest float32 in it,
+ * and a cell is narrower than a bucket (2^-cell_bits < gamma - 1), so one comparison
+ * settles the rest; subnormals take a bit-level log2 seed.  Returns the number of
+ * non-finite elements (skipped), or -1 on a bad argument. */
 int64_t mvc_loghist_f32(const float *x, size_t n, const mvc_partition_t *part,
                         const double *bounds, int n_bounds, double inv_log2_gamma,
-                        int first_index, int64_t *counts, int64_t *zero);
+                        int first_index, const int32_t *cells, size_t n_cells,
+                        int cell_bits, int64_t *counts, int64_t *zero);
 
 /* sums[l] += x[i] and counts[l]++ for every i with 0 <= levels[i] < n_levels (in index
  * order).  Returns 0, or -1 on a bad argument. */

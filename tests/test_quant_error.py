@@ -402,3 +402,10 @@ def test_cuda_sums_and_bound_match_the_cpu():
     assert moment_ratio_bound(x.cuda(), v.cuda()) == pytest.approx(moment_ratio_bound(x, v), rel=3e-7)
     value, _ = proxy_error({"w": x.cuda()}, {"w": qc}, None)
     assert value == pytest.approx(proxy_error({"w": x}, {"w": q}, None)[0], rel=1e-9)
+
+
+def test_native_clamp_moment_checks_its_buffers():
+    from mvc.native import ffi, lib
+
+    assert lib.mvc_clamp_moment_f32(ffi.NULL, ffi.NULL, 3, 1.0) == -1
+    assert lib.mvc_clamp_moment_f32(ffi.NULL, ffi.NULL, 0, 1.0) == 0

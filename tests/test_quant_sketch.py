@@ -88,6 +88,25 @@ def test_native_and_torch_backends_agree_on_extremes():
         assert LogSketch.from_tensor(x, alpha) == LogSketch.from_tensor(x, alpha, backend="torch")
 
 
+@pytest.mark.parametrize("alpha", [0.001, 0.002, 0.01, 0.05, 0.5])
+def test_native_buckets_exact_at_every_boundary(alpha):
+    """The native kernel looks normal values up by cell (exponent + top mantissa bits) and
+    compares once: at each bucket boundary (rounded to float32, and one ulp either side), at
+    cell edges and for subnormals it must agree with torch's searchsorted on float64."""
+    from mvc.quant.sketch import _table
+
+    t = _table(alpha)
+    b = t.bounds[(t.bounds > 1e-45) & (t.bounds < 3.4e38)].astype(np.float32)
+    k = t.cell_bits
+    cell_lo = (np.arange(1 << k, 255 << k, 97, dtype=np.uint32) << np.uint32(23 - k)).view(np.float32)
+    vals = np.concatenate([b, np.nextafter(b, np.float32(np.inf)), np.nextafter(b, np.float32(0)),
+                           cell_lo, np.nextafter(cell_lo, np.float32(0)),
+                           np.array([1e-45, 3e-40, 1.1754942e-38, 1.17549435e-38, 3.4028235e38],
+                                    dtype=np.float32)])
+    x = torch.from_numpy(np.concatenate([vals, -vals]))
+    assert LogSketch.from_tensor(x, alpha) == LogSketch.from_tensor(x, alpha, backend="torch")
+
+
 def test_subtract_and_abs():
     x = _data("normal", 10_000)
     a, b = LogSketch.from_tensor(x[:3000]), LogSketch.from_tensor(x[3000:])
@@ -154,3 +173,29 @@ def test_partitioned_native_sketch_equals_sketch_of_kept_values():
     prot = (x.abs() > 0.05) | (sens > 0.04)
     keep = ~prot & ~(sens <= 1e-3)
     assert LogSketch.from_tensor(x, part=part) == LogSketch.from_tensor(x[keep])
+
+
+def test_native_loghist_checks_its_cell_table_arguments():
+    from mvc.native import ffi, lib
+    from mvc.quant.sketch import _table
+
+    t = _table(0.01)
+    x = np.ones(4, dtype=np.float32)
+    counts = np.zeros(2 * len(t.bounds), dtype=np.int64)
+    zero = ffi.new("int64_t *", 0)
+    args = (ffi.cast("const float *", x.ctypes.data), 4, ffi.NULL,
+            ffi.cast("const double *", t.bounds.ctypes.data), len(t.bounds), t.inv_log2_gamma,
+            t.first)
+    out = (ffi.cast("int64_t *", counts.ctypes.data), zero)
+    cp = ffi.cast("const int32_t *", t.cells.ctypes.data)
+    assert lib.mvc_loghist_f32(*args, cp, t.cells.size, t.cell_bits, *out) == 0
+    assert counts.sum() == 4
+    assert lib.mvc_loghist_f32(*args, cp, t.cells.size - 1, t.cell_bits, *out) == -1
+    assert lib.mvc_loghist_f32(*args, cp, t.cells.size, t.cell_bits + 1, *out) == -1
+    assert lib.mvc_loghist_f32(*args, ffi.NULL, t.cells.size, t.cell_bits, *out) == -1
+    assert lib.mvc_loghist_f32(*args, cp, 255 << 24, 24, *out) == -1
+    # a wrong table is clamped inside the buffers (counts stay in range), never read past
+    bogus = np.full(t.cells.size, 1 << 30, dtype=np.int32)
+    assert lib.mvc_loghist_f32(*args, ffi.cast("const int32_t *", bogus.ctypes.data),
+                               bogus.size, t.cell_bits, *out) == 0
+    assert counts.sum() == 8

@@ -79,20 +79,24 @@ class Partition:
 
 
 def loghist(x: torch.Tensor, bounds: np.ndarray, inv_log2_gamma: float, first: int,
-            part: Partition | None = None) -> tuple[np.ndarray, int, int]:
-    """(counts[2 * nb], zeros, non-finite) of contiguous float32 CPU `x`."""
+            cells: np.ndarray, cell_bits: int, part: Partition | None = None
+            ) -> tuple[np.ndarray, int, int]:
+    """(counts[2 * nb], zeros, non-finite) of contiguous float32 CPU `x` (native/assign.h;
+    `cells`: contiguous int32, the bucket of each float32 cell)."""
     ffi, lib = _lib()
     nb = len(bounds)
     xp = ffi.cast("const float *", x.data_ptr())
     bp = ffi.cast("const double *", bounds.ctypes.data)
+    cp = ffi.cast("const int32_t *", cells.ctypes.data)
     parts: list[tuple[np.ndarray, int, int]] = []
 
     def run(a: int, b: int) -> None:
         counts = np.zeros(2 * nb, dtype=np.int64)
         zero = ffi.new("int64_t *", 0)
         pc = part.cdata(a) if part is not None else ffi.NULL
-        bad = lib.mvc_loghist_f32(xp + a, b - a, pc, bp, nb, inv_log2_gamma, first,
-                                  ffi.cast("int64_t *", counts.ctypes.data), zero)
+        bad = lib.mvc_loghist_f32(xp + a, b - a, pc, bp, nb, inv_log2_gamma, first, cp,
+                                  cells.size, cell_bits, ffi.cast("int64_t *", counts.ctypes.data),
+                                  zero)
         parts.append((counts, int(zero[0]), int(bad)))
 
     parallel_chunks(x.numel(), run)

@@ -9,8 +9,10 @@ bucket i is within relative error alpha of the bucket's representative
 The bucket index is not computed with a floating-point log (vectorized and scalar
 log implementations disagree in the last ulp, which would make a value's bucket
 depend on its position in the tensor).  Instead it is the exact position of |x| in
-a table of float64 boundaries gamma^i: on CPU a native kernel finds it (seeded by a
-bit-level log2 estimate), elsewhere `torch.searchsorted` does.  Both give identical
+a table of float64 boundaries gamma^i: on CPU a native kernel finds it (a normal
+value's cell -- its exponent and top mantissa bits, narrower than a bucket -- names the
+bucket of the cell's smallest value, one comparison decides between it and the next;
+subnormals are seeded by a bit-level log2), elsewhere `torch.searchsorted` does.  Both give identical
 counts, so sketches of shards merge into exactly the sketch of the whole.
 
 Values are sketched as float32 (the quantizer's compute type).  NaN and +-Inf are
@@ -43,6 +45,8 @@ class _Table:
     gamma: float
     first: int
     bounds: np.ndarray  # float64, strictly increasing
+    cells: np.ndarray   # int32: the bucket of the smallest float32 of each cell (native kernel)
+    cell_bits: int      # a cell is the float32s sharing exponent and top cell_bits mantissa bits
 
     @property
     def inv_log2_gamma(self) -> float:
@@ -69,7 +73,15 @@ def _table(alpha: float) -> _Table:
     idx = np.arange(first, last + 1, dtype=np.float64)
     bounds = np.exp(idx * lg)
     bounds.setflags(write=False)
-    return _Table(alpha, gamma, first, bounds)
+    # Cells narrower than a bucket (relative width <= 2^-k < gamma - 1) hold at most one
+    # boundary: the native kernel looks a normal value's bucket up by its bits and settles
+    # the rest with one comparison, no log.
+    k = math.floor(-math.log2(gamma - 1.0)) + 1
+    lo = (np.arange(1 << k, 255 << k, dtype=np.uint32) << np.uint32(23 - k)).view(np.float32)
+    cells = np.zeros(255 << k, dtype=np.int32)
+    cells[1 << k:] = np.searchsorted(bounds, lo.astype(np.float64), side="left")
+    cells.setflags(write=False)
+    return _Table(alpha, gamma, first, bounds, cells, k)
 
 
 @functools.lru_cache(maxsize=16)
@@ -92,7 +104,8 @@ def _flat_f32(x: torch.Tensor) -> torch.Tensor:
 def _native_hist(x: torch.Tensor, tab: _Table, part: Partition | None = None
                  ) -> tuple[np.ndarray, np.ndarray, int, int]:
     nb = len(tab.bounds)
-    counts, zero, bad = loghist(x, tab.bounds, tab.inv_log2_gamma, tab.first, part)
+    counts, zero, bad = loghist(x, tab.bounds, tab.inv_log2_gamma, tab.first, tab.cells,
+                                tab.cell_bits, part)
     return counts[:nb], counts[nb:], zero, bad
 
 
