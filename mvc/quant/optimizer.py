@@ -176,6 +176,12 @@ def _normalize_map(param_map: Mapping) -> dict[tuple[str, int], str]:
     return out
 
 
+def zeroed_moment(m: torch.Tensor, bins: int) -> QuantizedTensor:
+    """`m` stored as zeros: every entry at the pruned level (`quantize_moment` with all of m
+    pruned), without a pass over m."""
+    return _empty_quantized(m.shape, m.dtype, m.device, bins)
+
+
 def _empty_quantized(shape: torch.Size, dtype: torch.dtype, device: torch.device, bins: int
                      ) -> QuantizedTensor:
     levels = torch.full(tuple(shape), bins, dtype=level_dtype(bins), device=device)
@@ -298,6 +304,13 @@ def quantize_second_moment(v: torch.Tensor, bins: int, *, protect: float = 0.0, 
     flat = v.detach().reshape(-1)
     if _scan(flat)[1]:
         return None
+    return _quantize_log(flat, v, bins, protect=protect, seed=seed, alpha=alpha, sigma=sigma,
+                         init=init)
+
+
+def _quantize_log(flat: torch.Tensor, v: torch.Tensor, bins: int, *, protect: float, seed: int,
+                  alpha: float, sigma: float, init: torch.Tensor | None) -> QuantizedTensor:
+    # `quantize_second_moment` once v (flat: v.reshape(-1)) is known to be non-negative.
     if flat.device.type == "cpu" and flat.dtype == torch.float32 \
             and level_dtype(bins) in (torch.uint8, torch.int16):
         # Native: log(v) of the positive entries in one pass, their levels spread back in
@@ -409,13 +422,14 @@ def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],
         domain = MOMENT_KEYS.get(parsed[2])
         if domain is None or not t.is_floating_point() or t.numel() < min_numel:
             continue
-        if _scan(t)[0]:
+        bad, neg = _scan(t)
+        if bad:
             continue  # NaN/Inf: kept exact
         if domain == "log":
-            q = quantize_second_moment(t, bins_second, protect=protect, seed=seed,
-                                       alpha=log_alpha, sigma=log_sigma, init=init.get(name))
-            if q is not None:
-                out[name] = OptQuantized(q, "log")
+            if not neg:  # one scan serves both checks (a pass over every value)
+                out[name] = OptQuantized(_quantize_log(
+                    t.detach().reshape(-1), t, bins_second, protect=protect, seed=seed,
+                    alpha=log_alpha, sigma=log_sigma, init=init.get(name)), "log")
             continue
         wname = mapping.get((parsed[0], parsed[1]), mapping.get(("*", parsed[1])))
         wq = weight_qmap.get(wname) if wname is not None else None

@@ -42,7 +42,7 @@ from mvc.codecs.base import BytesLike, tensor_codec
 from mvc.errors import InternalError, MvcError, MvcWarning, UsageError
 from mvc.progress import Progress, phase
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy, quantize_state
-from mvc.quant.optimizer import moment_ratio_bound, quantize_moment, quantize_optimizer_state
+from mvc.quant.optimizer import moment_ratio_bound, quantize_optimizer_state, zeroed_moment
 from mvc.repo import lossy
 from mvc.repo.objects import Commit, Snapshot, TensorRecord
 from mvc.repo.tensors import ChunkWriter
@@ -396,8 +396,7 @@ def compress_optimizer(tensors: Mapping[str, torch.Tensor],
         q = oq.q
         if not d <= caps[oq.domain] and oq.domain == "linear":
             t = tensors[name]
-            q = quantize_moment(t, q.bins, pruned=torch.ones(t.shape, dtype=torch.bool,
-                                                             device=t.device))
+            q = zeroed_moment(t, q.bins)
             d = moment_distortion(q, oq.domain, t)
             zeroed.append(name)
         worst[oq.domain] = max(worst.get(oq.domain, 0.0), d)
