@@ -136,7 +136,24 @@ int mvc_assign_f32_i16(const float *x, size_t n, const float *mids, int n_mids,
 int64_t mvc_gather_level_u8(const uint8_t *levels, size_t n, int level, const void *src,
                             size_t elem_size, void *out, size_t cap)
 {
-    GATHER_BODY
+    /* The gathered level (protected values) is rare: memchr's vectorized scan skips the
+     * stretches between matches instead of comparing byte by byte. */
+    if (n > 0 && (levels == NULL || src == NULL)) return -1;
+    if (elem_size == 0 || (cap > 0 && out == NULL)) return -1;
+    if (level < 0 || level > 255) return 0;
+    size_t w = 0, i = 0;
+    const unsigned char *s = (const unsigned char *)src;
+    unsigned char *o = (unsigned char *)out;
+    while (i < n) {
+        const uint8_t *hit = (const uint8_t *)memchr(levels + i, level, n - i);
+        if (hit == NULL) break;
+        i = (size_t)(hit - levels);
+        if (w == cap) return -1;
+        memcpy(o + w * elem_size, s + i * elem_size, elem_size);
+        w++;
+        i++;
+    }
+    return (int64_t)w;
 }
 
 int64_t mvc_gather_level_i16(const int16_t *levels, size_t n, int level, const void *src,
