@@ -63,9 +63,80 @@ static void count_search(const float *x, size_t n, const float *tab, unsigned pa
 }
 
 /* Shared driver for both output widths (exactly one of out8 / out16 is set). */
+/* part_class over a chunk, levels replaced by k (pruned) / k + 1 (protected); returns the
+ * protected count.  The sensitivity stream is tested once, outside the loops, so that each
+ * loop is straight-line selects the compiler vectorizes (a conditional load per element
+ * kept the per-element rule several times slower than the midpoint search itself). */
+static int64_t apply_partition(const mvc_partition_t *p, const float *x, size_t off, size_t m,
+                               int k, uint32_t *acc)
+{
+    const float pm = p->protect_mag_t, ps = p->protect_sens_t, pt = p->prune_t;
+    const uint32_t kp = (uint32_t)k, kq = (uint32_t)k + 1u;
+    uint32_t n_prot = 0;
+    /* masks, not ternaries: a select on acc[i] is control flow to the vectorizer */
+#define PART_SELECT(prot, imp)                                                         \
+    do {                                                                               \
+        const uint32_t mq = 0u - (prot);                                               \
+        const uint32_t mp = (0u - (uint32_t)((imp) <= pt)) & ~mq;                      \
+        acc[i] = (acc[i] & ~(mq | mp)) | (kq & mq) | (kp & mp);                        \
+        n_prot += (prot);                                                              \
+    } while (0)
+    if (p->sens != NULL && p->prune_on_sens) {
+        const float *sens = p->sens + off;
+        for (size_t i = 0; i < m; i++) {
+            const uint32_t prot = (uint32_t)(fabsf(x[i]) > pm) | (uint32_t)(sens[i] > ps);
+            PART_SELECT(prot, sens[i]);
+        }
+    } else if (p->sens != NULL) {
+        const float *sens = p->sens + off;
+        for (size_t i = 0; i < m; i++) {
+            const float a = fabsf(x[i]);
+            const uint32_t prot = (uint32_t)(a > pm) | (uint32_t)(sens[i] > ps);
+            PART_SELECT(prot, a);
+        }
+    } else if (p->prune_on_sens) {
+        /* without a stream, a sensitivity importance is 0 (as part_class has it) */
+        for (size_t i = 0; i < m; i++) {
+            const uint32_t prot = (uint32_t)(fabsf(x[i]) > pm);
+            PART_SELECT(prot, 0.0f);
+        }
+    } else {
+        for (size_t i = 0; i < m; i++) {
+            const float a = fabsf(x[i]);
+            const uint32_t prot = (uint32_t)(a > pm);
+            PART_SELECT(prot, a);
+        }
+    }
+#undef PART_SELECT
+    return (int64_t)n_prot;
+}
+
+/* The statistics of one chunk of assigned levels (see mvc_assign_stats_t); s holds the six
+ * running sums, added in element order as mvc_qerr_sums_* adds them. */
+static void chunk_stats(const float *x, const uint32_t *acc, size_t m, const float *table,
+                        int prot, const float *w, double *s, int64_t *counts)
+{
+    for (size_t i = 0; i < m; i++) {
+        const int lv = (int)acc[i];
+        counts[lv]++;
+        const double xv = (double)x[i];
+        const double d = (lv == prot) ? 0.0 : (double)table[lv] - xv;
+        const double dd = d * d, xx = xv * xv, ax = fabs(xv);
+        s[0] += dd;
+        s[1] += xx;
+        s[2] += ax * dd;
+        s[3] += ax * xx;
+        if (w != NULL) {
+            const double aw = fabs((double)w[i]);
+            s[4] += aw * dd;
+            s[5] += aw * xx;
+        }
+    }
+}
+
 static int assign_impl(const float *x, size_t n, const float *mids, int n_mids,
-                       const mvc_partition_t *part_in, int k, uint8_t *out8, int16_t *out16,
-                       int64_t *n_protected)
+                       const mvc_partition_t *part_in, int k, const mvc_assign_stats_t *stats,
+                       uint8_t *out8, int16_t *out16, int64_t *n_protected)
 {
     uint32_t acc[ASSIGN_CHUNK];
     /* a local copy: stores through out8/out16 cannot alias it, so it stays in registers */
@@ -75,6 +146,12 @@ static int assign_impl(const float *x, size_t n, const float *mids, int n_mids,
     int64_t protected_count = 0;
     if (n_mids < 0 || (n_mids > 0 && mids == NULL) || (n > 0 && x == NULL)) return -1;
     if (part != NULL && k < n_mids + 1) return -1;
+    if (stats != NULL) {
+        const int top = part != NULL ? k + 1 : n_mids;
+        if (stats->table == NULL || stats->sums == NULL || stats->counts == NULL
+            || stats->n_table <= top) return -1;
+    }
+    double ssum[6] = {0, 0, 0, 0, 0, 0};
     float *tab = NULL;
     unsigned pad = 1;
     const int linear = n_mids <= LINEAR_MAX_MIDS;
@@ -84,38 +161,38 @@ static int assign_impl(const float *x, size_t n, const float *mids, int n_mids,
         if (tab == NULL) return -2;
         for (unsigned j = 0; j < pad; j++) tab[j] = j < (unsigned)n_mids ? mids[j] : INFINITY;
     }
-    const uint32_t subst[3] = {0, (uint32_t)k, (uint32_t)k + 1};
     for (size_t i0 = 0; i0 < n; i0 += ASSIGN_CHUNK) {
         const size_t m = (n - i0) < ASSIGN_CHUNK ? (n - i0) : ASSIGN_CHUNK;
         if (linear) count_linear(x + i0, m, mids, n_mids, acc);
         else count_search(x + i0, m, tab, pad, acc);
-        if (part != NULL) {
-            for (size_t i = 0; i < m; i++) {
-                const unsigned c = part_class(part, x[i0 + i], i0 + i);
-                acc[i] = c ? subst[c] : acc[i];
-                protected_count += (c == 2u);
-            }
-        }
+        if (part != NULL) protected_count += apply_partition(part, x + i0, i0, m, k, acc);
+        if (stats != NULL)
+            chunk_stats(x + i0, acc, m, stats->table, stats->n_table - 1,
+                        stats->w != NULL ? stats->w + i0 : NULL, ssum, stats->counts);
         if (out8) for (size_t i = 0; i < m; i++) out8[i0 + i] = (uint8_t)acc[i];
         else for (size_t i = 0; i < m; i++) out16[i0 + i] = (int16_t)acc[i];
     }
+    if (stats != NULL)
+        for (int j = 0; j < 6; j++) stats->sums[j] += ssum[j];
     free(tab);
     if (n_protected != NULL) *n_protected += protected_count;
     return 0;
 }
 
 int mvc_assign_f32_u8(const float *x, size_t n, const float *mids, int n_mids,
-                      const mvc_partition_t *part, int k, uint8_t *out, int64_t *n_protected)
+                      const mvc_partition_t *part, int k, const mvc_assign_stats_t *stats,
+                      uint8_t *out, int64_t *n_protected)
 {
     if (n_mids > 253 || (part != NULL && k > 254) || (n > 0 && out == NULL)) return -1;
-    return assign_impl(x, n, mids, n_mids, part, k, out, NULL, n_protected);
+    return assign_impl(x, n, mids, n_mids, part, k, stats, out, NULL, n_protected);
 }
 
 int mvc_assign_f32_i16(const float *x, size_t n, const float *mids, int n_mids,
-                       const mvc_partition_t *part, int k, int16_t *out, int64_t *n_protected)
+                       const mvc_partition_t *part, int k, const mvc_assign_stats_t *stats,
+                       int16_t *out, int64_t *n_protected)
 {
     if (n_mids > 32765 || (part != NULL && k > 32766) || (n > 0 && out == NULL)) return -1;
-    return assign_impl(x, n, mids, n_mids, part, k, NULL, out, n_protected);
+    return assign_impl(x, n, mids, n_mids, part, k, stats, NULL, out, n_protected);
 }
 
 #define GATHER_BODY                                                         \

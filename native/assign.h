@@ -17,15 +17,32 @@ typedef struct {
     int prune_on_sens;
 } mvc_partition_t;
 
+/* Optional statistics of an assignment, gathered in the same pass (what the config search
+ * reads off a quantization): with l the level assigned and d = table[l] - x[i] (0 at the
+ * last table entry, the protected level), sums[0..5] += (d^2, x^2, |x| d^2, |x| x^2,
+ * |w| d^2, |w| x^2) summed in float64 in element order (the last two 0 without w), exactly
+ * as mvc_qerr_sums_* over the same elements, and counts[l]++.  n_table must exceed every
+ * level the call can assign (k + 1 with a partition, else n_mids). */
+typedef struct {
+    const float *table;
+    int n_table;
+    const float *w;
+    double *sums;
+    int64_t *counts;
+} mvc_assign_stats_t;
+
 /* out[i] = number of mids[j] strictly below x[i] (== torch.bucketize(x, mids, right=False)).
  * mids sorted ascending; n_mids <= 253 for u8, <= 32765 for i16.  With part != NULL,
  * pruned elements get level k and protected ones k + 1 instead (k <= 254 for u8,
  * <= 32766 for i16), and *n_protected (if not NULL) is increased by the number of
- * protected elements.  Returns 0, -1 on a bad argument, -2 when out of memory. */
+ * protected elements.  `stats` (may be NULL): see above.  Returns 0, -1 on a bad argument,
+ * -2 when out of memory. */
 int mvc_assign_f32_u8(const float *x, size_t n, const float *mids, int n_mids,
-                      const mvc_partition_t *part, int k, uint8_t *out, int64_t *n_protected);
+                      const mvc_partition_t *part, int k, const mvc_assign_stats_t *stats,
+                      uint8_t *out, int64_t *n_protected);
 int mvc_assign_f32_i16(const float *x, size_t n, const float *mids, int n_mids,
-                       const mvc_partition_t *part, int k, int16_t *out, int64_t *n_protected);
+                       const mvc_partition_t *part, int k, const mvc_assign_stats_t *stats,
+                       int16_t *out, int64_t *n_protected);
 
 /* Copy src[i] (elem_size bytes each) to out, in index order, for every i with
  * levels[i] == level; at most cap elements.  Returns the number copied, or -1 on a bad

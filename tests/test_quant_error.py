@@ -409,3 +409,65 @@ def test_native_clamp_moment_checks_its_buffers():
 
     assert lib.mvc_clamp_moment_f32(ffi.NULL, ffi.NULL, 3, 1.0) == -1
     assert lib.mvc_clamp_moment_f32(ffi.NULL, ffi.NULL, 0, 1.0) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,bins,protect", [(1000, 4, 0.0), (3_000_001, 32, 0.001),
+                                            (200_000, 300, 0.01)])
+def test_assignment_stats_equal_the_separate_passes(dtype, n, bins, protect):
+    """The sums and counts the assignment pass measures (AssignStats) are the very bits of
+    error_sums and level_histogram run afterwards over the same quantization."""
+    from mvc.quant import LogSketch, quantize_prepared
+    from mvc.quant._kernels import AssignStats
+    from mvc.quant.partition import thresholds
+
+    g = torch.Generator().manual_seed(n)
+    t = (torch.randn(n, generator=g) * 0.02).to(dtype)
+    w = torch.randn(n, generator=g)
+    x = t.float().contiguous()
+    sk = LogSketch.from_tensor(x, 0.01 if bins < 256 else 0.001)  # more buckets than bins
+    thr = thresholds(sk.abs(), None, prune=0.2, prune_metric="magnitude", protect=protect)
+    for weights in (w, None):
+        st = AssignStats(w=weights)
+        q = quantize_prepared(t, x, sk, None, thr, bins, stats=st)
+        assert st.sums is not None and st.counts is not None
+        assert tuple(st.sums.tolist()) == error_sums(q, t, weights)
+        assert torch.equal(torch.from_numpy(st.counts), level_histogram(q))
+
+
+def test_degenerate_input_drops_the_assignment_sums():
+    """Few distinct values: the centroids become exact level means after the assignment, so
+    the sums it measured no longer describe the result and are not handed out."""
+    from mvc.quant import LogSketch, quantize_prepared
+    from mvc.quant._kernels import AssignStats
+    from mvc.quant.partition import thresholds
+
+    x = torch.tensor([0.5, 1.5, 0.5, 1.5] * 1000)
+    sk = LogSketch.from_tensor(x, 0.01)
+    thr = thresholds(sk.abs(), None, prune=0.0, prune_metric="magnitude", protect=0.0)
+    st = AssignStats()
+    q = quantize_prepared(x, x, sk, None, thr, 4, stats=st)
+    assert st.sums is None and torch.equal(torch.from_numpy(st.counts), level_histogram(q))
+
+
+def test_native_assignment_checks_its_stats_table():
+    from mvc.native import ffi, lib
+
+    x = np.linspace(-1, 1, 16, dtype=np.float32)
+    mids = np.array([-0.5, 0.0, 0.5], dtype=np.float32)
+    out = np.zeros(16, dtype=np.uint8)
+    table = np.zeros(4, dtype=np.float32)
+    sums, counts = np.zeros(6), np.zeros(4, dtype=np.int64)
+    st = ffi.new("mvc_assign_stats_t *")
+    st.table, st.n_table = ffi.cast("const float *", table.ctypes.data), 4
+    st.sums = ffi.cast("double *", sums.ctypes.data)
+    st.counts = ffi.cast("int64_t *", counts.ctypes.data)
+    args = (ffi.cast("const float *", x.ctypes.data), 16,
+            ffi.cast("const float *", mids.ctypes.data), 3, ffi.NULL, 0)
+    op = ffi.cast("uint8_t *", out.ctypes.data)
+    assert lib.mvc_assign_f32_u8(*args, st, op, ffi.NULL) == 0
+    assert counts.tolist() == [4, 4, 4, 4] and sums[1] > 0
+    st.n_table = 3   # level 3 would be counted past the table
+    assert lib.mvc_assign_f32_u8(*args, st, op, ffi.NULL) == -1
+    st.n_table, st.table = 4, ffi.NULL
+    assert lib.mvc_assign_f32_u8(*args, st, op, ffi.NULL) == -1

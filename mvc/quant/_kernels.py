@@ -106,11 +106,28 @@ def loghist(x: torch.Tensor, bounds: np.ndarray, inv_log2_gamma: float, first: i
     return counts, sum(p[1] for p in parts), sum(p[2] for p in parts)
 
 
+@dataclass
+class AssignStats:
+    """What an assignment can measure in its own pass (native/assign.h mvc_assign_stats_t):
+    `table` (float32, one value per level, the last the protected level's) and optional
+    float32 weights `w` in; the six float64 error sums of `mvc.quant.error` and the int64
+    count of each level out, bit-equal to `qerr_sums` / `level_counts` over the levels."""
+
+    table: torch.Tensor | None = None
+    w: torch.Tensor | None = None
+    sums: np.ndarray | None = None
+    counts: np.ndarray | None = None
+
+
 def assign_into(x: torch.Tensor, mids: torch.Tensor, out: torch.Tensor,
-                part: Partition | None = None, k: int = 0) -> int:
+                part: Partition | None = None, k: int = 0,
+                stats: AssignStats | None = None) -> int:
     """Levels of contiguous float32 CPU `x` into uint8/int16 `out` (see native/assign.h).
 
-    Returns the number of protected elements (0 without a partition).
+    Returns the number of protected elements (0 without a partition).  With `stats`, its
+    sums and counts are filled in: the work is then cut into blocks sized from the length
+    alone and the blocks' sums added in order (as `qerr_sums` does), so they are the same
+    bits whatever the thread count.
     """
     ffi, lib = _lib()
     mids_c = mids.contiguous()
@@ -122,14 +139,43 @@ def assign_into(x: torch.Tensor, mids: torch.Tensor, out: torch.Tensor,
         fn, ctype = lib.mvc_assign_f32_i16, "int16_t *"
     op = ffi.cast(ctype, out.data_ptr())
     rcs: list[tuple[int, int]] = []
+    if stats is None:
+        def chunk(a: int, b: int) -> None:
+            pc = part.cdata(a) if part is not None else ffi.NULL
+            n_prot = ffi.new("int64_t *", 0)
+            rc = fn(xp + a, b - a, mp, mids_c.numel(), pc, k, ffi.NULL, op + a, n_prot)
+            rcs.append((rc, int(n_prot[0])))
 
-    def run(a: int, b: int) -> None:
-        pc = part.cdata(a) if part is not None else ffi.NULL
-        n_prot = ffi.new("int64_t *", 0)
-        rc = fn(xp + a, b - a, mp, mids_c.numel(), pc, k, op + a, n_prot)
-        rcs.append((rc, int(n_prot[0])))
+        parallel_chunks(x.numel(), chunk)
+    else:
+        if stats.table is None:
+            raise InternalError("assign_into: statistics need a table of level values")
+        n = x.numel()
+        bs = _block_size(n)
+        nblocks = max(1, -(-n // bs))
+        tab = stats.table.contiguous()
+        w = stats.w.contiguous() if stats.w is not None else None
+        n_table = tab.numel()
+        sums = np.zeros((nblocks, 6), dtype=np.float64)
+        counts = np.zeros((nblocks, n_table), dtype=np.int64)
+        tp = ffi.cast("const float *", tab.data_ptr())
+        wp = ffi.cast("const float *", w.data_ptr()) if w is not None else ffi.NULL
 
-    parallel_chunks(x.numel(), run)
+        def blocks(b0: int, b1: int) -> None:
+            for b in range(b0, b1):
+                a, e = b * bs, min(n, (b + 1) * bs)
+                st = ffi.new("mvc_assign_stats_t *")
+                st.table, st.n_table = tp, n_table
+                st.w = wp + a if w is not None else ffi.NULL
+                st.sums = ffi.cast("double *", sums.ctypes.data) + 6 * b
+                st.counts = ffi.cast("int64_t *", counts.ctypes.data) + n_table * b
+                pc = part.cdata(a) if part is not None else ffi.NULL
+                n_prot = ffi.new("int64_t *", 0)
+                rc = fn(xp + a, e - a, mp, mids_c.numel(), pc, k, st, op + a, n_prot)
+                rcs.append((rc, int(n_prot[0])))
+
+        parallel_chunks(nblocks, blocks, min_chunk=1)
+        stats.sums, stats.counts = sums.sum(0), counts.sum(0)
     if any(rc != 0 for rc, _ in rcs):  # pragma: no cover - arguments are validated by callers
         raise InternalError(f"native assignment failed with codes {rcs}")
     return sum(c for _, c in rcs)

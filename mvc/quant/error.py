@@ -18,6 +18,7 @@ import math
 import weakref
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from mvc.quant._kernels import level_counts, qerr_sums
@@ -104,11 +105,28 @@ class _SumsCache:
                 if gr is not None and gr() is g and gv == g._version:
                     return sums
         sums = error_sums(q, w, g)
-        self._map[q] = (self._tag(w), self._tag(g), sums)
+        self.put(q, w, g, sums)
         return sums
+
+    def put(self, q: QuantizedTensor, w: torch.Tensor, g: torch.Tensor | None,
+            sums: ErrorSums) -> None:
+        self._map[q] = (self._tag(w), self._tag(g), sums)
 
 
 _SUMS = _SumsCache()
+
+
+def seed_error_stats(q: QuantizedTensor, w: torch.Tensor, g: torch.Tensor | None,
+                     sums: Sequence[float] | np.ndarray | None, counts: np.ndarray | None
+                     ) -> None:
+    """Remember what the assignment pass measured for q (`AssignStats`): its error sums
+    against the tensor object `w` (weights: the object `g`, or None) and its level counts,
+    so `cached_error_sums` and `level_histogram` find them."""
+    if sums is not None:
+        s = tuple(float(v) for v in sums)
+        _SUMS.put(q, w, g, (s[0], s[1], s[2], s[3], s[4], s[5]))
+    if counts is not None:
+        _COUNTS[q] = (q.levels._version, torch.from_numpy(np.ascontiguousarray(counts, np.int64)))
 
 
 def cached_error_sums(q: QuantizedTensor, w: torch.Tensor,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mvc.quant._kernels import Partition, assign_into, dequant, gather_level
+from mvc.quant._kernels import AssignStats, Partition, assign_into, dequant, gather_level
 from mvc.quant.assign import assign, level_dtype, level_means, midpoints, native_ok
 from mvc.quant.config import check_bins
 from mvc.quant.errors import QuantConfigError, QuantizedPartsError
@@ -175,7 +175,7 @@ def _magnitude_only_keep(sketch: LogSketch, thr: Thresholds) -> LogSketch | None
 def _levels_native(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
                    sens: torch.Tensor | None, thr: Thresholds, k: int,
                    generator: torch.Generator, sigma: float,
-                   init: np.ndarray | None = None
+                   init: np.ndarray | None = None, stats: AssignStats | None = None
                    ) -> tuple[torch.Tensor, np.ndarray, LogSketch, torch.Tensor]:
     # CPU: the partition is applied inside the histogram and assignment kernels.
     part = _partition(thr, sens)
@@ -187,7 +187,13 @@ def _levels_native(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
     centres = approx_kmeans(keep, k, sigma=sigma, generator=generator, init=init)
     levels = torch.empty(x.numel(), dtype=level_dtype(k))
     mids = midpoints(torch.from_numpy(centres).to(torch.float32))
-    n_prot = assign_into(x, mids, levels, part, k)
+    if stats is not None:
+        # each level's value as the QuantizedTensor will restore it (centroids rounded to
+        # float32, then to the tensor's dtype); pruned and protected 0
+        stats.table = torch.zeros(k + 2, dtype=torch.float32)
+        stats.table[:k] = torch.from_numpy(np.asarray(centres, dtype=np.float64)).to(
+            torch.float32).to(flat.dtype).to(torch.float32)
+    n_prot = assign_into(x, mids, levels, part, k, stats)
     src = flat.contiguous()
     protected = gather_level(levels, k + 1, src, n_prot) if n_prot else flat.new_empty(0)
     return levels, centres, keep, protected
@@ -196,8 +202,9 @@ def _levels_native(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
 def _levels_torch(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
                   sens: torch.Tensor | None, thr: Thresholds, k: int,
                   generator: torch.Generator, sigma: float,
-                  init: np.ndarray | None = None
+                  init: np.ndarray | None = None, stats: AssignStats | None = None
                   ) -> tuple[torch.Tensor, np.ndarray, LogSketch, torch.Tensor]:
+    # `stats` is a native-pass extra: left unfilled here (the caller measures afterwards)
     prune_mask, protect_mask = masks(x, sens, thr)
     keep = _magnitude_only_keep(sketch, thr)
     if keep is None:
@@ -218,12 +225,16 @@ def _levels_torch(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
 def quantize_prepared(tensor: torch.Tensor, x: torch.Tensor, sketch: LogSketch,
                       sens: torch.Tensor | None, thr: Thresholds, bins: int, *,
                       seed: int = 0, sigma: float = 0.2,
-                      init: torch.Tensor | None = None) -> QuantizedTensor:
+                      init: torch.Tensor | None = None,
+                      stats: AssignStats | None = None) -> QuantizedTensor:
     """Quantize with thresholds already chosen (e.g. per layer type over many tensors).
 
     `x` is `tensor` flattened to contiguous float32, `sketch` its LogSketch, `sens` its
     sensitivity scores (required when the thresholds use sensitivity, else may be None).
     `init`: warm-start centroids (used when there are exactly `bins` of them).
+    `stats` (`AssignStats`, with optional float32 weights `w`): where the native assignment
+    runs, it also fills in the result's error sums against `x` (`mvc.quant.error`) and its
+    level counts, in the same pass; `sums` / `counts` stay None where it does not.
     """
     k = check_bins(bins)
     if thr.needs_sensitivity and sens is None:
@@ -239,12 +250,15 @@ def quantize_prepared(tensor: torch.Tensor, x: torch.Tensor, sketch: LogSketch,
     init_np = None
     if init is not None and init.numel() == k:
         init_np = init.detach().to("cpu", torch.float64).numpy()
-    levels, centres, keep, protected = run(x, flat, sketch, sens, thr, k, gen, sigma, init_np)
+    levels, centres, keep, protected = run(x, flat, sketch, sens, thr, k, gen, sigma, init_np,
+                                           stats)
     vals, _ = keep.buckets()
     if 0 < vals.size <= k:
         # Degenerate input (no more distinct buckets than centroids): bucket centres are
         # only alpha-close, the exact per-level means reproduce such tensors exactly.
         centres = np.maximum.accumulate(_exact_means(x, levels, centres))
+        if stats is not None:
+            stats.sums = None  # measured against the centres replaced here
     cen = torch.from_numpy(np.asarray(centres, dtype=np.float64)).to(torch.float32)
     return QuantizedTensor(levels.reshape(tensor.shape), cen.to(levels.device), protected,
                            tensor.dtype, k)

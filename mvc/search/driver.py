@@ -29,18 +29,10 @@ from typing import Any
 import torch
 
 from mvc.errors import InternalError
-from mvc.quant import (
-    LogSketch,
-    QuantConfig,
-    QuantizedTensor,
-    QuantPolicy,
-    quantize_prepared,
-)
-from mvc.quant.errors import NonFiniteTensorError
-from mvc.quant.error import cached_error_sums, level_histogram, relative_error
-from mvc.quant.importance import sensitivity
+from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy
+from mvc.quant.error import level_histogram
 from mvc.quant.optimizer import OPTIMIZER_STATE_PATTERNS
-from mvc.quant.partition import Thresholds, layer_type, thresholds
+from mvc.quant.partition import Thresholds
 from mvc.search.fidelity import FidelityJudge, FidelityOutputs
 from mvc.search.gate import (
     DEFAULT_CONFIDENCE,
@@ -55,6 +47,7 @@ from mvc.search.guided import MonotoneOracle, guided_search
 from mvc.search.measure import choose_judge
 from mvc.search.neighbourhood import Outcome, neighbourhood, neighbourhood_search
 from mvc.search.parallel import ParallelSearchError, Ranks, active, default_ranks
+from mvc.search.prepared import Prepared
 from mvc.search.quality import DEFAULT_EPSILON, PROXY_EPSILON, proxy_error, proxy_name
 from mvc.search.space import Point, SearchError, SearchSpace, short
 
@@ -117,56 +110,10 @@ def _json_info(info: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _finite(v) if isinstance(v, float) else v for k, v in info.items()}
 
 
-class _Prepared:
-    """Per-call shared work: which tensors, their sketches, per-layer-type merges."""
-
-    def __init__(self, tensors: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor],
-                 policy: QuantPolicy, alpha: float) -> None:
-        self.tensors = tensors
-        self.grads = grads
-        self.sketches: dict[str, LogSketch] = {}
-        self.sens_sketches: dict[str, LogSketch] = {}
-        self.groups: dict[str, list[str]] = {}
-        for name, t in tensors.items():
-            if not policy.should_quantize(name, t):
-                continue
-            try:
-                sk = LogSketch.from_tensor(t.detach().reshape(-1).to(torch.float32), alpha, name=name)
-                g = grads.get(name)
-                if g is not None:
-                    self.sens_sketches[name] = LogSketch.from_tensor(
-                        sensitivity(t, g, name=name), alpha, name=name)
-            except NonFiniteTensorError:
-                self.sens_sketches.pop(name, None)
-                continue  # NaN/Inf: kept lossless, as quantize_state(nonfinite="lossless")
-            self.sketches[name] = sk
-            self.groups.setdefault(layer_type(name, t.shape), []).append(name)
-        self.names = [n for names in self.groups.values() for n in names]
-        self.mag = {lt: LogSketch(alpha).merge(*(self.sketches[n].abs() for n in names))
-                    for lt, names in self.groups.items()}
-        self.sens = {}
-        for lt, names in self.groups.items():
-            have = [n for n in names if n in self.sens_sketches]
-            if have:
-                self.sens[lt] = LogSketch(alpha).merge(*(self.sens_sketches[n] for n in have))
-        self.has_sensitivity = bool(self.names) and all(n in self.sens_sketches for n in self.names)
-        self.embeddings = "embedding" in self.groups
-        total = sum(tensors[n].numel() for n in self.names)
-        emb = sum(tensors[n].numel() for n in self.groups.get("embedding", []))
-        self.embedding_share = emb / total if total else 0.0
-
-    def thresholds(self, config: QuantConfig, ltype: str) -> Thresholds:
-        lq = config.for_layer_type(ltype)
-        needs_sens = lq.prune > 0 and lq.prune_metric == "sensitivity"
-        sens = self.sens.get(ltype) if (lq.protect > 0 or needs_sens) else None
-        return thresholds(self.mag[ltype], sens, prune=lq.prune, prune_metric=lq.prune_metric,
-                          protect=lq.protect)
-
-
 class _Runner:
     """Runs trials: quantize (with reuse), score, log; keeps the best trials' levels."""
 
-    def __init__(self, prep: _Prepared, space: SearchSpace, evaluate: Evaluate | None,
+    def __init__(self, prep: Prepared, space: SearchSpace, evaluate: Evaluate | None,
                  epsilon: float, seed: int, init: Mapping[str, torch.Tensor] | None = None,
                  tensor_cap: float = DEFAULT_TENSOR_CAP,
                  confidence: float = DEFAULT_CONFIDENCE) -> None:
@@ -224,7 +171,6 @@ class _Runner:
             thr = p.thresholds(config, ltype)
             bins = config.for_layer_type(ltype).bins
             for name in names:
-                t = p.tensors[name]
                 has_sens = name in p.sens_sketches
                 tthr = thr
                 if not has_sens and thr.protect_sensitivity is not None:
@@ -232,16 +178,10 @@ class _Runner:
                 key = (name, bins, tthr)
                 q = reuse.get(key)
                 if q is None:
-                    sens = sensitivity(t, p.grads[name], name=name) if (
-                        tthr.needs_sensitivity and has_sens) else None
-                    x = t.detach().reshape(-1).to(torch.float32).contiguous()
-                    q = quantize_prepared(t, x, p.sketches[name], sens, tthr, bins,
-                                          seed=self.seed, sigma=config.sigma,
-                                          init=self.init.get(name))
-                    # the proxy's own pass (with its gradient) serves the guard rail too
-                    g = p.grads.get(name) if self.evaluate is None else None
-                    g = g if g is not None and g.shape == t.shape else None
-                    self._dist[key] = relative_error(cached_error_sums(q, t, g))
+                    # the proxy's own sums (with its gradient) serve the guard rail too
+                    q, self._dist[key] = p.quantize(name, bins, tthr, seed=self.seed,
+                                                    sigma=config.sigma, init=self.init.get(name),
+                                                    weigh=self.evaluate is None)
                 qmap[name] = keys[key] = q
         self._last = keys
         return qmap, keys
@@ -405,7 +345,7 @@ def _feasible(run: _Runner, metric: str, idx: tuple[int, ...]) -> bool:
     return run.trial(metric, idx).feasible
 
 
-def _metrics(space: SearchSpace, prep: _Prepared) -> list[str]:
+def _metrics(space: SearchSpace, prep: Prepared) -> list[str]:
     return [m for m in space.prune_metric if m != "sensitivity" or prep.has_sensitivity]
 
 
@@ -453,7 +393,7 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
         raise SearchError(f"confidence must be in [0.5, 1), got {confidence!r}")
     if previous is not None and not isinstance(previous, QuantConfig):
         raise SearchError(f"previous must be a QuantConfig, got {type(previous).__name__}")
-    prep = _Prepared(tensors, dict(grads or {}), policy, space.alpha)
+    prep = Prepared(tensors, dict(grads or {}), policy, space.alpha)
     run = _Runner(prep, space, evaluate, float(epsilon), seed, init, cap, float(confidence))
     par = active()
     if par is None:
@@ -490,7 +430,7 @@ def serve_trials(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | No
 
 def _serve(par: Ranks, kw: dict[str, Any], tensors: Mapping[str, torch.Tensor],
            evaluate: Evaluate | None, grads: Mapping[str, torch.Tensor] | None) -> None:
-    prep = _Prepared(tensors, dict(grads or {}), kw["policy"], kw["space"].alpha)
+    prep = Prepared(tensors, dict(grads or {}), kw["policy"], kw["space"].alpha)
     run = _Runner(prep, kw["space"], evaluate, kw["epsilon"], kw["seed"], kw["init"],
                   kw["cap"], kw["confidence"])
     while True:

@@ -1,0 +1,82 @@
+"""The search's per-call preparation: which tensors it quantizes, their value and
+sensitivity sketches and the per-layer-type merges every trial reads its thresholds off,
+and the quantization of one tensor for a trial (`Prepared.quantize`)."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from mvc.quant import LogSketch, QuantConfig, QuantizedTensor, QuantPolicy, quantize_prepared
+from mvc.quant._kernels import AssignStats
+from mvc.quant.error import cached_error_sums, relative_error, seed_error_stats
+from mvc.quant.errors import NonFiniteTensorError
+from mvc.quant.importance import sensitivity
+from mvc.quant.partition import Thresholds, layer_type, thresholds
+
+
+class Prepared:
+    """Per-search shared work: which tensors, their sketches, per-layer-type merges; and the
+    quantization of one tensor for a trial, with what the search reads off it."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor],
+                 policy: QuantPolicy, alpha: float) -> None:
+        self.tensors = tensors
+        self.grads = grads
+        self.sketches: dict[str, LogSketch] = {}
+        self.sens_sketches: dict[str, LogSketch] = {}
+        self.groups: dict[str, list[str]] = {}
+        for name, t in tensors.items():
+            if not policy.should_quantize(name, t):
+                continue
+            try:
+                sk = LogSketch.from_tensor(t.detach().reshape(-1).to(torch.float32), alpha, name=name)
+                g = grads.get(name)
+                if g is not None:
+                    self.sens_sketches[name] = LogSketch.from_tensor(
+                        sensitivity(t, g, name=name), alpha, name=name)
+            except NonFiniteTensorError:
+                self.sens_sketches.pop(name, None)
+                continue  # NaN/Inf: kept lossless, as quantize_state(nonfinite="lossless")
+            self.sketches[name] = sk
+            self.groups.setdefault(layer_type(name, t.shape), []).append(name)
+        self.names = [n for names in self.groups.values() for n in names]
+        self.mag = {lt: LogSketch(alpha).merge(*(self.sketches[n].abs() for n in names))
+                    for lt, names in self.groups.items()}
+        self.sens = {}
+        for lt, names in self.groups.items():
+            have = [n for n in names if n in self.sens_sketches]
+            if have:
+                self.sens[lt] = LogSketch(alpha).merge(*(self.sens_sketches[n] for n in have))
+        self.has_sensitivity = bool(self.names) and all(n in self.sens_sketches for n in self.names)
+        self.embeddings = "embedding" in self.groups
+        total = sum(tensors[n].numel() for n in self.names)
+        emb = sum(tensors[n].numel() for n in self.groups.get("embedding", []))
+        self.embedding_share = emb / total if total else 0.0
+
+    def thresholds(self, config: QuantConfig, ltype: str) -> Thresholds:
+        lq = config.for_layer_type(ltype)
+        needs_sens = lq.prune > 0 and lq.prune_metric == "sensitivity"
+        sens = self.sens.get(ltype) if (lq.protect > 0 or needs_sens) else None
+        return thresholds(self.mag[ltype], sens, prune=lq.prune, prune_metric=lq.prune_metric,
+                          protect=lq.protect)
+
+    def quantize(self, name: str, bins: int, thr: Thresholds, *, seed: int, sigma: float,
+                 init: torch.Tensor | None, weigh: bool) -> tuple[QuantizedTensor, float]:
+        """(quantization of tensor `name`, its relative L2 error).  The assignment pass also
+        measures the error sums and level counts (`AssignStats`) and leaves them where the
+        proxy and the bit count look them up: gradient-weighted when `weigh` (a proxy
+        search) and the tensor has a gradient of its shape."""
+        t = self.tensors[name]
+        sens = sensitivity(t, self.grads[name], name=name) if (
+            thr.needs_sensitivity and name in self.sens_sketches) else None
+        g = self.grads.get(name) if weigh else None
+        g = g if g is not None and g.shape == t.shape else None
+        stats = AssignStats(w=g.detach().reshape(-1).to(torch.float32).contiguous()
+                            if g is not None else None)
+        x = t.detach().reshape(-1).to(torch.float32).contiguous()
+        q = quantize_prepared(t, x, self.sketches[name], sens, thr, bins, seed=seed, sigma=sigma,
+                              init=init, stats=stats)
+        seed_error_stats(q, t, g, stats.sums, stats.counts)
+        return q, relative_error(cached_error_sums(q, t, g))
+
