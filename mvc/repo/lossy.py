@@ -13,6 +13,7 @@ by `mvc.repo.reader.TensorReader`.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -140,3 +141,21 @@ def choose_encoding(q: QuantizedTensor, parent: tuple[str, TensorRecord, Quantiz
     extra = {"parent": {"snapshot": psid, "name": prec.name}, "refs": [psid],
              "chain_cost": round(cost, 4)}
     return QDELTA, delta, extra, depth, base
+
+
+def encode_for_commit(q: QuantizedTensor, prec: TensorRecord | None, parent_snapshot: str | None,
+                      read_quantized: Callable[[str, TensorRecord], QuantizedTensor], *,
+                      base_every: int, delta_max_ratio: float = 1.0, chain_budget: float = 0.0
+                      ) -> TensorRecord | tuple[str, Encoded, dict[str, Any], int, Encoded]:
+    """How a commit stores `q`: the parent's record `prec` itself when q equals the parent's
+    quantization (an unchanged tensor re-commits to the identical record), else
+    `choose_encoding` against it (`prec`: the parent's record of this tensor in q's domain,
+    or None).  Thread-safe given a thread-safe `read_quantized`: commits encode tensors in
+    parallel."""
+    pinfo = None
+    if prec is not None and parent_snapshot is not None:
+        pq = read_quantized(parent_snapshot, prec)
+        if same_quantization(q, pq):
+            return prec
+        pinfo = (parent_snapshot, prec, pq)
+    return choose_encoding(q, pinfo, base_every, delta_max_ratio, chain_budget)

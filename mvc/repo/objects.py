@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import math
 import zlib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, NoReturn
 
-from mvc.errors import DataError
+from mvc.errors import DataError, UsageError
 from mvc.state.skeleton import MAX_SKELETON_DEPTH, skeleton_depth
 from mvc.store.base import InvalidIdError, check_oid
 
@@ -167,6 +168,20 @@ class Commit:
     @property
     def summary(self) -> str:
         return self.message.splitlines()[0] if self.message else ""
+
+
+def check_metrics(metrics: Mapping[str, float] | None) -> dict[str, float]:
+    """A commit's metrics as finite floats by name (`UsageError` naming the bad one)."""
+    out: dict[str, float] = {}
+    for k, v in (metrics or {}).items():
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise UsageError(f"metric {k!r} must be a number, got {v!r}") from None
+        if f != f or f in (float("inf"), float("-inf")):
+            raise UsageError(f"metric {k!r} must be finite, got {v!r}")
+        out[str(k)] = f
+    return out
 
 
 class _Checker:

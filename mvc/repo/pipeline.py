@@ -40,6 +40,7 @@ import torch
 import mvc.search
 from mvc.codecs.base import BytesLike, tensor_codec
 from mvc.errors import InternalError, MvcError, MvcWarning, UsageError
+from mvc.native.parallel import pmap
 from mvc.progress import Progress, phase
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy, quantize_state
 from mvc.quant.optimizer import moment_ratio_bound, quantize_optimizer_state, zeroed_moment
@@ -494,6 +495,20 @@ def _write_all(plan: CommitPlan, todo: list[str], writer: ChunkWriter, read_quan
     s = plan.settings
     exact, raw = tensor_codec(s.lossless_codec), tensor_codec("raw/1")
     parent = plan.parent
+
+    def encode(name: str) -> TensorRecord | tuple:
+        prec = parent.records.get(name)
+        if prec is not None and prec.meta.get("domain", "linear") != plan.domains.get(name, "linear"):
+            prec = None
+        return lossy.encode_for_commit(plan.quantized[name], prec, parent.snapshot, read_quantized,
+                                       base_every=s.base_every, delta_max_ratio=s.delta_max_ratio,
+                                       chain_budget=s.chain_budget)
+
+    # The quantized tensors encode on the pool, one per thread, biggest first (their encoded
+    # bytes are small); chunks are then stored in plan order.
+    quant = sorted((n for n in todo if n in plan.quantized),
+                   key=lambda n: -plan.quantized[n].levels.numel())
+    encoded = dict(zip(quant, pmap(encode, quant)))
     records: list[TensorRecord] = []
     for name in _reported(todo, plan.tensors, progress):
         t = plan.tensors[name]
@@ -502,20 +517,12 @@ def _write_all(plan: CommitPlan, todo: list[str], writer: ChunkWriter, read_quan
             small = t.numel() * t.element_size() < s.raw_below
             records.append(writer.write(t, raw if small else exact, name))
             continue
+        got = encoded.pop(name)
+        if isinstance(got, TensorRecord):
+            records.append(got)   # unchanged since the parent: its record (and chunks) as is
+            continue
+        cname, enc, extra, depth, base = got
         domain = plan.domains.get(name, "linear")
-        prec = parent.records.get(name)
-        pinfo = None
-        if (prec is not None and parent.snapshot is not None
-                and prec.meta.get("domain", "linear") == domain):
-            pq = read_quantized(parent.snapshot, prec)
-            if lossy.same_quantization(q, pq):
-                # Unchanged since the parent: reuse its record (and chunks) as is,
-                # so an unchanged checkpoint re-commits to an identical snapshot.
-                records.append(prec)
-                continue
-            pinfo = (parent.snapshot, prec, pq)
-        cname, enc, extra, depth, base = lossy.choose_encoding(
-            q, pinfo, s.base_every, s.delta_max_ratio, s.chain_budget)
         if domain != "linear":
             extra = dict(extra, domain=domain)
         if name in plan.moments:
@@ -528,20 +535,6 @@ def _write_all(plan: CommitPlan, todo: list[str], writer: ChunkWriter, read_quan
 
 
 # ---------------------------------------------------------------------------- publish
-
-def check_metrics(metrics: Mapping[str, float] | None) -> dict[str, float]:
-    """A commit's metrics as finite floats by name (`UsageError` naming the bad one)."""
-    out: dict[str, float] = {}
-    for k, v in (metrics or {}).items():
-        try:
-            f = float(v)
-        except (TypeError, ValueError):
-            raise UsageError(f"metric {k!r} must be a number, got {v!r}") from None
-        if f != f or f in (float("inf"), float("-inf")):
-            raise UsageError(f"metric {k!r} must be finite, got {v!r}")
-        out[str(k)] = f
-    return out
-
 
 @dataclass(frozen=True)
 class CommitInfo:
