@@ -91,6 +91,7 @@ from mvc.quant.error import error_sums, table_error_sums
 from mvc.quant.errors import QuantError
 from mvc.quant.partition import check_fraction
 from mvc.quant.tensor import QuantizedTensor, quantize
+from mvc.native.parallel import pmap
 
 Domain = Literal["linear", "log"]
 DOMAINS = ("linear", "log")
@@ -414,7 +415,7 @@ def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],
     weight_qmap = weight_qmap or {}
     init = init or {}
     mapping = _normalize_map(param_map) if param_map is not None else infer_param_map(tensors)
-    out: dict[str, OptQuantized] = {}
+    jobs: list[tuple[str, torch.Tensor, str, QuantizedTensor | None]] = []
     for name, t in tensors.items():
         parsed = parse_state_name(name)
         if parsed is None:
@@ -422,19 +423,26 @@ def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],
         domain = MOMENT_KEYS.get(parsed[2])
         if domain is None or not t.is_floating_point() or t.numel() < min_numel:
             continue
+        wq = None
+        if domain == "linear":
+            wname = mapping.get((parsed[0], parsed[1]), mapping.get(("*", parsed[1])))
+            wq = weight_qmap.get(wname) if wname is not None else None
+            if wq is not None and tuple(wq.shape) != tuple(t.shape):
+                wq = None
+        jobs.append((name, t, domain, wq))
+
+    def one(job: tuple[str, torch.Tensor, str, QuantizedTensor | None]) -> OptQuantized | None:
+        name, t, domain, wq = job
         bad, neg = _scan(t)
         if bad:
-            continue  # NaN/Inf: kept exact
+            return None  # NaN/Inf: kept exact
         if domain == "log":
-            if not neg:  # one scan serves both checks (a pass over every value)
-                out[name] = OptQuantized(_quantize_log(
-                    t.detach().reshape(-1), t, bins_second, protect=protect, seed=seed,
-                    alpha=log_alpha, sigma=log_sigma, init=init.get(name)), "log")
-            continue
-        wname = mapping.get((parsed[0], parsed[1]), mapping.get(("*", parsed[1])))
-        wq = weight_qmap.get(wname) if wname is not None else None
-        if wq is not None and tuple(wq.shape) != tuple(t.shape):
-            wq = None
+            if neg:
+                return None
+            # one scan serves both checks (a pass over every value)
+            return OptQuantized(_quantize_log(
+                t.detach().reshape(-1), t, bins_second, protect=protect, seed=seed,
+                alpha=log_alpha, sigma=log_sigma, init=init.get(name)), "log")
         if _native_moment(t, wq, bins_moment):
             q = _quantize_moment_native(t, wq, bins_moment, prune=prune_moment, protect=protect,
                                         seed=seed, alpha=alpha, sigma=sigma, init=init.get(name))
@@ -443,5 +451,11 @@ def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],
             q = quantize_moment(t, bins_moment, pruned=pruned, prune=prune_moment,
                                 protect=protect, seed=seed, alpha=alpha, sigma=sigma,
                                 init=init.get(name))
-        out[name] = OptQuantized(q, "linear")
-    return out
+        return OptQuantized(q, "linear")
+
+    # One moment per pool thread, biggest first: a moment's own passes parallelize poorly
+    # (k-means, masks and small tensors between the native loops).  Each result depends on
+    # its tensor alone (seeded k-means, sums in fixed blocks), not on the scheduling.
+    jobs.sort(key=lambda j: -j[1].numel())
+    done = {j[0]: r for j, r in zip(jobs, pmap(one, jobs)) if r is not None}
+    return {name: done[name] for name in tensors if name in done}

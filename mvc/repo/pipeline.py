@@ -253,8 +253,10 @@ def parent_centroids(parent: ParentInfo, read_quantized: ReadQuantized) -> dict[
     """The parent's centroids by tensor name: warm starts keep levels (and deltas) stable."""
     if parent.snapshot is None:
         return {}
-    return {name: read_quantized(parent.snapshot, rec).centroids
-            for name, rec in parent.records.items()}
+    snap, recs = parent.snapshot, list(parent.records.items())
+    # one tensor per pool thread: a parent's levels decode (or load from the level cache) apiece
+    got = pmap(lambda item: read_quantized(snap, item[1]).centroids, recs)
+    return {name: c for (name, _), c in zip(recs, got)}
 
 
 def quantize_fixed(tensors: Mapping[str, torch.Tensor], config: QuantConfig | None,
@@ -392,8 +394,12 @@ def compress_optimizer(tensors: Mapping[str, torch.Tensor],
     worst: dict[str, float] = {}
     exact: list[str] = []
     zeroed: list[str] = []
-    for name, oq in quantize_optimizer_state(tensors, qmap, init=init).items():
-        d = moment_distortion(oq.q, oq.domain, tensors[name])
+    moments = quantize_optimizer_state(tensors, qmap, init=init)
+    # measured one moment per pool thread (a pass each; results do not depend on the split)
+    dist = dict(zip(moments, pmap(lambda n: moment_distortion(moments[n].q, moments[n].domain,
+                                                               tensors[n]), list(moments))))
+    for name, oq in moments.items():
+        d = dist[name]
         q = oq.q
         if not d <= caps[oq.domain] and oq.domain == "linear":
             t = tensors[name]
@@ -423,16 +429,10 @@ def moment_bounds(tensors: Mapping[str, torch.Tensor], domains: Mapping[str, str
                   ) -> dict[str, dict]:
     """Extra record meta for compressed first moments: their second-moment partner and
     the largest |m| / sqrt(v) of the exact state, so restore can keep Adam's step bounded."""
-    out = {}
-    for name, domain in domains.items():
-        partner = name + "_sq"
-        if domain != "linear" or not name.endswith("exp_avg") or partner not in tensors:
-            continue
-        m, v = tensors[name], tensors[partner]
-        if m.shape != v.shape:
-            continue
-        out[name] = {"partner": partner, "ratio_bound": moment_ratio_bound(m, v)}
-    return out
+    pairs = [n for n, domain in domains.items() if domain == "linear" and n.endswith("exp_avg")
+             and n + "_sq" in tensors and tensors[n].shape == tensors[n + "_sq"].shape]
+    bounds = pmap(lambda n: moment_ratio_bound(tensors[n], tensors[n + "_sq"]), pairs)
+    return {n: {"partner": n + "_sq", "ratio_bound": b} for n, b in zip(pairs, bounds)}
 
 
 def _default_policy() -> QuantPolicy:
