@@ -10,8 +10,10 @@ each measurement in its own child process (so its peak RSS is its own):
     torch.load        that file (warm page cache)
     first commit      repo.commit(state, epsilon=0.05) into a new repository (search, proxy)
     next commit       the second checkpoint on top (neighbourhood search, deltas)
-    lossless commit   repo.commit(state, lossless=True) into another repository,
-                      against ZipNN compressing the same tensors (its ratio and time)
+    lossless commit   repo.commit(state, lossless=True) into another repository (durable:
+                      LMDB with fsync), against ZipNN compressing the same tensors in
+                      memory (its ratio and time); and mvc's lossless codec alone in
+                      memory, ZipNN's like for like
     checkout HEAD     repo.read_state("HEAD") (the level cache the commit left)
     checkout worst    the deepest commit under the default chain policy, with the
                       level cache off (the delta chain is walked from its base)
@@ -223,7 +225,7 @@ def child(task: dict) -> dict:
     kind, device, work = task["kind"], task["device"], task["dir"]
     out: dict[str, Any] = {}
     state = None
-    if kind in ("save", "commit_first", "commit_next", "commit_lossless", "zipnn"):
+    if kind in ("save", "commit_first", "commit_next", "commit_lossless", "zipnn", "encode"):
         state = _load(task["ckpt"], device)
         _sync(device)
     # mvc imports its tensor side on first use; a module import is not the work measured (the
@@ -267,6 +269,12 @@ def child(task: dict) -> dict:
         copies = [t.detach().cpu().clone() for t in tensors]  # compress() mutates its input
         t0 = time.perf_counter()
         out["stored"] = sum(len(z.compress(t)) for t in copies)
+    elif kind == "encode":
+        # the lossless codec alone, in memory: what ZipNN's compress does (no store, no fsync)
+        from mvc.codecs.base import tensor_codec
+
+        codec = tensor_codec("lossless/1")
+        out["stored"] = sum(sum(len(p) for p in codec.encode(t).parts) for t in _leaves(state))
     elif kind == "checkout":
         repo = Repo(os.path.join(work, task["repo"]))
         try:
@@ -352,6 +360,7 @@ def main(argv: list[str] | None = None) -> dict:
                                       "step": args.steps + args.gap, **common})
         r["lossless commit"] = run_child({"kind": "commit_lossless", "ckpt": paths[0],
                                           "repo": "repo-lossless", **common})
+        r["lossless encode"] = run_child({"kind": "encode", "ckpt": paths[0], **common})
         try:
             r["zipnn compress"] = run_child({"kind": "zipnn", "ckpt": paths[0], **common})
         except RuntimeError as exc:  # bench extra not installed
@@ -380,6 +389,7 @@ def ratios(r: dict, nbytes: int) -> dict[str, float | None]:
         "first commit / torch.save": r["first commit"]["seconds"] / save,
         "next commit / torch.save": r["next commit"]["seconds"] / save,
         "lossless commit / zipnn": (r["lossless commit"]["seconds"] / z["seconds"]) if z else None,
+        "lossless encode / zipnn": (r["lossless encode"]["seconds"] / z["seconds"]) if z else None,
         "lossless ratio": nbytes / r["lossless commit"]["stored"],
         "zipnn ratio": (nbytes / z["stored"]) if z else None,
         "checkout HEAD / torch.load": r["checkout HEAD"]["seconds"] / load,
@@ -420,7 +430,9 @@ def table(rep: dict) -> str:
              f"{r['next commit']['seconds'] / save:.2f}x torch.save"),
             ("lossless commit", r["lossless commit"],
              f"{q['lossless commit / zipnn']:.2f}x ZipNN" if z else "-"),
-            ("ZipNN compress", z, "1x") if z else None,
+            ("lossless encode only (in memory, no store)", r["lossless encode"],
+             f"{q['lossless encode / zipnn']:.2f}x ZipNN" if z else "-"),
+            ("ZipNN compress (in memory)", z, "1x") if z else None,
             ("checkout HEAD", r["checkout HEAD"], f"{r['checkout HEAD']['seconds'] / load:.2f}x torch.load"),
             (f"checkout worst ({r['checkout worst']['of']}, depth "
              f"{r[r['checkout worst']['of']]['chain_depth']}, no level cache)", r["checkout worst"],
