@@ -99,20 +99,3 @@ int64_t mvc_expand_moment_i16(const float *m, size_t n, const void *wlev, int ws
 {
     EXPAND_MOMENT_BODY
 }
-
-int mvc_clamp_moment_f32(float *m, const float *v, size_t n, float bound)
-{
-    if (n > 0 && (m == NULL || v == NULL)) return -1;
-    for (size_t i = 0; i < n; i++) {
-        const float vi = v[i];
-        /* float32 product of the correctly rounded sqrt and the float32 bound: what torch's
-         * v.clamp_min(0).sqrt_().mul_(bound) gives */
-        const float lim = (vi != vi) ? vi : sqrtf(vi > 0.0f ? vi : 0.0f) * bound;
-        float r = m[i];
-        if (lim != lim) { m[i] = lim; continue; }
-        r = (r > lim) ? lim : r;
-        r = (r < -lim) ? -lim : r;
-        m[i] = r;
-    }
-    return 0;
-}

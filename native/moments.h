@@ -32,8 +32,4 @@ int64_t mvc_expand_moment_u8(const float *m, size_t n, const void *wlev, int wsi
 int64_t mvc_expand_moment_i16(const float *m, size_t n, const void *wlev, int wsize,
                               int wpruned, const int16_t *sub, size_t n_sub, int16_t fill,
                               int16_t *out);
-/* Adam first moment bound, in place: lim = sqrtf(max(v[i], 0)) * bound (float32, NaN v gives a
- * NaN lim), then m[i] = min(m[i], lim), then m[i] = max(m[i], -lim) (a NaN lim gives NaN).
- * Returns 0, or -1 on a bad argument. */
-int mvc_clamp_moment_f32(float *m, const float *v, size_t n, float bound);
 #endif

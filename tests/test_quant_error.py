@@ -27,7 +27,6 @@ from mvc.quant.error import error_sums, level_histogram, level_table
 from mvc.quant.optimizer import (
     LOG_SIGMA,
     _quantize_moment_native,
-    bound_moment_,
     moment_ratio_bound,
     quantize_moment,
     quantize_second_moment,
@@ -340,48 +339,6 @@ def test_compact_moment_counts_and_order():
         expand_moment(m, None, -1, spans, torch.zeros(3, dtype=torch.uint8), 9)
 
 
-def _bound_ref(m: torch.Tensor, v: torch.Tensor, bound: float) -> torch.Tensor:
-    """The bound: min, then max, NaN limits propagate; the limit from a correctly rounded
-    float32 sqrt (torch's own float32 sqrt is not: sqrt(52.25f) is one ulp above) times the
-    float32 bound."""
-    limit = v.double().clamp_min(0).sqrt().float() * float(np.float32(bound))
-    return torch.maximum(torch.minimum(m, limit), -limit)
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.floats(-1e3, 1e3, width=32), st.floats(-1.0, 1e3, width=32)),
-                min_size=0, max_size=300),
-       st.floats(0.0, 50.0, width=32))
-def test_bound_moment_matches_torch(pairs, bound):
-    m = torch.tensor([p[0] for p in pairs], dtype=torch.float32)
-    v = torch.tensor([p[1] for p in pairs], dtype=torch.float32)
-    ref = _bound_ref(m, v, bound)
-    got = bound_moment_(m.clone(), v, bound)
-    # equal as values (+0.0 == -0.0: torch's own sign of a clamped zero depends on its split)
-    assert torch.equal(got, ref)
-
-
-def test_bound_moment_edge_values_and_fallback():
-    nan, inf = float("nan"), float("inf")
-    m = torch.tensor([1.0, -1.0, 0.5, 2.0, -3.0, 7.0, nan, 1e-30])
-    v = torch.tensor([0.0, 0.0, nan, inf, -4.0, 4.0, 1.0, 1e-40])
-    got = bound_moment_(m.clone(), v, 2.0)
-    assert got[:2].tolist() == [0.0, 0.0] and math.isnan(got[2]) and got[3] == 2.0
-    assert got[4] == 0.0 and got[5] == 4.0 and math.isnan(got[6])
-    # zeros keep a deterministic sign: +0 from above, -0 from below
-    assert math.copysign(1.0, got[0]) == 1.0 and math.copysign(1.0, got[1]) == -1.0
-    # a large tensor runs split over the pool: the same as one pass
-    g = torch.Generator().manual_seed(3)
-    big_m = torch.randn(1_500_001, generator=g)
-    big_v = torch.rand(1_500_001, generator=g) * 0.01
-    assert torch.equal(bound_moment_(big_m.clone(), big_v, 3.0), _bound_ref(big_m, big_v, 3.0))
-    # bf16 (no native kernel): torch's clamp, limit rounded to m's dtype
-    mb = big_m[:1000].to(torch.bfloat16)
-    limit = big_v[:1000].clamp_min(0).sqrt_().mul_(3.0).to(torch.bfloat16)
-    assert torch.equal(bound_moment_(mb.clone(), big_v[:1000], 3.0),
-                       torch.clamp(mb, min=-limit, max=limit))
-
-
 def test_level_census_flags_levels_out_of_range():
     lv = torch.tensor([0, 1, 1, 5, 2] * 100_000, dtype=torch.uint8)
     assert level_census(lv, 6).tolist() == [100_000, 200_000, 100_000, 0, 0, 100_000]
@@ -402,13 +359,6 @@ def test_cuda_sums_and_bound_match_the_cpu():
     assert moment_ratio_bound(x.cuda(), v.cuda()) == pytest.approx(moment_ratio_bound(x, v), rel=3e-7)
     value, _ = proxy_error({"w": x.cuda()}, {"w": qc}, None)
     assert value == pytest.approx(proxy_error({"w": x}, {"w": q}, None)[0], rel=1e-9)
-
-
-def test_native_clamp_moment_checks_its_buffers():
-    from mvc.native import ffi, lib
-
-    assert lib.mvc_clamp_moment_f32(ffi.NULL, ffi.NULL, 3, 1.0) == -1
-    assert lib.mvc_clamp_moment_f32(ffi.NULL, ffi.NULL, 0, 1.0) == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

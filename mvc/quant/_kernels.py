@@ -405,23 +405,6 @@ def log_positive(v: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def clamp_moment_(m: torch.Tensor, v: torch.Tensor, bound: float) -> None:
-    """m = clamp(m, -lim, lim) in place, lim = sqrt(max(v, 0)) * float32(bound), for contiguous
-    CPU float32 `m` and `v` of one element count (native/moments.h)."""
-    ffi, lib = _lib()
-    if m.numel() != v.numel():
-        raise InternalError("clamp_moment_: m and v differ in size")
-    mp = ffi.cast("float *", m.data_ptr())
-    vp = ffi.cast("const float *", v.data_ptr())
-    b = float(np.float32(bound))
-
-    def run(a: int, e: int) -> None:
-        if lib.mvc_clamp_moment_f32(mp + a, vp + a, e - a, b) != 0:  # pragma: no cover
-            raise InternalError("mvc_clamp_moment_f32 rejected its arguments")
-
-    parallel_chunks(m.numel(), run)
-
-
 def expand_positive(v: torch.Tensor, sub: torch.Tensor, fill: int) -> torch.Tensor:
     """Levels of v's shape (flat): `sub`'s entries, in order, where v > 0, else `fill`.
     Contiguous CPU float32 `v`; uint8/int16 `sub` holding one entry per positive."""

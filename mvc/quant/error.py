@@ -139,8 +139,8 @@ def cached_error_sums(q: QuantizedTensor, w: torch.Tensor,
 
 
 def relative_error(s: Sequence[float]) -> float:
-    """||dequantize(q) - x|| / ||x|| from q's error sums (the first two suffice): 0 for an all-zero x restored as
-    zeros, inf when an all-zero x is not."""
+    """||dequantize(q) - x|| / ||x|| from q's error sums (the first two suffice): 0 for an
+    all-zero x restored as zeros, inf when an all-zero x is not."""
     n, r = s[0], s[1]
     if r <= 0.0:
         return 0.0 if n == 0.0 else math.inf

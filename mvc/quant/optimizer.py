@@ -76,7 +76,6 @@ import torch
 
 from mvc.errors import UsageError
 from mvc.quant._kernels import (
-    clamp_moment_,
     compact_moment,
     expand_moment,
     expand_positive,
@@ -231,19 +230,6 @@ def moment_ratio_bound(m: torch.Tensor, v: torch.Tensor) -> float:
         return ratio_max(mf.contiguous(), vf.contiguous())
     pos = vf > 0
     return float((mf[pos].abs() / vf[pos].sqrt()).max()) if bool(pos.any()) else 0.0
-
-
-def bound_moment_(m: torch.Tensor, v: torch.Tensor, ratio_bound: float) -> torch.Tensor:
-    """Clamp a restored first moment to |m| <= ratio_bound * sqrt(v), in place (returns m):
-    Adam's step m / sqrt(v) stays within what the exact state had (`moment_ratio_bound`).
-    lim = sqrt(max(v, 0)) * ratio_bound in float32, rounded to m's dtype; one native pass for
-    CPU float32 (deterministic, also for the sign of a zero), torch elsewhere."""
-    if (m.device.type == "cpu" and v.device.type == "cpu" and m.dtype == torch.float32
-            and v.dtype == torch.float32 and m.is_contiguous() and v.is_contiguous()):
-        clamp_moment_(m, v, ratio_bound)
-        return m
-    limit = v.float().clamp_min(0).sqrt_().mul_(float(ratio_bound)).to(m.dtype)
-    return torch.clamp(m, min=-limit, max=limit, out=m)
 
 
 def quantize_moment(m: torch.Tensor, bins: int, *, pruned: torch.Tensor | None = None,
