@@ -371,3 +371,29 @@ def test_step_cost_counts_changed_levels_up_to_one_pass():
     few = [1] * int(n * DENSE_SHARE / 4) + [0] * (n - int(n * DENSE_SHARE / 4))
     assert step_cost(q(few), q(base)) == pytest.approx(0.25)
     assert step_cost(q([2] * n), q(base)) == 1.0
+
+
+def test_first_moment_bound_in_chunks_restores_the_one_shot_bits():
+    """The reader bounds a restored Adam first moment chunk by chunk (no two copies of the
+    moment for its limits); the bits must be those of the one-shot torch form every earlier
+    version restored, binding entries, zeros and a ragged tail included."""
+    from types import SimpleNamespace
+
+    from mvc.repo.reader import _CLAMP_CHUNK, _bound_first_moment
+
+    g = torch.Generator().manual_seed(5)
+    n = 2 * _CLAMP_CHUNK + 4099   # a ragged tail; divisible by 3 for the 2-D case
+    v = torch.rand(n, generator=g) * 1e-6
+    v[torch.rand(n, generator=g) < 0.2] = 0.0
+    v[::97] = 52.25
+    m = torch.randn(n, generator=g) * 1e-3
+    for shape in ((n,), (3, n // 3)):
+        mm, vv = m.reshape(shape), v.reshape(shape)
+        ref = mm.clone()
+        limit = vv.float().clamp_min(0).sqrt_().mul_(3.7).to(ref.dtype)
+        torch.clamp(ref, min=-limit, max=limit, out=ref)
+        got = mm.clone()
+        rec = SimpleNamespace(name="m", meta={"moment": {"partner": "v", "ratio_bound": 3.7}})
+        _bound_first_moment(rec, got, {"v": vv})
+        assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
+        assert (ref != m.reshape(shape)).any()  # the bound binds somewhere
