@@ -44,6 +44,10 @@ from mvc.native import huffman, rle
 from mvc.native.status import NativeDecodeError
 from mvc.quant import QuantizedTensor, level_dtype
 from mvc.quant._kernels import level_census
+from mvc.quant.error import checked_level_histogram
+
+#: Level dtypes whose counts `mvc.quant.error` keeps per quantization.
+_COUNTED = (torch.uint8, torch.int16)
 
 __all__ = [
     "QBASE", "QDELTA",
@@ -146,7 +150,14 @@ def _quant_parts(q: Any) -> tuple[np.ndarray, int, np.ndarray, torch.Tensor, int
     if not 1 <= k <= MAX_LEVELS - 2:
         raise QuantInputError(f"bins must be in [1, {MAX_LEVELS - 2}], got {k}")
     levels = _levels_np(q.levels, k + 2, "levels", check=False)
-    counts = _census(levels, k + 2)
+    if isinstance(q, QuantizedTensor) and q.levels.dtype in _COUNTED \
+            and q.levels.device.type == "cpu":
+        # q's level counts as the search left them, or counted once and kept for q (a base and
+        # a delta encoding of one quantization share the pass); range checked either way
+        hist = checked_level_histogram(q)
+        counts = hist.numpy() if hist is not None else None
+    else:
+        counts = _census(levels, k + 2)
     if counts is None:
         raise QuantInputError(f"levels hold values outside [0, {k + 2}): "
                               f"min {int(levels.min())}, max {int(levels.max())}")

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from mvc.quant._kernels import level_counts, qerr_sums
+from mvc.errors import InternalError
+from mvc.quant._kernels import level_census, qerr_sums
 from mvc.quant.assign import native_ok
 from mvc.quant.tensor import QuantizedTensor
 
@@ -154,13 +155,27 @@ _COUNTS: weakref.WeakKeyDictionary[QuantizedTensor, tuple[int, torch.Tensor]] = 
 def level_histogram(q: QuantizedTensor) -> torch.Tensor:
     """int64 count of each of q's `n_levels` levels (on the CPU for CPU levels), remembered
     for q while it lives: the search asks once per trial for every quantization it keeps."""
+    counts = checked_level_histogram(q)
+    if counts is None:
+        raise InternalError(f"a level outside [0, {q.n_levels})")
+    return counts
+
+
+def checked_level_histogram(q: QuantizedTensor) -> torch.Tensor | None:
+    """`level_histogram`, or None when a level lies outside [0, n_levels) (levels handed in
+    from outside, e.g. to an encoder, which names the problem itself)."""
     hit = _COUNTS.get(q)
     if hit is not None and hit[0] == q.levels._version:
         return hit[1]
     lv = q.levels.reshape(-1)
     if native_ok(lv, lv.dtype):
-        counts = level_counts(lv.contiguous(), q.n_levels)
+        counts = level_census(lv.contiguous(), q.n_levels)
     else:
-        counts = torch.bincount(lv.to(torch.int64), minlength=q.n_levels)
+        li = lv.to(torch.int64)
+        if li.numel() and (int(li.min()) < 0 or int(li.max()) >= q.n_levels):
+            return None
+        counts = torch.bincount(li, minlength=q.n_levels)
+    if counts is None:
+        return None
     _COUNTS[q] = (q.levels._version, counts)
     return counts
