@@ -368,7 +368,7 @@ def test_assignment_stats_equal_the_separate_passes(dtype, n, bins, protect):
     """The sums and counts the assignment pass measures (AssignStats) are the very bits of
     error_sums and level_histogram run afterwards over the same quantization."""
     from mvc.quant import LogSketch, quantize_prepared
-    from mvc.quant._kernels import AssignStats
+    from mvc.quant import AssignStats
     from mvc.quant.partition import thresholds
 
     g = torch.Generator().manual_seed(n)
@@ -389,7 +389,7 @@ def test_degenerate_input_drops_the_assignment_sums():
     """Few distinct values: the centroids become exact level means after the assignment, so
     the sums it measured no longer describe the result and are not handed out."""
     from mvc.quant import LogSketch, quantize_prepared
-    from mvc.quant._kernels import AssignStats
+    from mvc.quant import AssignStats
     from mvc.quant.partition import thresholds
 
     x = torch.tensor([0.5, 1.5, 0.5, 1.5] * 1000)

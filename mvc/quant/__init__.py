@@ -11,6 +11,7 @@ NaN/Inf policy: tensors holding NaN or +-Inf are never binned; `quantize` raises
 `NonFiniteTensorError` naming the tensor, and the repository keeps such a tensor
 lossless or refuses it (`quantize_state(..., nonfinite="lossless")` maps it to None).
 """
+from mvc.quant._kernels import AssignStats
 from mvc.quant.assign import assign, level_dtype
 from mvc.quant.config import LayerQuant, QuantConfig, QuantPolicy
 from mvc.quant.errors import (NonFiniteTensorError, QuantConfigError, QuantError,
@@ -23,7 +24,7 @@ from mvc.quant.state import dequantize_state, quantize_state
 from mvc.quant.tensor import QuantizedTensor, quantize, quantize_prepared
 
 __all__ = [
-    "LAYER_TYPES", "LayerQuant", "LogSketch", "NonFiniteTensorError", "QuantConfig",
+    "AssignStats", "LAYER_TYPES", "LayerQuant", "LogSketch", "NonFiniteTensorError", "QuantConfig",
     "QuantConfigError", "QuantError", "QuantPolicy", "QuantStateError", "QuantizedPartsError",
     "QuantizedTensor", "Thresholds", "approx_kmeans", "assign", "dequantize_state",
     "layer_type", "level_dtype", "magnitude", "masks", "quantize", "quantize_prepared",

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 
 import torch
 
-from mvc.quant import LogSketch, QuantConfig, QuantizedTensor, QuantPolicy, quantize_prepared
-from mvc.quant._kernels import AssignStats
+from mvc.quant import (AssignStats, LogSketch, QuantConfig, QuantizedTensor, QuantPolicy,
+                       quantize_prepared)
 from mvc.quant.error import cached_error_sums, relative_error, seed_error_stats
 from mvc.quant.errors import NonFiniteTensorError
 from mvc.quant.importance import sensitivity
