@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "internal/qerr_sum.h"
+
 #define ASSIGN_CHUNK 512
 #define LINEAR_MAX_MIDS 16
 #define SEARCH_MAX_PAD 32768
@@ -111,27 +113,18 @@ static int64_t apply_partition(const mvc_partition_t *p, const float *x, size_t 
     return (int64_t)n_prot;
 }
 
-/* The statistics of one chunk of assigned levels (see mvc_assign_stats_t); s holds the six
- * running sums, added in element order as mvc_qerr_sums_* adds them. */
-static void chunk_stats(const float *x, const uint32_t *acc, size_t m, const float *table,
-                        int prot, const float *w, double *s, int64_t *counts)
+/* The statistics of one chunk of assigned levels (see mvc_assign_stats_t), added to `acc`
+ * in element order, as mvc_qerr_sums_* adds them (internal/qerr_sum.h). */
+static void chunk_stats(const float *x, const uint32_t *acc_levels, size_t m, const float *table,
+                        int prot, const float *w, qerr_acc *acc, int64_t *counts)
 {
+    qerr_acc a = *acc; /* a local copy: the count stores cannot alias it (registers) */
     for (size_t i = 0; i < m; i++) {
-        const int lv = (int)acc[i];
+        const int lv = (int)acc_levels[i];
         counts[lv]++;
-        const double xv = (double)x[i];
-        const double d = (lv == prot) ? 0.0 : (double)table[lv] - xv;
-        const double dd = d * d, xx = xv * xv, ax = fabs(xv);
-        s[0] += dd;
-        s[1] += xx;
-        s[2] += ax * dd;
-        s[3] += ax * xx;
-        if (w != NULL) {
-            const double aw = fabs((double)w[i]);
-            s[4] += aw * dd;
-            s[5] += aw * xx;
-        }
+        qerr_add(&a, lv, x[i], table, prot, w != NULL ? w + i : NULL);
     }
+    *acc = a;
 }
 
 static int assign_impl(const float *x, size_t n, const float *mids, int n_mids,
@@ -151,7 +144,7 @@ static int assign_impl(const float *x, size_t n, const float *mids, int n_mids,
         if (stats->table == NULL || stats->sums == NULL || stats->counts == NULL
             || stats->n_table <= top) return -1;
     }
-    double ssum[6] = {0, 0, 0, 0, 0, 0};
+    qerr_acc ssum = {0, 0, 0, 0, 0, 0};
     float *tab = NULL;
     unsigned pad = 1;
     const int linear = n_mids <= LINEAR_MAX_MIDS;
@@ -168,12 +161,11 @@ static int assign_impl(const float *x, size_t n, const float *mids, int n_mids,
         if (part != NULL) protected_count += apply_partition(part, x + i0, i0, m, k, acc);
         if (stats != NULL)
             chunk_stats(x + i0, acc, m, stats->table, stats->n_table - 1,
-                        stats->w != NULL ? stats->w + i0 : NULL, ssum, stats->counts);
+                        stats->w != NULL ? stats->w + i0 : NULL, &ssum, stats->counts);
         if (out8) for (size_t i = 0; i < m; i++) out8[i0 + i] = (uint8_t)acc[i];
         else for (size_t i = 0; i < m; i++) out16[i0 + i] = (int16_t)acc[i];
     }
-    if (stats != NULL)
-        for (int j = 0; j < 6; j++) stats->sums[j] += ssum[j];
+    if (stats != NULL) qerr_flush(&ssum, stats->sums);
     free(tab);
     if (n_protected != NULL) *n_protected += protected_count;
     return 0;

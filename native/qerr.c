@@ -5,32 +5,22 @@
 
 #include <math.h>
 
+#include "internal/qerr_sum.h"
+
 #define QERR_BODY                                                                      \
     if (sums == NULL || n_table < 2 || (n > 0 && (x == NULL || levels == NULL ||       \
                                                   table == NULL)))                    \
         return -1;                                                                    \
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0;                            \
+    qerr_acc acc = {0, 0, 0, 0, 0, 0};                                                \
     const int prot = n_table - 1;                                                     \
     int bad = 0;                                                                      \
     for (size_t i = 0; i < n; i++) {                                                  \
         const int lv = (int)levels[i];                                                \
         bad |= (lv < 0) | (lv >= n_table);                                            \
         const int idx = (lv < 0 || lv >= n_table) ? prot : lv;                        \
-        const double xv = (double)x[i];                                               \
-        const double d = (idx == prot) ? 0.0 : (double)table[idx] - xv;               \
-        const double dd = d * d, xx = xv * xv, ax = fabs(xv);                         \
-        s0 += dd;                                                                     \
-        s1 += xx;                                                                     \
-        s2 += ax * dd;                                                                \
-        s3 += ax * xx;                                                                \
-        if (w != NULL) {                                                              \
-            const double aw = fabs((double)w[i]);                                     \
-            s4 += aw * dd;                                                            \
-            s5 += aw * xx;                                                            \
-        }                                                                             \
+        qerr_add(&acc, idx, x[i], table, prot, w != NULL ? w + i : NULL);             \
     }                                                                                 \
-    sums[0] += s0; sums[1] += s1; sums[2] += s2; sums[3] += s3;                       \
-    sums[4] += s4; sums[5] += s5;                                                     \
+    qerr_flush(&acc, sums);                                                           \
     return bad ? -1 : 0;
 
 int mvc_qerr_sums_u8(const float *x, const uint8_t *levels, size_t n, const float *table,
