@@ -46,9 +46,6 @@ from mvc.quant import QuantizedTensor, level_dtype
 from mvc.quant._kernels import level_census
 from mvc.quant.error import checked_level_histogram
 
-#: Level dtypes whose counts `mvc.quant.error` keeps per quantization.
-_COUNTED = (torch.uint8, torch.int16)
-
 __all__ = [
     "QBASE", "QDELTA",
     "QuantPayloadError", "QuantChecksumError", "DeltaParentError", "DeltaShapeError",
@@ -150,12 +147,11 @@ def _quant_parts(q: Any) -> tuple[np.ndarray, int, np.ndarray, torch.Tensor, int
     if not 1 <= k <= MAX_LEVELS - 2:
         raise QuantInputError(f"bins must be in [1, {MAX_LEVELS - 2}], got {k}")
     levels = _levels_np(q.levels, k + 2, "levels", check=False)
-    if isinstance(q, QuantizedTensor) and q.levels.dtype in _COUNTED \
-            and q.levels.device.type == "cpu":
+    if isinstance(q, QuantizedTensor):
         # q's level counts as the search left them, or counted once and kept for q (a base and
         # a delta encoding of one quantization share the pass); range checked either way
         hist = checked_level_histogram(q)
-        counts = hist.numpy() if hist is not None else None
+        counts = hist.cpu().numpy() if hist is not None else None
     else:
         counts = _census(levels, k + 2)
     if counts is None:

@@ -24,7 +24,7 @@ import torch
 from mvc.errors import InternalError
 from mvc.quant._kernels import level_census, qerr_sums
 from mvc.quant.assign import native_ok
-from mvc.quant.tensor import QuantizedTensor
+from mvc.quant.tensor import QuantizedTensor, level_values
 
 #: Elements per chunk of the torch path (bounds its temporaries to a few MiB).
 _CHUNK = 1 << 20
@@ -35,9 +35,7 @@ ErrorSums = tuple[float, float, float, float, float, float]
 def level_table(q: QuantizedTensor, device: torch.device) -> torch.Tensor:
     """float32 value of each level: centroids rounded to q's dtype, 0 (pruned), 0 (protected:
     its exact values are never looked up here)."""
-    table = torch.zeros(q.n_levels, dtype=torch.float32, device=device)
-    table[:q.bins] = q.centroids.to(device=device, dtype=q.dtype).to(torch.float32)
-    return table
+    return level_values(q.centroids.to(device=device, dtype=q.dtype), device)
 
 
 def error_sums(q: QuantizedTensor, x: torch.Tensor, w: torch.Tensor | None = None) -> ErrorSums:

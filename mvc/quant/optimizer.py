@@ -75,6 +75,7 @@ import numpy as np
 import torch
 
 from mvc.errors import UsageError
+from mvc.native.parallel import pmap
 from mvc.quant._kernels import (
     compact_moment,
     expand_moment,
@@ -89,8 +90,7 @@ from mvc.quant.config import check_bins
 from mvc.quant.error import error_sums, table_error_sums
 from mvc.quant.errors import QuantError
 from mvc.quant.partition import check_fraction
-from mvc.quant.tensor import QuantizedTensor, quantize
-from mvc.native.parallel import pmap
+from mvc.quant.tensor import QuantizedTensor, level_values, quantize
 
 Domain = Literal["linear", "log"]
 DOMAINS = ("linear", "log")
@@ -291,13 +291,13 @@ def quantize_second_moment(v: torch.Tensor, bins: int, *, protect: float = 0.0, 
     flat = v.detach().reshape(-1)
     if _scan(flat)[1]:
         return None
-    return _quantize_log(flat, v, bins, protect=protect, seed=seed, alpha=alpha, sigma=sigma,
-                         init=init)
+    return _quantize_log(v, bins, protect=protect, seed=seed, alpha=alpha, sigma=sigma, init=init)
 
 
-def _quantize_log(flat: torch.Tensor, v: torch.Tensor, bins: int, *, protect: float, seed: int,
-                  alpha: float, sigma: float, init: torch.Tensor | None) -> QuantizedTensor:
-    # `quantize_second_moment` once v (flat: v.reshape(-1)) is known to be non-negative.
+def _quantize_log(v: torch.Tensor, bins: int, *, protect: float, seed: int, alpha: float,
+                  sigma: float, init: torch.Tensor | None) -> QuantizedTensor:
+    # `quantize_second_moment` once v is known to be non-negative.
+    flat = v.detach().reshape(-1)
     if flat.device.type == "cpu" and flat.dtype == torch.float32 \
             and level_dtype(bins) in (torch.uint8, torch.int16):
         # Native: log(v) of the positive entries in one pass, their levels spread back in
@@ -355,8 +355,7 @@ def moment_error_sums(q: QuantizedTensor, domain: str, x: torch.Tensor) -> tuple
     if xf.numel() != lv.numel():
         raise ValueError("moment_error_sums: x does not match the levels' element count")
     # sqrt of each level's restored value; pruned (v = 0) restore as 0, protected exactly
-    table = torch.zeros(q.n_levels, dtype=torch.float32, device=lv.device)
-    table[:q.bins] = _log_values(q).to(device=lv.device, dtype=torch.float32).sqrt()
+    table = level_values(_log_values(q).to(torch.float32).sqrt(), lv.device)
     num = den = 0.0
     for a in range(0, lv.numel(), _SQRT_CHUNK):
         xs = xf[a:a + _SQRT_CHUNK].to(torch.float32).clamp_min(0).sqrt()
@@ -426,9 +425,9 @@ def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],
             if neg:
                 return None
             # one scan serves both checks (a pass over every value)
-            return OptQuantized(_quantize_log(
-                t.detach().reshape(-1), t, bins_second, protect=protect, seed=seed,
-                alpha=log_alpha, sigma=log_sigma, init=init.get(name)), "log")
+            return OptQuantized(_quantize_log(t, bins_second, protect=protect, seed=seed,
+                                              alpha=log_alpha, sigma=log_sigma,
+                                              init=init.get(name)), "log")
         if _native_moment(t, wq, bins_moment):
             q = _quantize_moment_native(t, wq, bins_moment, prune=prune_moment, protect=protect,
                                         seed=seed, alpha=alpha, sigma=sigma, init=init.get(name))

@@ -172,6 +172,15 @@ def _magnitude_only_keep(sketch: LogSketch, thr: Thresholds) -> LogSketch | None
     return sketch.restrict_magnitude(thr.prune, thr.protect_magnitude)
 
 
+def level_values(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A float32 table of level values for the error sums (`mvc.quant.error`): `values`, one
+    per bin, then 0 for the pruned level and 0 for the protected one (its exact values are
+    never looked up)."""
+    table = torch.zeros(values.numel() + 2, dtype=torch.float32, device=device)
+    table[:values.numel()] = values.to(device=device, dtype=torch.float32)
+    return table
+
+
 def _levels_native(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
                    sens: torch.Tensor | None, thr: Thresholds, k: int,
                    generator: torch.Generator, sigma: float,
@@ -189,10 +198,9 @@ def _levels_native(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
     mids = midpoints(torch.from_numpy(centres).to(torch.float32))
     if stats is not None:
         # each level's value as the QuantizedTensor will restore it (centroids rounded to
-        # float32, then to the tensor's dtype); pruned and protected 0
-        stats.table = torch.zeros(k + 2, dtype=torch.float32)
-        stats.table[:k] = torch.from_numpy(np.asarray(centres, dtype=np.float64)).to(
-            torch.float32).to(flat.dtype).to(torch.float32)
+        # float32, then to the tensor's dtype)
+        cen = torch.from_numpy(np.asarray(centres, dtype=np.float64)).to(torch.float32)
+        stats.table = level_values(cen.to(flat.dtype).to(torch.float32), x.device)
     n_prot = assign_into(x, mids, levels, part, k, stats)
     src = flat.contiguous()
     protected = gather_level(levels, k + 1, src, n_prot) if n_prot else flat.new_empty(0)

@@ -261,11 +261,7 @@ def _bound_first_moment(rec: TensorRecord, m: torch.Tensor, restored: dict[str, 
     # element at the same lane as over the whole tensor (same bits), and the limits cost 8 MiB,
     # not two copies of the moment.
     bound = float(info["ratio_bound"])
-    if not m.is_contiguous():  # restores are dense; anything else takes the one-shot form
-        limit = v.float().clamp_min(0).sqrt_().mul_(bound).to(m.dtype)
-        torch.clamp(m, min=-limit, max=limit, out=m)
-        return
-    mf, vf = m.view(-1), v.reshape(-1)
+    mf, vf = m.view(-1), v.reshape(-1)  # m is a fresh restore: dense, so the view writes m
     for a in range(0, mf.numel(), _CLAMP_CHUNK):
         mc = mf[a:a + _CLAMP_CHUNK]
         limit = vf[a:a + _CLAMP_CHUNK].float().clamp_min(0).sqrt_().mul_(bound).to(m.dtype)
