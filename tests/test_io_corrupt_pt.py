@@ -498,3 +498,96 @@ def test_installed_mvc_refuses_a_short_record(work: Path) -> None:
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "short.pt" in proc.stderr and "data/0" in proc.stderr
     assert _repo_state(work) == before
+
+
+# ----------------------------------------------------------------------------- bit rot: CRC-32 of every record read
+
+
+def flip_byte(src: Path, dst: Path, short: str, at: int) -> None:
+    """Copy `src` to `dst` with one bit flipped in byte `at` (negative: from the end) of record `short`'s data."""
+    with zipfile.ZipFile(src) as archive:
+        size = next(i.file_size for i in archive.infolist() if _short(i.filename) == short)
+    data = bytearray(src.read_bytes())
+    data[data_offsets(src)[short] + at % size] ^= 0x10
+    dst.write_bytes(bytes(data))
+
+
+def patch_crc(path: Path, short: str) -> None:
+    """Change one entry's CRC-32 in the central directory (its bytes stay as they are)."""
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as archive:
+        pos = archive.start_dir
+    while data[pos:pos + 4] == b"PK\x01\x02":
+        n, m, k = struct.unpack("<HHH", data[pos + 28:pos + 34])
+        if _short(data[pos + 46:pos + 46 + n].decode()) == short:
+            data[pos + 16] ^= 0x01
+            path.write_bytes(bytes(data))
+            return
+        pos += 46 + n + m + k
+    raise AssertionError(f"no central directory entry {short}")
+
+
+# (record, byte): storage records first, middle and last byte; the pickle; metadata mvc reads; one only torch reads.
+FLIPS = {"data-first": ("data/0", 0), "data-middle": ("data/0", 20), "data-last": ("data/0", -1),
+         "second-storage": ("data/1", 3), "pickle": ("data.pkl", 10), "byteorder": ("byteorder", 0),
+         "version": ("version", 0)}
+
+
+@pytest.fixture
+def two_tensors(tmp_path: Path) -> Path:
+    path = tmp_path / "src.pt"
+    torch.save({"w": torch.arange(10, dtype=torch.float32), "b": torch.ones(3, dtype=torch.float64)}, path)
+    return path
+
+
+def test_torch_itself_loads_a_bit_rotted_record(two_tensors: Path, tmp_path: Path) -> None:
+    """The premise: torch checks no CRC, so a flipped storage byte comes back as a different value."""
+    path = tmp_path / "rotted.pt"
+    flip_byte(two_tensors, path, "data/0", 20)
+    assert not torch.equal(torch.load(path, weights_only=True)["w"], torch.arange(10, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("kind", list(FLIPS))
+def test_one_flipped_byte_in_any_record_read_is_refused(two_tensors: Path, tmp_path: Path, kind: str) -> None:
+    record, at = FLIPS[kind]
+    path = tmp_path / f"{kind}.pt"
+    flip_byte(two_tensors, path, record, at)
+    assert "CRC-32" in refused(path, record=f"src/{record}")
+    assert_identical(load_checkpoint(two_tensors), torch.load(two_tensors, weights_only=True))  # the source still loads
+
+
+def test_crc_is_checked_for_compressed_metadata_and_in_zip64(two_tensors: Path, tmp_path: Path) -> None:
+    deflated, wide = tmp_path / "deflated.pt", tmp_path / "zip64.pt"
+    rewrite(two_tensors, deflated, deflate=("data.pkl", "version"))
+    rewrite_zip64(two_tensors, wide)
+    for path in (deflated, wide):
+        assert_identical(load_checkpoint(path), torch.load(two_tensors, weights_only=True))
+    for path, record in ((deflated, "data.pkl"), (deflated, "version"), (wide, "data/1"), (wide, "data.pkl")):
+        patch_crc(path, record)
+        assert "CRC-32" in refused(path, record=f"src/{record}")
+        patch_crc(path, record)  # back to the valid file for the next record
+
+
+def test_without_torch_internals_bit_rot_is_still_refused(
+        two_tensors: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(torch, "_weights_only_unpickler")
+    monkeypatch.setitem(sys.modules, "torch._weights_only_unpickler", None)
+    path = tmp_path / "rotted.pt"
+    flip_byte(two_tensors, path, "data/0", 20)
+    assert "CRC-32" in refused(path, record="src/data/0")
+
+
+def test_mvc_commit_refuses_a_bit_rotted_file_and_main_does_not_move(work: Path) -> None:
+    src = work / "src.pt"
+    torch.save({"w": torch.arange(10, dtype=torch.float32), "b": torch.ones(3, dtype=torch.float64)}, src)
+    before = _repo_state(work)
+    for kind, (record, at) in FLIPS.items():
+        flip_byte(src, work / "x.pt", record, at)
+        code, out, err = run(work, "commit", "-m", "x", "x.pt")
+        assert code == 21 and out == "", (kind, code, err)
+        assert err.count("\n") == 1 and "Traceback" not in err and "x.pt" in err and f"src/{record}" in err, err
+        assert "CRC-32" in err, err
+    assert _repo_state(work) == before
+    (work / "x.pt").write_bytes(src.read_bytes())
+    assert run(work, "commit", "-m", "x", "x.pt")[0] == 0  # the same file without the flip commits
+    assert _repo_state(work) != before

@@ -4,8 +4,10 @@ Each tensor's storage is a slice of one map of the file.  A slice trusts the zip
 pickle, so before a record becomes a storage `_TorchZip` checks it against what the pickle
 asks for (see there): anything torch.save would not have written is a
 `CorruptCheckpointError` naming the record, never bytes of the surrounding zip read as
-tensor values.  Unpickling is torch's weights-only unpickler; `mvc.io.files` maps its
-refusals to `UnsafeCheckpointError`.
+tensor values.  Every record read is also checked against the CRC-32 the central directory
+gives it, as its bytes are read (torch itself never checks them), so a bit-rotted file is a
+`CorruptCheckpointError` too.  Unpickling is torch's weights-only unpickler; `mvc.io.files`
+maps its refusals to `UnsafeCheckpointError`.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import re
 import struct
 import sys
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple, cast
 
@@ -30,6 +33,11 @@ LOCAL_MAGIC = b"PK\x03\x04"
 # torch.save pads every record's data to this boundary unless the file's .storage_alignment says otherwise.
 _DEFAULT_STORAGE_ALIGNMENT = 64
 _LOCAL_HEADER = struct.Struct("<4s4xH12x4xHH")  # signature, method, name length, extra length (30 bytes)
+# Metadata records mvc itself reads; every other record that is not a storage is CRC-checked and dropped.
+_METADATA = ("data.pkl", ".storage_alignment", "byteorder", "constants.pkl")
+_CHUNK = 1 << 20
+#: Check each record's CRC-32 as it is read.  Off only for benchmarks/bench_pt_crc.py, which times the check.
+_VERIFY_CRC = True
 
 
 def short_error(exc: BaseException) -> str:
@@ -46,7 +54,7 @@ class WeightsOnlyRefusal(pickle.UnpicklingError):
 
 
 class _Record(NamedTuple):
-    """One zip entry: its name, where its local header and its data start, and its sizes."""
+    """One zip entry: its name, where its local header and its data start, its sizes, and its CRC-32."""
 
     name: str
     header: int
@@ -54,6 +62,7 @@ class _Record(NamedTuple):
     stored: int
     size: int
     method: int
+    crc: int
 
 
 def load_torch_zip(target: Path) -> Any:
@@ -64,7 +73,9 @@ def load_torch_zip(target: Path) -> Any:
 
         unpickler_class, reader_class = wou.Unpickler, torch._C.PyTorchFileReader
     except (ImportError, AttributeError):
-        # torch moved its internals: its copying reader still refuses records of the wrong size.
+        # torch moved its internals: its copying reader still refuses records of the wrong size,
+        # but checks no CRC, so zipfile reads (and checks) every record first.
+        _check_every_crc(target)
         return torch.load(target, weights_only=True, map_location="cpu")
     archive = _TorchZip(target, reader_class)
     unpickler = unpickler_class(io.BytesIO(archive.read("data.pkl")), encoding="utf-8")
@@ -124,15 +135,12 @@ class _TorchZip:
                 self._identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
                 with zipfile.ZipFile(handle) as archive:
                     infos = archive.infolist()
-                    central = archive.start_dir
                     self._entries = self._read_entries(handle, infos)
                     self.prefix = infos[0].filename.split("/", 1)[0] + "/" if infos else ""
-                    self._small = {name: archive.read(self.prefix + name)
-                                   for name in ("data.pkl", ".storage_alignment", "byteorder", "constants.pkl")
-                                   if self.prefix + name in self._entries}
+                    self._check_disjoint(archive.start_dir)
+                    self._small = self._read_metadata(handle, archive)
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, struct.error) as exc:
             raise CorruptCheckpointError(f"{target}: truncated or not a zip archive ({short_error(exc)})") from None
-        self._check_disjoint(central)
         if "data.pkl" not in self._small:
             raise CorruptCheckpointError(f"{target}: a zip archive without data.pkl, not a torch checkpoint")
         if "constants.pkl" in self._small:
@@ -175,8 +183,50 @@ class _TorchZip:
                     f"{self.target}: zip entry {name}: local header and central directory disagree on compression"
                 )
             start = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
-            entries[name] = _Record(name, info.header_offset, start, info.compress_size, info.file_size, method)
+            entries[name] = _Record(name, info.header_offset, start, info.compress_size, info.file_size, method,
+                                    info.CRC)
         return entries
+
+    def _read_metadata(self, handle: BinaryIO, archive: zipfile.ZipFile) -> dict[str, bytes]:
+        """Read every record that is not a storage, CRC-checked; keep the ones mvc uses (`_METADATA`).
+
+        torch's own reader reads some of the others (``version``), so they are checked too; they
+        are a few bytes each in a torch.save file, and any size is read in bounded chunks.
+        """
+        kept: dict[str, bytes] = {}
+        for name, record in self._entries.items():
+            if name.startswith(self.prefix + "data/"):
+                continue  # checked as each becomes a storage (`storage`)
+            short = name[len(self.prefix):]
+            keep = short in _METADATA
+            parts = []
+            if record.method == zipfile.ZIP_STORED:
+                handle.seek(record.start)
+                crc, left = 0, record.stored
+                while left:
+                    chunk = handle.read(min(_CHUNK, left))
+                    if not chunk:
+                        raise EOFError(f"zip entry {name} runs past the end of the file")
+                    crc, left = zlib.crc32(chunk, crc), left - len(chunk)
+                    parts += [chunk] if keep else []
+                self._check_crc(record, crc)
+            else:
+                # Not what torch.save writes: zipfile inflates it and checks its CRC-32 itself.
+                try:
+                    with archive.open(name) as stream:
+                        parts = [chunk for chunk in iter(lambda: stream.read(_CHUNK), b"") if keep]
+                except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+                    raise CorruptCheckpointError(f"{self.target}: zip entry {name} is damaged ({exc})") from None
+            if keep:
+                kept[short] = b"".join(parts)
+        return kept
+
+    def _check_crc(self, record: _Record, crc: int) -> None:
+        if _VERIFY_CRC and crc != record.crc:
+            raise CorruptCheckpointError(
+                f"{self.target}: zip entry {record.name} fails its CRC-32 check (its bytes give {crc:#010x}, "
+                f"the central directory says {record.crc:#010x}): the file is damaged"
+            )
 
     def _check_disjoint(self, central: int) -> None:
         """Every entry (header and data) lies before the central directory and overlaps no other one."""
@@ -238,6 +288,12 @@ class _TorchZip:
             self._mapped = cast(torch.UntypedStorage,
                                 torch.UntypedStorage.from_file(str(self.target), False, self.file_size))
         raw = self._mapped[data.start:data.start + data.size]
+        if _VERIFY_CRC:
+            # Over a uint8 view of the map itself: no copy, and the pages it faults in are the ones
+            # the caller reads next.  Before the byteswap, which rewrites them.  (numpy's stubs do
+            # not declare ndarray a buffer, though it is one.)
+            view: Any = torch.empty(0, dtype=torch.uint8).set_(raw).numpy()
+            self._check_crc(data, zlib.crc32(view))
         if self.swap and dtype.itemsize > 1:
             raw.byteswap(dtype)  # the map is private (copy-on-write): the file is untouched
         storage = torch.storage.TypedStorage(wrap_storage=raw, dtype=dtype, _internal=True)
@@ -272,3 +328,17 @@ class _TorchZip:
                 f"{where}: torch finds it at offset {torch_offset}, the zip directory at {record.start}"
             )
         return record
+
+
+def _check_every_crc(target: Path) -> None:
+    """Read every record with zipfile, which checks its CRC-32 (the fallback path's only check of it)."""
+    try:
+        with zipfile.ZipFile(target) as archive:
+            for info in archive.infolist():
+                with archive.open(info) as stream:
+                    while stream.read(_CHUNK):
+                        pass
+    except zipfile.BadZipFile as exc:
+        raise CorruptCheckpointError(f"{target}: the zip archive is damaged ({exc})") from None
+    except (zipfile.LargeZipFile, OSError, EOFError, ValueError, struct.error, zlib.error) as exc:
+        raise CorruptCheckpointError(f"{target}: truncated or not a zip archive ({short_error(exc)})") from None
