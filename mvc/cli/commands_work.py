@@ -13,6 +13,7 @@ from mvc.cli.format import echo, human_bytes
 from mvc.cli.progress import quiet_option, terminal_progress
 from mvc.errors import MvcError, MvcWarning, UsageError
 from mvc.progress import phase
+from mvc.repo import worktree
 
 if TYPE_CHECKING:
     from mvc.repo.repository import Repo
@@ -92,7 +93,7 @@ def commit(message: str, checkpoint: str | None, step: int | None, metrics: tupl
                           progress=progress)
     try:
         if not path.is_dir():  # `status` tracks a checkpoint file, not a tree
-            _remember_source(repo, cid, path, st)
+            worktree.record(repo.store, worktree.Stamp.of(path, cid, st), track=True)
     except MvcError as exc:  # the commit has landed; only `status` loses its hint
         warnings.warn(MvcWarning(f"commit {cid[:12]} is stored, but {exc}"), stacklevel=1)
     branch = repo.current_branch()
@@ -131,13 +132,40 @@ def load_hook(spec: str, root: Path):
     return fn
 
 
-def _remember_source(repo: Repo, cid: str, path: Path, st: os.stat_result) -> None:
-    """Record which file HEAD came from, so `status` can tell if it changed since."""
-    import json
+class UncommittedChangesError(UsageError):
+    """`checkout` would write over a checkpoint file holding work the repository does not
+    have (modified since mvc committed or wrote it, or never committed); nothing was written."""
 
-    repo.store.set_meta("worktree", json.dumps(
-        {"commit": cid, "path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    ).encode())
+    exit_code = 172
+
+
+def _refuse_to_destroy(repo: Repo, path: Path, rev: str, to_output: bool, force: bool) -> None:
+    """Refuse, before anything is read, a checkout that would destroy work only `path` holds
+    (DESIGN.md invariant 10): a file that is no committed or checked-out state, or a
+    non-empty directory. `force` lets it go, except over the repository itself."""
+    from mvc.io.dirs import OutputDirectoryExistsError
+
+    if path.is_dir() and not path.is_symlink() and any(path.iterdir()):
+        if not force:
+            raise OutputDirectoryExistsError(
+                f"{path}: exists and is not empty; nothing was written. Keep it: give another "
+                f"directory with -o; discard it: `mvc checkout {rev} -o {path} --force` replaces it")
+        here = path.resolve()
+        for inside in (repo.path.resolve(), Path.cwd().resolve()):
+            if inside == here or here in inside.parents:
+                raise UsageError(f"{path}: holds {inside}; --force does not replace it")
+        return
+    if force or not worktree.holds_unstored_work(repo.store, path):
+        return
+    if to_output:
+        raise UncommittedChangesError(
+            f"{path}: exists and is not a checkpoint mvc committed or checked out; nothing was "
+            f"written. Keep it: `mvc commit -m MSG {path}` first, or write {rev} to another file "
+            f"with -o OTHER_FILE; discard it: add --force")
+    raise UncommittedChangesError(
+        f"{path}: modified (not committed); checking out {rev} would overwrite it, so nothing "
+        f"was written. Keep it: `mvc commit -m MSG` first, or `mvc checkout {rev} -o OTHER_FILE`; "
+        f"discard it: `mvc checkout {rev} --force`")
 
 
 @click.command()
@@ -153,9 +181,12 @@ def _remember_source(repo: Repo, cid: str, path: Path, st: os.stat_result) -> No
 @click.option("--weights-only", is_flag=True,
               help="Leave out optimizer state (the optimizer/optimizer_states/... subtrees and "
                    ".../state/<i>/<key> tensors such as Adam moments). Needs -o.")
+@click.option("-f", "--force", is_flag=True,
+              help="Write over the target even when it holds work the repository does not have (a "
+                   "modified or never committed file, a non-empty directory): that work is lost.")
 @quiet_option
 def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...], weights_only: bool,
-             quiet: bool) -> None:
+             force: bool, quiet: bool) -> None:
     """Write the checkpoint of REV to checkpoint.path and move HEAD to REV, as git checkout
     does (attached for a branch name, detached otherwise).
 
@@ -164,6 +195,10 @@ def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...
     part of the state, reading only the payloads it needs; a partial state is never the
     working checkpoint, so they need -o. On a terminal a progress bar shows the tensors
     restored (-q: none).
+
+    As git does, checkout refuses to write over work the repository does not have: a file
+    modified since mvc committed or wrote it, or one it never did (exit 172), or a non-empty
+    directory (exit 151). --force writes over it.
     """
     from mvc.io.dirs import is_dir_state, save_dir
     from mvc.io.files import save_checkpoint
@@ -175,6 +210,7 @@ def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...
     # Resolve once: the id read is the id HEAD moves to, and HEAD attaches only to the
     # branch that resolution went through.
     cid, branch_ref = repo._resolve_rev(rev)
+    _refuse_to_destroy(repo, path, rev, output is not None, force)
     with terminal_progress(quiet=quiet) as progress:
         state = repo.reader.read_state(cid, only=only or None, weights_only=weights_only, progress=progress)
     if is_dir_state(state):
@@ -183,15 +219,22 @@ def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...
         if only or weights_only:
             raise UsageError(f"{rev} holds a checkpoint directory, which is checked out whole "
                              "(--only / --weights-only select tensors of one checkpoint file)")
-        save_dir(state, path)
+        save_dir(state, path, replace=force)
         echo(f"Wrote directory {path} from {cid[:12]}; HEAD unchanged")
         return
     save_checkpoint(state, path, _output_format(repo, path, fmt))
+    # Stamped before HEAD moves: a checkout interrupted between the two leaves a file a
+    # later checkout may overwrite, never one it must refuse for no reason.
+    try:
+        worktree.record(repo.store, worktree.Stamp.of(path, cid, partial=bool(only or weights_only)),
+                        track=output is None)
+    except MvcError as exc:  # the file is written; without its stamp it only counts as modified
+        warnings.warn(MvcWarning(f"{path} is written, but not recorded as {cid[:12]} ({exc}); "
+                                 "`mvc status` calls it modified"), stacklevel=1)
     if output is not None:
         echo(f"Wrote {path} ({human_bytes(path.stat().st_size)}) from {cid[:12]}; HEAD unchanged")
         return
     repo._move_head(cid, branch_ref, rev)
-    _remember_source(repo, cid, path, path.stat())
     branch = repo.current_branch()
     where = f"on branch {branch}" if branch else f"HEAD detached at {cid[:12]}"
     echo(f"Wrote {path} ({human_bytes(path.stat().st_size)}); {where}")
@@ -213,8 +256,6 @@ def status() -> None:
     """Show the current branch and HEAD, and whether the checkpoint file (checkpoint.path) was
     modified since mvc last wrote or committed it.
     """
-    import json
-
     repo = Repo.discover()
     branch = repo.current_branch()
     head = repo.head()
@@ -225,9 +266,8 @@ def status() -> None:
         c = repo.read_commit(head)
         echo(f"HEAD {head[:12]} {c.summary}")
     configured = repo.config.get("checkpoint.path")
-    raw = repo.store.get_meta("worktree")
-    tracked = json.loads(raw) if raw else None
-    path = Path(configured) if configured else (Path(tracked["path"]) if tracked else None)
+    tracked = worktree.current(repo.store)
+    path = Path(configured) if configured else (Path(tracked.path) if tracked else None)
     if path is None:
         echo("No checkpoint file configured (mvc config checkpoint.path PATH)")
         return
@@ -236,18 +276,18 @@ def status() -> None:
     if not path.exists():
         echo(f"Checkpoint {path}: missing")
         return
-    st = path.stat()
-    # `tracked` is the commit the file was last written from or committed as; the file is
-    # untouched when its size and mtime still match. HEAD may have moved since without the
-    # file being rewritten (`switch` never writes it), which is not a modification.
-    same_file = (tracked is not None and tracked["path"] == str(path.resolve())
-                 and tracked["size"] == st.st_size and tracked["mtime_ns"] == st.st_mtime_ns)
-    if not same_file or tracked is None:
+    # The commit the file was last written from or committed as, while it is untouched since.
+    # HEAD may have moved without the file being rewritten (`switch` never writes it), which
+    # is not a modification.
+    known = worktree.stamp_of(repo.store, path)
+    if known is None:
         echo(f"Checkpoint {path}: modified (not committed)")
-    elif tracked["commit"] == head:
+    elif known.partial:
+        echo(f"Checkpoint {path}: part of {known.commit[:12]} (written by checkout --only/--weights-only)")
+    elif known.commit == head:
         echo(f"Checkpoint {path}: unchanged since HEAD")
     else:
-        echo(f"Checkpoint {path}: unchanged since {tracked['commit'][:12]}, which is not HEAD "
+        echo(f"Checkpoint {path}: unchanged since {known.commit[:12]}, which is not HEAD "
              "(`mvc checkout HEAD` writes HEAD's checkpoint)")
 
 

@@ -94,17 +94,18 @@ def load_dir(path: str | os.PathLike, *, opaque: Sequence[str] = DEFAULT_OPAQUE)
     return {DIR_MARK: DIR_FORMAT, "files": files}
 
 
-def save_dir(state: Mapping, path: str | os.PathLike) -> Path:
+def save_dir(state: Mapping, path: str | os.PathLike, *, replace: bool = False) -> Path:
     """Write a directory state as the tree it was read from; returns the directory.
 
-    `path` must not exist or be an empty directory (`OutputDirectoryExistsError`).  Paths
-    and kinds are checked before anything is written (`MalformedDirectoryError`).
+    `path` must not exist or be an empty directory (`OutputDirectoryExistsError`), unless
+    `replace`: then what is there (a tree, a file, a link) is deleted once the new tree is in
+    place.  Paths and kinds are checked before anything is written (`MalformedDirectoryError`).
     """
     files = _checked_files(state)
     target = Path(os.fspath(path)).expanduser()
-    if target.is_symlink() or (target.exists() and not target.is_dir()):
+    if not replace and (target.is_symlink() or (target.exists() and not target.is_dir())):
         raise OutputDirectoryExistsError(f"{target}: exists and is not a directory; nothing was written")
-    if target.is_dir() and any(target.iterdir()):
+    if not replace and target.is_dir() and any(target.iterdir()):
         raise OutputDirectoryExistsError(f"{target}: exists and is not empty; nothing was written")
     parent = target.absolute().parent
     if not parent.is_dir():
@@ -119,13 +120,37 @@ def save_dir(state: Mapping, path: str | os.PathLike) -> Path:
                 out.write_bytes(_tensor_bytes(node["data"], rel))
             else:
                 save_checkpoint(node["state"], out, format=node["kind"])
-        if target.is_dir():
-            target.rmdir()  # empty, checked above
-        os.replace(tmp, target)
+        _swap_in(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def _swap_in(tmp: Path, target: Path) -> None:
+    """Rename the written tree `tmp` to `target`; what was at `target` is deleted only once
+    the new tree is in place (a failed rename puts it back)."""
+    if not (target.is_symlink() or target.exists()):
+        os.replace(tmp, target)
+        return
+    if target.is_dir() and not target.is_symlink() and not any(target.iterdir()):
+        target.rmdir()
+        os.replace(tmp, target)
+        return
+    old = target.parent / f".{target.name}.{secrets.token_hex(6)}.old"
+    os.rename(target, old)  # a link is moved, never followed
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        os.rename(old, target)
+        raise
+    if old.is_dir() and not old.is_symlink():
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        try:
+            old.unlink()
+        except OSError:  # the checkout has succeeded; a leftover hidden file is no failure
+            pass
 
 
 def commit_dir(repo: Any, path: str | os.PathLike, message: str, *,
