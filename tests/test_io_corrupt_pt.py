@@ -13,6 +13,7 @@ import subprocess
 import sys
 import warnings
 import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
@@ -20,7 +21,7 @@ from unittest import mock
 import pytest
 import torch
 
-from mvc.io import CorruptCheckpointError, load_checkpoint
+from mvc.io import CorruptCheckpointError, load_checkpoint, torch_zip
 from mvc.repo.repository import Repo
 from test_cli import run
 from test_io_state import assert_identical, assert_same_sharing, realistic_checkpoint
@@ -547,8 +548,18 @@ def test_torch_itself_loads_a_bit_rotted_record(two_tensors: Path, tmp_path: Pat
     assert not torch.equal(torch.load(path, weights_only=True)["w"], torch.arange(10, dtype=torch.float32))
 
 
+def test_parallel_crc32_is_zlibs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch_zip, "_CRC_PIECE", 16)
+    data = torch.randint(0, 256, (200,), dtype=torch.uint8).numpy()
+    for n in (0, 1, 15, 16, 17, 32, 33, 48, 199, 200):
+        assert torch_zip.parallel_crc32(data[:n]) == zlib.crc32(data[:n].tobytes()), n
+
+
+@pytest.mark.parametrize("piece", [8 << 20, 16], ids=["whole", "pieces"])
 @pytest.mark.parametrize("kind", list(FLIPS))
-def test_one_flipped_byte_in_any_record_read_is_refused(two_tensors: Path, tmp_path: Path, kind: str) -> None:
+def test_one_flipped_byte_in_any_record_read_is_refused(
+        two_tensors: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, piece: int) -> None:
+    monkeypatch.setattr(torch_zip, "_CRC_PIECE", piece)  # 16: the 40- and 24-byte storages in pieces
     record, at = FLIPS[kind]
     path = tmp_path / f"{kind}.pt"
     flip_byte(two_tensors, path, record, at)
