@@ -11,6 +11,7 @@ from mvc.errors import UsageError
 from mvc.cli.lazy import Repo
 from mvc.remote.config import ORIGIN, REMOTES, RemoteConfig
 from mvc.store.objstore import open_remote
+from mvc.store.objstore.storage import redact_url
 
 if TYPE_CHECKING:
     from mvc.remote.transfer import TransferReport
@@ -53,7 +54,7 @@ def remote(ctx: click.Context, verbose: bool) -> None:
     remotes = RemoteConfig(repo.mvc_dir).items()
     width = max((len(n) for n in remotes), default=0)
     for name, url in remotes.items():
-        echo(f"{name:<{width}}  {url}" if verbose else name)
+        echo(f"{name:<{width}}  {redact_url(url)}" if verbose else name)
 
 
 @remote.command("add")

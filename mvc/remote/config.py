@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mvc.errors import MvcError, UsageError
 from mvc.store.objstore import open_storage
+from mvc.store.objstore.storage import redact_url
 
 REMOTES_FILE = "remotes.json"
 #: The remote a clone names, and the default of push/fetch/pull.
@@ -41,7 +42,8 @@ class RemoteConfig:
         self.path = Path(mvc_dir) / REMOTES_FILE
 
     def items(self) -> dict[str, str]:
-        """Every remote: name -> URL, sorted by name."""
+        """Every remote: name -> URL, sorted by name (as given: a URL can carry a secret, so
+        what is shown of it goes through `redact_url`)."""
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -67,7 +69,7 @@ class RemoteConfig:
         open_storage(url).close()  # BadRemoteUrlError for a malformed URL
         remotes = self.items()
         if name in remotes:
-            raise RemoteExistsError(f"remote {name!r} already exists ({remotes[name]})")
+            raise RemoteExistsError(f"remote {name!r} already exists ({redact_url(remotes[name])})")
         remotes[name] = url
         self._write(remotes)
 

@@ -27,6 +27,7 @@ from mvc.repo.objectdb import ObjectDB
 from mvc.repo.repository import MVC_DIR, Repo
 from mvc.store import ANY, RefStore
 from mvc.store.objstore import open_remote
+from mvc.store.objstore.storage import redact_url
 
 
 class CloneTargetError(UsageError):
@@ -122,8 +123,9 @@ def clone(url: str, dest: str | os.PathLike[str], *, progress: Progress = NO_PRO
                 names = [n[len(f"{REMOTES}{ORIGIN}/"):] for n in tracking]
                 branch = "main" if "main" in names else names[0]
                 commit = tracking[f"{REMOTES}{ORIGIN}/{branch}"]
-                store.refs.update_ref(R.HEADS + branch, None, commit, f"clone: from {url}")
-                store.refs.update_ref(R.HEAD, ANY, R.SYMREF + R.HEADS + branch, f"clone: from {url}")
+                why = f"clone: from {redact_url(url)}"
+                store.refs.update_ref(R.HEADS + branch, None, commit, why)
+                store.refs.update_ref(R.HEAD, ANY, R.SYMREF + R.HEADS + branch, why)
         finally:
             repo.close()
     except BaseException:

@@ -25,6 +25,7 @@ from mvc.store.objstore.storage import (
     RemoteAccessError,
     RemoteMissingError,
     RemoteUnavailableError,
+    redact_url,
 )
 
 #: The key of the remote's format marker, written by the first push.
@@ -43,7 +44,7 @@ class BadRemoteUrlError(UsageError):
 class Remote:
     """A remote's parts: its objects and its refs, over one storage."""
 
-    url: str
+    url: str  # redacted (`redact_url`): for messages
     storage: ObjectStorage
     blobs: RemoteBlobStore
     refs: RemoteRefStore
@@ -81,24 +82,28 @@ def open_storage(url: str) -> ObjectStorage:
     """The `ObjectStorage` a remote URL names (`BadRemoteUrlError` if it names none)."""
     parsed = urlparse(url)
     scheme = parsed.scheme.lower()
+    shown = redact_url(url)  # messages never quote a password or a signed query
     if scheme == "file":
         if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
-            raise BadRemoteUrlError(f"{url!r}: a file remote is file:///absolute/path")
-        return FileStorage(unquote(parsed.path), url)
+            raise BadRemoteUrlError(f"{shown!r}: a file remote is file:///absolute/path")
+        return FileStorage(unquote(parsed.path), shown)
     if scheme == "s3":
         bucket = parsed.netloc
+        if "@" in bucket:
+            raise BadRemoteUrlError(f"{shown!r}: credentials do not go in an s3:// URL (set "
+                                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)")
         if not _BUCKET.fullmatch(bucket):
-            raise BadRemoteUrlError(f"{url!r}: {bucket!r} is not an S3 bucket name")
+            raise BadRemoteUrlError(f"{shown!r}: {bucket!r} is not an S3 bucket name")
         from mvc.store.objstore.s3 import S3Storage
 
         return S3Storage(bucket, parsed.path.strip("/"), url)
-    raise BadRemoteUrlError(f"{url!r}: a remote URL is s3://bucket/prefix or file:///dir")
+    raise BadRemoteUrlError(f"{shown!r}: a remote URL is s3://bucket/prefix or file:///dir")
 
 
 def open_remote(url: str, workers: int = 8) -> Remote:
     """Open the remote at `url` (nothing is read until it is used)."""
     storage = open_storage(url)
-    return Remote(url, storage, RemoteBlobStore(storage, workers), RemoteRefStore(storage))
+    return Remote(storage.url, storage, RemoteBlobStore(storage, workers), RemoteRefStore(storage))
 
 
 __all__ = [

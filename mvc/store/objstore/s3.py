@@ -15,6 +15,9 @@ works; without keys in the environment, the AWS config files (``~/.aws/credentia
 ``~/.aws/config``, ``AWS_PROFILE``) are read through boto3 when it is installed.
 ``MVC_S3_MAX_RETRIES`` bounds the retries (default 10, over at most
 ``MVC_S3_RETRY_TIMEOUT`` seconds, default 180).
+
+Every message goes through `redact_url`: the client's errors quote the request URL, endpoint
+userinfo (``http://user:password@host``) and query included.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from mvc.errors import UsageError
 from mvc.store.base import BytesLike
@@ -35,6 +39,7 @@ from mvc.store.objstore.storage import (
     RemoteMissingError,
     RemoteUnavailableError,
     Stored,
+    redact_url,
 )
 
 
@@ -42,6 +47,29 @@ class S3ClientMissingError(UsageError):
     """An s3:// remote was used but obstore (the `s3` extra) is not installed."""
 
     exit_code = 147
+
+
+class BadEndpointError(UsageError):
+    """``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``) is not an http(s) URL with a host."""
+
+    exit_code = 155
+
+
+def _check_endpoint(name: str, endpoint: str) -> None:
+    """Refuse an endpoint the S3 client cannot use (it panics on some, e.g. a bad port, and
+    puts a query string in front of every key): `BadEndpointError`, naming no part of it
+    that can be a secret."""
+    try:
+        parts = urlsplit(endpoint)
+        _ = parts.port  # ValueError for a port that is not a number in range
+    except ValueError:
+        raise BadEndpointError(f"{name} is not a valid URL: {redact_url(endpoint)}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in endpoint):
+        raise BadEndpointError(f"{name} must be http://HOST[:PORT] or https://HOST[:PORT]: "
+                               f"{redact_url(endpoint)}")
+    if parts.query or parts.fragment or "?" in endpoint or "#" in endpoint:
+        raise BadEndpointError(f"{name} must not have a query string or fragment: "
+                               f"{redact_url(endpoint)}")
 
 
 def _import_obstore() -> Any:
@@ -60,15 +88,17 @@ class S3Storage(ObjectStorage):
         obstore = _import_obstore()
         from obstore.store import S3Store
 
-        self.url = url
+        self.url = redact_url(url)
         self._ob = obstore
         from obstore import exceptions as exc
         self._exc = exc
         # obstore raises the built-in FileNotFoundError for a 404 (its NotFoundError too).
         self._notfound = (exc.NotFoundError, FileNotFoundError)
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        env = "AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
+        endpoint = os.environ.get(env)
         config: dict[str, Any] = {}
         if endpoint:
+            _check_endpoint(env, endpoint)
             config["endpoint"] = endpoint
             config["allow_http"] = endpoint.startswith("http://")
             # Most non-AWS servers (MinIO, Ceph, moto) want bucket-in-path addressing.
@@ -89,7 +119,10 @@ class S3Storage(ObjectStorage):
 
     @contextmanager
     def _errors(self, key: str) -> Iterator[None]:
+        # Every client error leaves as one of ours, its text redacted (from None: the client's
+        # own exception, URL and all, is not chained to be printed with a traceback).
         exc = self._exc
+        where = f"{self.url}: {key}" if key else self.url
         try:
             yield
         except (exc.PermissionDeniedError, exc.UnauthenticatedError) as e:
@@ -98,13 +131,17 @@ class S3Storage(ObjectStorage):
             text = str(e)
             if "NoSuchBucket" in text:
                 raise RemoteMissingError(f"{self.url}: no such bucket") from None
-            if "403" in text or "AccessDenied" in text or "InvalidAccessKeyId" in text:
+            if ("403" in text or "401 Unauthorized" in text or "AccessDenied" in text
+                    or "InvalidAccessKeyId" in text):
                 raise RemoteAccessError(f"{self.url}: access denied") from None
-            raise RemoteUnavailableError(f"{self.url}: {key}: {_first_line(e)}") from None
+            raise RemoteUnavailableError(f"{where}: {_first_line(e)}") from None
         except self._notfound as e:
             if "NoSuchBucket" in str(e):
                 raise RemoteMissingError(f"{self.url}: no such bucket") from None
-            raise
+            # A 404 the operation did not expect (a listing's): the bucket or its path is gone.
+            raise RemoteMissingError(f"{where}: not found ({_first_line(e)})") from None
+        except exc.BaseError as e:  # the client's other errors (configuration, paths)
+            raise RemoteUnavailableError(f"{where}: {_first_line(e)}") from None
 
     def check_exists(self) -> None:
         # A listing of one key: NoSuchBucket (141) or access denied (140) if it cannot be read.
@@ -199,4 +236,7 @@ def _shared_files_credentials(config: dict[str, Any]) -> Any:
 
 
 def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    """The first line of the client's message, redacted before it is cut (a cut URL could
+    keep a password whose '@' fell beyond the cut)."""
+    text = redact_url(str(exc)).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__

@@ -14,10 +14,15 @@ Errors a user can act on are `MvcError`s with their own exit codes: access
 denied (`RemoteAccessError`), no such bucket / directory
 (`RemoteMissingError`), the service still failing after the client's retries
 (`RemoteUnavailableError`).
+
+URLs reach messages from the user (a remote's URL, ``AWS_ENDPOINT_URL``) and from the S3
+client (whose errors quote the request URL, endpoint included); `redact_url` takes out what
+can be a secret in them, and the errors here apply it to their own message.
 """
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -28,26 +33,68 @@ from mvc.store.base import BytesLike
 OVERWRITE = "overwrite"
 CREATE = "create"
 
+#: What a secret is replaced by in messages.
+REDACTED = "<redacted>"
+# A URL ends at whitespace or a quote: messages quote URLs with repr() or put them between words.
+_URL = re.compile(r"""[A-Za-z][A-Za-z0-9+.-]*://[^\s'"<>`]*""")
+# Signed-request parameters outside a URL's query: an Authorization header quoted by an error
+# ("Credential=AKIA.../..., Signature=...") or a query string without its URL.
+_SECRET_PARAM = re.compile(
+    r"\b((?:X-Amz-[A-Za-z-]+|Signature|Credential|AWSAccessKeyId|Security-Token)=)[^\s&,;'\"]+",
+    re.IGNORECASE)
 
-class RemoteAccessError(UsageError):
+
+def redact_url(text: str) -> str:
+    """`text` with the secrets URLs carry taken out of every URL in it: the userinfo
+    (``user:password@``) and the query and fragment (signed URLs carry X-Amz-Signature,
+    X-Amz-Credential, tokens there) become `REDACTED`; so do signed-request parameters
+    (``X-Amz-*=``, ``Signature=``, ``Credential=``) outside a URL.  Idempotent."""
+    return _SECRET_PARAM.sub(lambda m: m.group(1) + REDACTED, _URL.sub(_redact_one, text))
+
+
+def _redact_one(match: re.Match[str]) -> str:
+    scheme, rest = match.group(0).split("://", 1)
+    # The last '@' ends the userinfo even when the password holds an unescaped '@' or '/'.
+    at = rest.rfind("@")
+    query = re.search(r"[?#]", rest)
+    if at >= 0 and query is not None and query.start() < at:
+        # '?' before '@': a password holding '?' or a query holding '@'; either way nothing
+        # after the scheme can be told apart from a secret.
+        return f"{scheme}://{REDACTED}"
+    if query is not None and query.end() < len(rest):  # (an empty one may be redacted already)
+        rest = rest[:query.start() + 1] + REDACTED
+    if at >= 0:
+        rest = REDACTED + rest[at:]
+    return f"{scheme}://{rest}"
+
+
+class _RedactedMessage(MvcError):
+    """An error whose message can quote a remote's URL or the S3 client's request URL: built
+    through `redact_url`, wherever the text came from."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact_url(a) if isinstance(a, str) else a for a in args))
+
+
+class RemoteAccessError(_RedactedMessage, UsageError):
     """The object storage refused access (HTTP 403, bad credentials, or file permissions)."""
 
     exit_code = 140
 
 
-class RemoteMissingError(UsageError):
+class RemoteMissingError(_RedactedMessage, UsageError):
     """The remote's bucket or directory does not exist."""
 
     exit_code = 141
 
 
-class RemoteUnavailableError(MvcError):
+class RemoteUnavailableError(_RedactedMessage):
     """The object storage kept failing (5xx, timeouts, resets) after every retry."""
 
     exit_code = 144
 
 
-class CorruptRemoteError(DataError):
+class CorruptRemoteError(_RedactedMessage, DataError):
     """A remote's own bookkeeping (a pack index, a ref record, its format marker) is unreadable."""
 
     exit_code = 146
@@ -69,7 +116,7 @@ class Stored:
 class ObjectStorage(abc.ABC):
     """A flat key -> bytes namespace with conditional writes (safe to share between threads)."""
 
-    #: The URL this storage was opened from (for messages).
+    #: The URL this storage was opened from, passed through `redact_url` (for messages).
     url: str
 
     @abc.abstractmethod
