@@ -6,7 +6,11 @@ Each takes the parts it needs (an `ObjectDB`, a ref store, a `Remote`); only
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import secrets
+import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +30,13 @@ from mvc.repo import refs as R
 from mvc.repo.objectdb import ObjectDB
 from mvc.repo.repository import MVC_DIR, Repo
 from mvc.store import ANY, RefStore
-from mvc.store.objstore import open_remote
+from mvc.store.objstore import Remote, open_remote
 from mvc.store.objstore.storage import redact_url
+
+#: The name of a clone's working directory, before it is moved into place: a sibling
+#: ``.<dest name>.mvc-clone-<random>`` of an absent destination, or ``.mvc-clone-<random>``
+#: inside an existing empty one (whose parent may not be writable, or may be another filesystem).
+CLONE_TMP = ".mvc-clone-"
 
 
 class CloneTargetError(UsageError):
@@ -103,37 +112,136 @@ class CloneResult:
 
 def clone(url: str, dest: str | os.PathLike[str], *, progress: Progress = NO_PROGRESS) -> CloneResult:
     """Create a repository at `dest` (absent or empty) with remote ``origin`` = `url`, fetch
-    everything, and put HEAD on the remote's ``main`` (else its first branch).  On any error
-    what was created is removed again."""
+    everything, and put HEAD on the remote's ``main`` (else its first branch).
+
+    The repository is built in a working directory (`CLONE_TMP`) and moved into place by one
+    rename once complete, so `dest` is only ever as it was or a whole clone.  On an error the
+    working directory is removed; a clone killed outright leaves it behind, and the next clone
+    into `dest` removes it (a live clone holds a lock on its own, which keeps it)."""
     path = Path(dest).resolve()
-    existed = path.exists()
-    if existed and (not path.is_dir() or any(path.iterdir())):
-        raise CloneTargetError(f"{path} exists and is not an empty directory")
+    existed = _check_target(path)
     remote = open_remote(url)
     try:
-        repo = Repo.init(path)
-        try:
-            RemoteConfig(repo.mvc_dir).add(ORIGIN, url)
-            store = repo.store
-            report = fetch(store.blobs, store.refs, remote, ORIGIN,
-                           lock=store.maintenance.write_lock(), progress=progress)
-            tracking = dict(store.refs.iter_refs(f"{REMOTES}{ORIGIN}/"))
-            branch = commit = None
-            if tracking:
-                names = [n[len(f"{REMOTES}{ORIGIN}/"):] for n in tracking]
-                branch = "main" if "main" in names else names[0]
-                commit = tracking[f"{REMOTES}{ORIGIN}/{branch}"]
-                why = f"clone: from {redact_url(url)}"
-                store.refs.update_ref(R.HEADS + branch, None, commit, why)
-                store.refs.update_ref(R.HEAD, ANY, R.SYMREF + R.HEADS + branch, why)
-        finally:
-            repo.close()
-    except BaseException:
         if existed:
-            shutil.rmtree(path / MVC_DIR, ignore_errors=True)
+            parent, prefix = path, CLONE_TMP
         else:
-            shutil.rmtree(path, ignore_errors=True)
-        raise
+            path.parent.mkdir(parents=True, exist_ok=True)
+            parent, prefix = path.parent, f".{path.name}{CLONE_TMP}"
+        _remove_abandoned(parent, prefix)
+        work, held = _make_work_dir(parent, prefix)
+        try:
+            report, branch, commit = _fill(work, url, remote, progress)
+            _move_into_place(work, path, existed)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        finally:
+            os.close(held)
     finally:
         remote.close()
     return CloneResult(path, report, branch, commit)
+
+
+def _check_target(path: Path) -> bool:
+    """Whether `path` exists (as an empty directory, or one holding only what killed clones
+    left); `CloneTargetError`, saying what to do, if it cannot be cloned into."""
+    if not path.exists():
+        return False
+    if not path.is_dir():
+        raise CloneTargetError(f"{path} exists and is not a directory: clone into another directory "
+                               "(`mvc clone URL DIR`) or move it away")
+    entries = sorted(p.name for p in path.iterdir() if not p.name.startswith(CLONE_TMP))
+    if entries == [MVC_DIR]:
+        raise CloneTargetError(
+            f"{path} already holds an mvc repository: use it (`mvc -C {shlex.quote(str(path))} fetch`), "
+            f"or remove it (`rm -rf {shlex.quote(str(path / MVC_DIR))}`) to clone again")
+    if entries:
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise CloneTargetError(
+            f"{path} exists and is not empty ({shown}): clone into a new or empty directory "
+            "(`mvc clone URL DIR`), or move its content away first")
+    return True
+
+
+def _fill(work: Path, url: str, remote: Remote, progress: Progress
+          ) -> tuple[TransferReport, str | None, str | None]:
+    """Make the repository in `work`: remote origin, everything fetched, HEAD on a branch."""
+    repo = Repo.init(work)
+    try:
+        RemoteConfig(repo.mvc_dir).add(ORIGIN, url)
+        store = repo.store
+        report = fetch(store.blobs, store.refs, remote, ORIGIN,
+                       lock=store.maintenance.write_lock(), progress=progress)
+        tracking = dict(store.refs.iter_refs(f"{REMOTES}{ORIGIN}/"))
+        branch = commit = None
+        if tracking:
+            names = [n[len(f"{REMOTES}{ORIGIN}/"):] for n in tracking]
+            branch = "main" if "main" in names else names[0]
+            commit = tracking[f"{REMOTES}{ORIGIN}/{branch}"]
+            why = f"clone: from {redact_url(url)}"
+            store.refs.update_ref(R.HEADS + branch, None, commit, why)
+            store.refs.update_ref(R.HEAD, ANY, R.SYMREF + R.HEADS + branch, why)
+    finally:
+        repo.close()
+    return report, branch, commit
+
+
+def _make_work_dir(parent: Path, prefix: str) -> tuple[Path, int]:
+    """A new directory ``parent/<prefix><random>`` and a descriptor holding an exclusive flock
+    on it (what tells `_remove_abandoned` in another clone that it is in use)."""
+    while True:
+        work = parent / f"{prefix}{secrets.token_hex(6)}"
+        try:
+            work.mkdir()
+        except FileExistsError:
+            continue
+        fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # Another clone took it for abandoned between mkdir and flock, and removes it.
+            os.close(fd)
+            continue
+        except OSError:
+            return work, fd  # no flock on this filesystem: nobody removes it, nobody is misled
+        if os.fstat(fd).st_nlink > 0:
+            return work, fd
+        os.close(fd)  # ...and had removed it already
+
+
+def _remove_abandoned(parent: Path, prefix: str) -> None:
+    """Remove the working directories of killed clones: those under `parent` named
+    ``<prefix>*`` whose flock is free (a running clone holds its own)."""
+    try:
+        candidates = [p for p in parent.iterdir() if p.name.startswith(prefix)]
+    except OSError:
+        return
+    for work in candidates:
+        try:
+            fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue  # gone already, or not a directory: not ours to remove
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            here, held = os.stat(work, follow_symlinks=False), os.fstat(fd)
+            # Still the directory locked (a finished clone renames its own away before unlocking).
+            if (here.st_dev, here.st_ino) == (held.st_dev, held.st_ino):
+                shutil.rmtree(work, ignore_errors=True)
+        except OSError:
+            pass  # in use (or no flock here): leave it
+        finally:
+            os.close(fd)
+
+
+def _move_into_place(work: Path, path: Path, existed: bool) -> None:
+    """One rename that makes the finished clone in `work` the repository at `path`."""
+    src, dst = (work / MVC_DIR, path / MVC_DIR) if existed else (work, path)
+    try:
+        os.rename(src, dst)
+    except OSError as exc:
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+            raise CloneTargetError(f"{dst} appeared while cloning: nothing was written; "
+                                   "clone into another directory") from None
+        raise
+    if existed:
+        shutil.rmtree(work, ignore_errors=True)
