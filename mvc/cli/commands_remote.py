@@ -152,7 +152,12 @@ def pull(remote_name: str | None, branch: str | None, quiet: bool) -> None:
     branch = branch or repo.current_branch()
     if branch is None:
         raise UsageError("HEAD is detached: name the branch to pull")
-    _fetch(repo, name, config.url(name), quiet)
+    report = _fetch(repo, name, config.url(name), quiet)
+    if f"refs/heads/{branch}" in report.skipped_refs:
+        from mvc.remote.remote_refs import BadRemoteRefError
+
+        raise BadRemoteRefError(f"the remote {name!r}'s branch {branch!r} is damaged and was "
+                                f"not fetched: {report.skipped_refs[f'refs/heads/{branch}']}")
     upstream = f"{REMOTES}{name}/{branch}"
     target = repo.store.read_ref(upstream)
     if target is None:

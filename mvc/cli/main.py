@@ -80,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point for the `mvc` console script and `python -m mvc`."""
     saved, warnings.showwarning = warnings.showwarning, _show_warning
     try:
-        return _run(argv)
+        # Every command says each of its warnings, even one an earlier command in this
+        # process said (the default filter shows a message once per place).
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", MvcWarning)
+            return _run(argv)
     finally:
         warnings.showwarning = saved
 

@@ -33,8 +33,10 @@ from mvc.remote.config import REMOTES
 from mvc.repo import refs as R
 from mvc.repo.objectdb import ObjectDB, Reached
 from mvc.repo.pruned import PRUNED, pruned_ids
+from mvc.remote.remote_refs import plan_replacements, read_remote_refs, walk_heads, walk_view
 from mvc.repo.replace import REPLACE
-from mvc.store import ANY, BlobStore, MemoryRefStore, RefConflictError, RefStore
+from mvc.repo.replace_verify import VERIFIED, replacement_differs
+from mvc.store import ANY, BlobStore, RefConflictError, RefStore
 from mvc.store.objstore import Remote
 
 #: Objects are read and sent in batches of about this many bytes (bounded memory).
@@ -66,6 +68,8 @@ class TransferReport:
     bytes: int = 0
     skipped: int = 0
     refs: list[RefResult] = field(default_factory=list)
+    #: Remote refs a fetch left out, and why (`mvc.remote.remote_refs`).
+    skipped_refs: dict[str, str] = field(default_factory=dict)
 
 
 def is_ancestor(odb: ObjectDB, old: str, new: str) -> bool:
@@ -199,23 +203,29 @@ def fetch(blobs: BlobStore, refs: RefStore, remote: Remote, name: str, *,
           progress: Progress = NO_PROGRESS) -> TransferReport:
     """Copy what `remote`'s branches and tags reach into `blobs`, then set
     ``refs/remotes/<name>/<branch>`` to each remote branch and create each remote tag
-    that is not here (an existing tag is never moved).  `lock`: held while writing."""
+    that is not here (an existing tag is never moved).  `lock`: held while writing.
+
+    The remote is not trusted (`mvc.remote.remote_refs`): a bad ref is skipped with a
+    warning (`TransferReport.skipped_refs`), a replacement is adopted only once it is
+    checked to restore what it replaces (or is the only copy of a checkpoint not held
+    here), and a pruned mark only for a commit not held here."""
     report = TransferReport()
     remote.storage.check_exists()  # a mistyped directory or bucket is an error, not "empty"
     if not remote.check_format():
         return report  # an empty remote
+    local = ObjectDB(blobs, refs)
     # The remote's refs read once (a listing and parallel GETs) into memory: the walk looks
     # up refs/replace/<snapshot> for every snapshot, which would be a request each.
-    seen = MemoryRefStore()
-    for n, v in remote.refs.iter_refs("refs/"):
-        seen.update_ref(n, None, v, "fetch")
-    remote_refs = {n: v for n, v in seen.iter_refs("refs/") if _usable(n, v)}
-    remote_odb = ObjectDB(remote.blobs, seen)
+    found = read_remote_refs(remote, refs, blobs)
+    view = walk_view(found, refs)
     progress.phase(f"finding objects in {remote.url}", unit="objects")
-    reached = list(remote_odb.reachable(sorted(set(remote_refs.values())), have=blobs.has))
+    walked = walk_heads(ObjectDB(remote.blobs, view), local, found)
+    plan = plan_replacements(remote, view, local, found, walked)
     progress.end()
-    chunks, snaps, commits = _dependency_order(reached)
-    replaced = {r.replaces for r in reached if r.replaces is not None}
+    chunks, snaps, commits = _dependency_order(walked)
+    more_chunks, more_snaps, _ = _dependency_order(plan.reached)
+    chunks = [c for c in chunks if c not in plan.unavailable] + more_chunks
+    reached = walked + plan.reached
     with lock if lock is not None else nullcontext():
         progress.phase(f"fetching from {remote.url}", total_items=len(reached), unit="objects")
         # In bounded batches, in any order: nothing refers to a chunk yet.
@@ -228,33 +238,43 @@ def fetch(blobs: BlobStore, refs: RefStore, remote: Remote, name: str, *,
                 _store(blobs, batch, report, progress)
                 batch, size = [], 0
         _store(blobs, batch, report, progress)
-        # Then in dependency order: snapshots (a replaced original only after its replacement
-        # ref), pruned marks, commits. A snapshot or commit stored here is complete, which is
-        # what makes `have=blobs.has` sound for the next fetch after a killed one.
-        got = dict(remote.blobs.get_many(snaps + commits))
-        _store(blobs, [got[o] for o in snaps if o not in replaced], report, progress)
-        for ref, value in _side_refs(reached, pruned_ids(seen)):
-            if refs.read_ref(ref) is None:
-                try:
-                    refs.update_ref(ref, None, value, f"fetch: {name}")
-                except RefConflictError:
-                    pass
-        _store(blobs, [got[o] for o in snaps if o in replaced], report, progress)
+        # Then in dependency order: snapshots (an original whose replacement is the only
+        # copy after that replacement's ref), the replacements checked, pruned marks,
+        # commits. A snapshot or commit stored here is complete, which is what makes
+        # `have=blobs.has` sound for the next fetch after a killed one.
+        got = dict(remote.blobs.get_many(snaps + more_snaps + commits))
+        _store(blobs, [got[o] for o in snaps if o not in plan.only_copy], report, progress)
+        _store(blobs, [got[o] for o in more_snaps], report, progress)
+        for sid, target in plan.only_copy.items():
+            refs.update_ref(REPLACE + sid, None, target,
+                            f"fetch: {name} (its original is not on the remote: unverified)")
+        _store(blobs, [got[o] for o in snaps if o in plan.only_copy], report, progress)
+        for sid, target in plan.to_verify.items():
+            why = replacement_differs(local, sid, target)
+            if why is None:
+                refs.update_ref(REPLACE + sid, None, target, f"fetch: {name} {VERIFIED}")
+            else:
+                found.skip(REPLACE + sid, f"refused: replacement {target} {why}")
+        fetched = set(commits)
+        for cid in sorted(found.pruned & fetched):
+            if refs.read_ref(PRUNED + cid) is None:
+                refs.update_ref(PRUNED + cid, None, cid, f"fetch: {name}")
         _store(blobs, [got[o] for o in commits], report, progress)
         progress.end()
-        for ref, value in sorted(remote_refs.items()):
+        for ref, value in sorted(found.heads.items()):
             if ref.startswith(R.HEADS):
-                local = f"{REMOTES}{name}/{ref[len(R.HEADS):]}"
-                old = refs.read_ref(local)
+                tracking = f"{REMOTES}{name}/{ref[len(R.HEADS):]}"
+                old = refs.read_ref(tracking)
                 if old != value:
-                    refs.update_ref(local, ANY, value, f"fetch: {name}")
-                    report.refs.append(RefResult(local, old, value, "new" if old is None else "updated"))
+                    refs.update_ref(tracking, ANY, value, f"fetch: {name}")
+                    report.refs.append(RefResult(tracking, old, value, "new" if old is None else "updated"))
             elif refs.read_ref(ref) is None:
                 try:
                     refs.update_ref(ref, None, value, f"fetch: {name}")
                     report.refs.append(RefResult(ref, None, value, "new"))
                 except RefConflictError:
                     pass
+    report.skipped_refs = dict(found.skipped)
     return report
 
 

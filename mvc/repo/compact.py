@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 
 from mvc.codecs.quantized import encode_base
 from mvc.errors import InternalError
@@ -29,6 +28,7 @@ from mvc.repo.objects import Snapshot, TensorRecord
 from mvc.repo.pruned import pruned_ids
 from mvc.repo.reader import TensorReader
 from mvc.repo.replace import publish_replacement
+from mvc.repo.replace_verify import moment_partner, same_bits
 from mvc.repo.tensors import ChunkWriter
 from mvc.store import TransactionalRefStore
 
@@ -164,27 +164,13 @@ def _verify(odb: ObjectDB, reader: TensorReader, sid: str, snap: Snapshot, new_s
             raise InternalError(f"gc: re-encoding of {name!r} in snapshot {sid} "
                                 "does not restore the same levels")
     affected = [n for n, r in old_recs.items()
-                if n in changed or _partner(r) in changed or _partner(new_recs[n]) in changed]
+                if n in changed or moment_partner(r) in changed or moment_partner(new_recs[n]) in changed]
     # Clamped first moments need their partners restored alongside.
-    needed = set(affected) | {p for n in affected for p in (_partner(old_recs[n]), _partner(new_recs[n]))
+    needed = set(affected) | {p for n in affected for p in (moment_partner(old_recs[n]), moment_partner(new_recs[n]))
                               if p in old_recs}
     before = reader.read_all(sid, [r for n, r in old_recs.items() if n in needed])
     after = reader.read_all(new_sid, [r for n, r in new_recs.items() if n in needed])
     for name in affected:
-        if not _same_bits(before[name], after[name]):
+        if not same_bits(before[name], after[name]):
             raise InternalError(f"gc: re-encoding snapshot {sid} does not restore tensor "
                                 f"{name!r} bit-identically")
-
-
-def _partner(rec: TensorRecord) -> str | None:
-    """The second moment that bounds a first moment on restore (None for other records)."""
-    moment = rec.meta.get("moment")
-    partner = moment.get("partner") if isinstance(moment, dict) else None
-    return partner if isinstance(partner, str) else None
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    def bits(t: torch.Tensor) -> torch.Tensor:
-        return t.detach().contiguous().reshape(-1).view(torch.uint8)
-
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))

@@ -311,6 +311,19 @@ class ObjectDB:
             yield from self._snapshot_closure(commit.snapshot, commit.id, "commit", had,
                                               snapshots, chunks, on_damage)
 
+    def snapshot_closure(self, sids: Iterable[str], *, have: Have = None,
+                         on_damage: OnDamage | None = None) -> Iterator[Reached]:
+        """What `reachable` yields for snapshots `sids` named directly rather than by a
+        commit: each, its replacement, the snapshots its deltas need, and their chunks.
+        A fetch walks so a replacement it has yet to check, and gc the original of one
+        it must not trust."""
+        had = _predicate(have)
+        snapshots: set[str] = set()
+        chunks: set[str] = set()
+        for sid in sorted(set(sids)):
+            yield from self._snapshot_closure(sid, sid, "snapshot", had, snapshots, chunks,
+                                              on_damage)
+
     def _snapshot_closure(self, sid: str, via: str, role: str, had: Callable[[str], bool],
                           snapshots: set[str], chunks: set[str],
                           on_damage: OnDamage | None) -> Iterator[Reached]:
