@@ -219,6 +219,12 @@ def object_id(data: BytesLike) -> str:
     return xxhash.xxh3_128_hexdigest(data)
 
 
+def id_hasher() -> xxhash.xxh3_128:
+    """An incremental hasher whose ``hexdigest()`` after ``update()`` with every piece of an
+    object is that object's id (`object_id`): verification of content read in ranges."""
+    return xxhash.xxh3_128()
+
+
 def byte_view(data: BytesLike) -> memoryview:
     """A flat byte view of `data` (any C-contiguous buffer) without copying."""
     mv = data if isinstance(data, memoryview) else memoryview(data)

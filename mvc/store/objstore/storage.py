@@ -5,6 +5,8 @@ keys holding byte strings.  `ObjectStorage` is what the remote blob and ref
 stores (`blobs.py`, `refs.py`) are written against:
 
 * `get` / `get_range` / `head` / `list` / `delete` -- plain reads and removal;
+  `iter_range` reads an object of any size as pieces of at most `READ_RANGE`
+  bytes (what verification in bounded memory is built on);
 * `put` with a *mode*: overwrite, create-only (``If-None-Match: *``) or
   replace-if-unchanged (``If-Match: <etag>``).  The last two are what make
   compare-and-swap of refs possible on storage without transactions;
@@ -32,6 +34,9 @@ from mvc.store.base import BytesLike
 #: `put` modes: replace whatever is there, or create only when the key is absent.
 OVERWRITE = "overwrite"
 CREATE = "create"
+#: The most bytes one read of an object brings into memory (`iter_range`): remote objects
+#: can be GBs and are untrusted until hashed, so they are never read whole.
+READ_RANGE = 16 << 20
 
 #: What a secret is replaced by in messages.
 REDACTED = "<redacted>"
@@ -126,6 +131,20 @@ class ObjectStorage(abc.ABC):
     @abc.abstractmethod
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of the object at `key` (`KeyError` if there is none)."""
+
+    def iter_range(self, key: str, start: int, end: int, step: int = READ_RANGE) -> Iterator[bytes]:
+        """Bytes [start, end) of the object at `key` as consecutive pieces of at most `step`
+        bytes (`KeyError` if there is none).  Stops early, after a short piece or none, if the
+        object ends before `end`: the caller compares the total with what it expected."""
+        for a in range(start, end, step):
+            want = min(end, a + step) - a
+            piece = self.get_range(key, a, a + want)
+            got = len(piece)
+            if got:
+                yield piece
+            del piece  # not held while the next range downloads
+            if got < want:
+                return
 
     @abc.abstractmethod
     def head(self, key: str) -> int | None:
