@@ -118,7 +118,11 @@ def _run(argv: list[str] | None) -> int:
         echo(f"mvc: error: {exc.strerror or exc}{where}", err=True)
         return DiskFullError.exit_code if is_disk_full(exc) else 74
     except Exception as exc:  # a bug: say so plainly
-        echo(f"mvc: internal error (this is a bug): {type(exc).__name__}: {exc}", err=True)
+        # A library's message may quote a request URL with credentials in it.
+        from mvc.store.objstore.storage import redact_url
+
+        echo(f"mvc: internal error (this is a bug): {type(exc).__name__}: {redact_url(str(exc))}",
+             err=True)
         if os.environ.get("MVC_DEBUG"):
             traceback.print_exc()
         else:
