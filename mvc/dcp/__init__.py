@@ -7,12 +7,20 @@
     dcp.load(state, storage_reader=MvcStorageReader("runs/exp1", rev="HEAD"))
 
 Every rank encodes and stores its own tensors and shards; the coordinator publishes the
-commit (`mvc.dcp.writer`).  A load reads the regions each rank asks for, at any world size
+commit (`mvc.dcp.writer`); `save(state, writer)` is `dcp.save` that also says whether the commit
+landed when the save failed (`DcpPublishedError`).  A load reads the regions each rank asks for, at any world size
 (`mvc.dcp.reader`).  See docs/distributed.md.
 """
 from mvc.dcp.lossy import all_gather, all_sum
 from mvc.dcp.reader import DcpLayoutError, MvcStorageReader
-from mvc.dcp.writer import DcpOptionError, DcpValueError, MvcStorageWriter
+from mvc.dcp.writer import (
+    DcpOptionError,
+    DcpPublishedError,
+    DcpValueError,
+    Landed,
+    MvcStorageWriter,
+    save,
+)
 
-__all__ = ["DcpLayoutError", "DcpOptionError", "DcpValueError", "MvcStorageReader",
-           "MvcStorageWriter", "all_gather", "all_sum"]
+__all__ = ["DcpLayoutError", "DcpOptionError", "DcpPublishedError", "DcpValueError", "Landed",
+           "MvcStorageReader", "MvcStorageWriter", "all_gather", "all_sum", "save"]

@@ -18,6 +18,15 @@ So one `dcp.save` is one commit, and a rank that fails in `write_data` fails the
 before `finish`: its siblings' chunks stay unreachable (gc removes them), no ref moves.
 A branch moved by someone else between plan and finish is `RefConflictError`: the save
 fails rather than overwrite that commit.
+
+What the caller is told (issue 25): the compare-and-swap is the last step of `finish` that
+can fail, and the coordinator's `commit_id` is set the moment it succeeds.  DCP broadcasts
+finish's outcome afterwards, and a peer dying then fails the coordinator's `dcp.save` although
+the commit landed: `commit_id` (set) says so, and `save` turns that into `DcpPublishedError`.
+No two-phase protocol can make the ranks agree when one dies after the commit point, so a
+retry must be harmless instead: a save whose message, step and metrics equal the branch
+head's is written against the head's parent, as its earlier attempt was, and when it yields
+the head's snapshot no commit is made (`commit_id` is the head, `reused` is True).
 """
 from __future__ import annotations
 
@@ -30,20 +39,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch.futures import Future
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 
-from mvc.errors import UsageError
+from mvc.errors import DataError, MvcError, UsageError
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy
 from mvc.repo import pipeline
-from mvc.repo.objects import TensorRecord
+from mvc.repo.objects import Commit, Snapshot, TensorRecord
 from mvc.repo.provenance import author, code_provenance
 from mvc.integrations.repo_handle import RepoOnDemand, UsesRepo
 from mvc.repo.repository import Repo
 from mvc.repo.shards import SHARD_KEY, covers_whole, shard_meta, shard_name, shard_of
 from mvc.search.space import SearchSpace
+from mvc.store import object_id
 
 from mvc.dcp import lossy
 from mvc.dcp.layout import Paths, merged_paths, skeleton, tensor_names
@@ -65,12 +77,47 @@ class DcpValueError(UsageError):
     exit_code = 162
 
 
+class DcpPublishedError(MvcError):
+    """`dcp.save` failed on the coordinator after its commit had landed on the branch (a peer
+    died, or a collective failed, after the commit point).  `commit_id` is that commit; a
+    retry of the same save does not make a second one."""
+
+    exit_code = 166
+
+    def __init__(self, commit_id: str, cause: BaseException) -> None:
+        self.commit_id = commit_id
+        super().__init__(f"commit {commit_id} was published, then the save failed: "
+                         f"{_describe(cause)} (the other ranks may not know; saving the same "
+                         "state again does not make a second commit)")
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for `exc`; DCP's CheckpointException by the errors it gathered per rank."""
+    if isinstance(exc, CheckpointException):
+        return "; ".join(f"rank {rank}: {_describe(err)}"
+                         for rank, (err, _) in sorted(exc.failures.items()))
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class Landed:
+    """What the coordinator's `finish` leaves in DCP's `Metadata.storage_data` (which DCP
+    broadcasts and `dcp.save` returns on every rank): the commit, and whether it was made
+    by an earlier attempt of this save (`MvcStorageWriter.reused`)."""
+
+    commit_id: str
+    reused: bool
+
+
 @dataclass(frozen=True)
 class _Shared:
     """What the coordinator decides for every rank (sent in each `SavePlan.storage_data`)."""
 
     ref: str
-    parent: str | None
+    head: str | None          # the branch's commit: the new commit's parent, the CAS's "old"
+    parent: str | None        # what the records are written against (deltas, warm starts)
+    again: bool               # head looks like an earlier attempt of this save
     names: dict[str, str]     # fqn -> tensor name in the commit
     paths: Paths              # fqn -> path in the nested state
     how: lossy.How
@@ -94,7 +141,10 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
     (the default: the config search with the proxy gate, its sketches merged and its
     verdicts agreed over the ranks; `space=`, `epsilon=`, `tensor_cap=`) or ``lossless``.
     `step=`, `metrics=` and `policy=` as for `Repo.commit`.  After the save the
-    coordinator's writer holds the new commit's id in `commit_id`.
+    coordinator's writer holds the new commit's id in `commit_id` -- also when `dcp.save`
+    raised after the commit landed (`save` says so with `DcpPublishedError`).  A save of
+    the branch head's state with the head's message, step and metrics (a retry of a save
+    whose outcome was lost) makes no commit: `commit_id` is the head, `reused` is True.
     """
 
     def __init__(self, repo: str | os.PathLike | Repo, message: str, *, lossless: bool = False,
@@ -114,6 +164,7 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
         self.is_coordinator = True
         self.rank = 0
         self.commit_id: str | None = None
+        self.reused = False
         self._shared: _Shared | None = None
         self._chosen: tuple[dict | None, dict | None] = (None, None)
 
@@ -135,6 +186,7 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
         if checkpoint_id:
             self._repo.retarget(checkpoint_id)
         self.commit_id = None
+        self.reused = False
         self._shared = None
 
     @classmethod
@@ -156,15 +208,27 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         repo = self.repo
-        ref, parent = repo.commit_target()
+        ref, head = repo.commit_target()
+        again, parent = False, head
+        if head is not None:
+            commit = _readable(repo, head)
+            if commit is not None and self._same_request(commit):
+                # written as the earlier attempt was, so that the same state gives the same
+                # records (lossy ones are deltas against, and warm-started from, that parent)
+                again, parent = True, (commit.parents[0] if commit.parents else None)
         items = [item for p in plans for item in p.items]
         fqns = list(dict.fromkeys(item.index.fqn for item in items))
         paths = merged_paths([p.planner_data for p in plans], fqns)
         tensors = [item.index.fqn for item in items if item.type != WriteItemType.BYTE_IO]
         names = tensor_names(paths, dict.fromkeys(tensors))
         how = lossy.How.of(repo, self.lossless, self.options)
-        self._shared = _Shared(ref, parent, names, paths, how)
+        self._shared = _Shared(ref, head, parent, again, names, paths, how)
         return [dataclasses.replace(p, storage_data=self._shared) for p in plans]
+
+    def _same_request(self, commit: Commit) -> bool:
+        """Whether `commit` says what this save would (message, step, metrics)."""
+        return commit.message == self.message and commit.step == self.options.get("step") \
+            and commit.metrics == dict(self.options.get("metrics") or {})
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         shared: _Shared = plan.storage_data
@@ -224,7 +288,7 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
         cplan = pipeline.CommitPlan(
             names=_record_order(skel, records), tensors={}, skeleton=skel, quantized={},
             domains={}, moments={}, config=config, quality=quality,
-            parent=pipeline.ParentInfo(shared.parent), settings=repo.commit_settings())
+            parent=pipeline.ParentInfo(shared.head), settings=repo.commit_settings())
         opts = self.options
         info = pipeline.CommitInfo(
             message=self.message,
@@ -232,8 +296,55 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
             step=opts.get("step"), metrics=dict(opts.get("metrics") or {}),
             provenance=code_provenance(os.getcwd()))
         with repo.store.write_lock(float(repo.config.get("core.lock_timeout"))):
-            self.commit_id, _ = pipeline.publish(cplan, records, info, blobs=repo.store,
-                                                 refs=repo.store, ref=shared.ref)
+            if shared.head is not None and shared.again \
+                    and _is_head(repo, shared.ref, shared.head, cplan, records):
+                cid, self.reused = shared.head, True
+            else:
+                cid, _ = pipeline.publish(cplan, records, info, blobs=repo.store,
+                                          refs=repo.store, ref=shared.ref)
+            self.commit_id = cid
+        # Past the commit point nothing here may fail: DCP broadcasts this to every rank.
+        metadata.storage_data = Landed(cid, self.reused)
+
+
+def save(state: dict[str, Any], writer: MvcStorageWriter, **dcp_kwargs: Any) -> str | None:
+    """`dcp.save(state, storage_writer=writer, **dcp_kwargs)`, telling what it published.
+
+    Returns the commit id on every rank (the coordinator's, as DCP broadcast it).  On the
+    coordinator, a failure after the commit landed raises `DcpPublishedError` (carrying
+    `commit_id`); any other error is dcp.save's own, and this save published nothing.  The
+    other ranks cannot tell a failure after the commit point from one before it (a peer died
+    before DCP's broadcast reached them): they see dcp.save's error, and a retry of the same
+    save is harmless (`MvcStorageWriter`).
+    """
+    try:
+        metadata = dcp.save(state, storage_writer=writer, **dcp_kwargs)
+    except (Exception, CheckpointException) as exc:  # DCP's own is a BaseException
+        if writer.commit_id is not None:
+            raise DcpPublishedError(writer.commit_id, exc) from exc
+        raise
+    landed = metadata.storage_data
+    return landed.commit_id if isinstance(landed, Landed) else writer.commit_id
+
+
+def _readable(repo: Repo, cid: str) -> Commit | None:
+    """The commit, or None where it cannot be read (then no save is taken for a retry of it,
+    and the save goes on as it did before retries were recognised)."""
+    try:
+        return repo.read_commit(cid)
+    except DataError:
+        return None
+
+
+def _is_head(repo: Repo, ref: str, head: str, cplan: pipeline.CommitPlan,
+             records: list[TensorRecord]) -> bool:
+    """Whether `ref` still is at `head` and that commit's snapshot is exactly the one
+    `publish` would write (call under the write lock)."""
+    by_name = {rec.name: rec for rec in records}
+    if set(by_name) != set(cplan.names) or repo.store.read_ref(ref) != head:
+        return False   # publish then refuses, or makes the commit, with its own checks
+    snap = Snapshot([by_name[n] for n in cplan.names], cplan.skeleton).encode()
+    return object_id(snap) == repo.read_commit(head).snapshot
 
 
 def _check_types(options: dict[str, Any]) -> None:
