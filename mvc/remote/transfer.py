@@ -13,7 +13,10 @@ from the refs being sent, with `have` = what the other side already holds:
   parents first, so a commit stored here always has its history.
 
 The walk follows delta parents and gc's replacement snapshots; a replacement
-travels with its ``refs/replace/`` ref, written after the objects.
+travels with its ``refs/replace/`` ref, written after the objects.  A fetch does
+not trust what it reads (`mvc.remote.remote_refs`): bad refs are skipped with a
+warning, and a remote's replacement or pruned mark never changes what a commit
+already readable here restores.
 
 Consistency on storage without transactions: every object is uploaded (and
 every upload has finished) before any ref moves; each ref then moves by one
@@ -23,7 +26,7 @@ lost a race gets `NonFastForwardError` and nothing of its own is referenced.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
@@ -37,6 +40,7 @@ from mvc.remote.remote_refs import plan_replacements, read_remote_refs, walk_hea
 from mvc.repo.replace import REPLACE
 from mvc.repo.replace_verify import VERIFIED, replacement_differs
 from mvc.store import ANY, BlobStore, RefConflictError, RefStore
+from mvc.store.base import BytesLike
 from mvc.store.objstore import Remote
 
 #: Objects are read and sent in batches of about this many bytes (bounded memory).
@@ -228,10 +232,11 @@ def fetch(blobs: BlobStore, refs: RefStore, remote: Remote, name: str, *,
     reached = walked + plan.reached
     with lock if lock is not None else nullcontext():
         progress.phase(f"fetching from {remote.url}", total_items=len(reached), unit="objects")
-        # In bounded batches, in any order: nothing refers to a chunk yet.
-        batch: list[bytes] = []
+        # In bounded batches, in any order: nothing refers to a chunk yet. A chunk larger
+        # than one read range comes as a view of its verified spool file, not as bytes.
+        batch: list[BytesLike] = []
         size = 0
-        for _, data in remote.blobs.get_many(chunks):
+        for _, data in remote.blobs.get_many(chunks, views=True):
             batch.append(data)
             size += len(data)
             if size >= BATCH_BYTES:
@@ -299,7 +304,7 @@ def _usable(name: str, value: str) -> bool:
     return False
 
 
-def _store(blobs: BlobStore, batch: list[bytes], report: TransferReport, progress: Progress) -> None:
+def _store(blobs: BlobStore, batch: Sequence[BytesLike], report: TransferReport, progress: Progress) -> None:
     if not batch:
         return
     blobs.put_many(batch)
