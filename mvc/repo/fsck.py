@@ -17,10 +17,11 @@ from mvc.progress import Progress, phase
 from mvc.repo import refs as R
 from mvc.repo.levelcache import DiskLevelCache, check_level_cache
 from mvc.repo.lossy import is_quantized, parent_ref
-from mvc.repo.objectdb import ObjectDB, Reached
+from mvc.repo.objectdb import Damage, ObjectDB, Reached
 from mvc.repo.objects import Snapshot, TensorRecord, object_kind
 from mvc.repo.replace import OID, REPLACE, follow_replacement
 from mvc.repo.tensors import payload_size_problems
+from mvc.repo.unreadable import UNREADABLE_HELP, split_damage
 from mvc.store import CorruptRefError, ReflogEntry, RefStore, StoreMaintenance
 from mvc.store.base import OnCorrupt
 
@@ -86,17 +87,22 @@ def check_repository(odb: ObjectDB, maintenance: StoreMaintenance,
     commits = 0
     named: set[str] = set()  # snapshot ids that reachable commits name
     records = _RecordChecks(odb, present)
+    damage: list[Damage] = []
     with phase(progress, "checking history", unit="commits") as p:
-        for reached in odb.reachable([c for c in roots if c in present],
-                                     on_damage=lambda d: problems.append(str(d))):
+        for reached in odb.reachable([c for c in roots if c in present], on_damage=damage.append):
             if reached.kind == "commit":
                 commits += 1
                 named.add(reached.obj.snapshot)  # type: ignore[union-attr]
                 p.advance(items=1)
             elif reached.kind == "snapshot" and reached.obj is not None:
                 problems.extend(records.check(reached))
+    # An intact object this version cannot decode that only reflogs reach is what gc keeps
+    # unread (`mvc.repo.unreadable`): a warning, not damage; anything else is a problem.
+    kept, damage = split_damage(odb, damage) if damage else ([], [])
+    problems.extend(str(d) for d in damage)
+    unread = [f"{d} (only reflogs reach it: gc keeps it, unread; {UNREADABLE_HELP})" for d in kept]
     problems.extend(check_replacements(odb, present, named, corrupt))
-    warnings = maintenance.check_meta(repair=True) + check_level_cache(level_cache, odb.read_snapshot)
+    warnings = unread + maintenance.check_meta(repair=True) + check_level_cache(level_cache, odb.read_snapshot)
     # One line per problem object, however many commits share it.
     return FsckReport(objects_checked=n_objects, commits_checked=commits,
                       problems=list(dict.fromkeys(problems)), warnings=warnings)

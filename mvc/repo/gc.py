@@ -8,10 +8,11 @@ maintenance part (write lock, shrink) -- and plain settings; never a `Repo`.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
-from mvc.errors import DataError, UsageError
+from mvc.errors import DataError, MvcWarning, UsageError
 from mvc.progress import Progress, phase
 from mvc.repo.compact import compact_chains
 from mvc.repo.objectdb import Damage, ObjectDB
@@ -19,6 +20,7 @@ from mvc.repo.reader import TensorReader
 from mvc.repo.pruned import PRUNED
 from mvc.repo.replace import REPLACE
 from mvc.repo.retention import RetentionPolicy, apply_retention, plan_retention
+from mvc.repo.unreadable import UNREADABLE_HELP, is_intact, ref_roots, salvage, split_damage
 from mvc.store import InvalidIdError, RefUpdate, StoreMaintenance, TransactionalRefStore
 from mvc.store.base import check_oid
 
@@ -61,6 +63,9 @@ class GcReport:
     #: Level-cache files deleted after the objects: stale (their snapshot or encoding gone),
     #: corrupt or foreign -- what `fsck` would warn about.
     cache_files_removed: int = 0
+    #: Intact objects this version cannot decode that only reflogs reach: kept unread, with
+    #: every object their bytes name (`mvc.repo.unreadable`); one line each.
+    unreadable_kept: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -113,15 +118,23 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
         rebased = 0
         if plan is not None and not dry_run:
             rebased = apply_retention(odb, reader, refs, plan, settings.chunk_size, progress)
+        unreadable: list[Damage] = []
         if plan is not None and dry_run:
             keep = _reachable(odb, roots, also_pruned=[c.id for c in plan.prune],
-                              have=plan.freed_snapshots)
+                              have=plan.freed_snapshots, unreadable=unreadable)
         else:
-            keep = _reachable(odb, roots)
+            keep = _reachable(odb, roots, unreadable=unreadable)
+        if unreadable:
+            warnings.warn(MvcWarning(
+                f"gc: kept {len(unreadable)} object(s) this version cannot read, which only "
+                f"reflogs reach, and all they name: {unreadable[0]} ({UNREADABLE_HELP})"), stacklevel=2)
         compacted = None
         if not dry_run and (settings.max_chain > 0 or settings.chain_budget > 0):
+            # Compaction reads every snapshot it walks: with unreadable ones in reflog-only
+            # history, it bounds the chains of what refs reach and leaves the rest as it is.
+            walked = ref_roots(refs) if unreadable else roots
             with phase(progress, "bounding delta chains", unit="commits") as p:
-                compacted = compact_chains(odb, reader, refs, roots, max_chain=settings.max_chain,
+                compacted = compact_chains(odb, reader, refs, walked, max_chain=settings.max_chain,
                                            budget=settings.chain_budget, chunk_size=settings.chunk_size,
                                            progress=p)
             if compacted.snapshots_rewritten:
@@ -147,6 +160,7 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
                           kept_objects=len(keep), dry_run=dry_run,
                           pruned=[c.id for c in plan.prune] if plan else [], retention_rebased=rebased,
                           expired_reflogs=expired, deleted_refs_kept=in_grace)
+        report.unreadable_kept = [str(d) for d in unreadable]
         if compacted is not None:
             report.snapshots_rewritten = compacted.snapshots_rewritten
             report.tensors_rebased = compacted.tensors_rebased
@@ -158,16 +172,28 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
 
 
 def _reachable(odb: ObjectDB, roots: set[str], *, also_pruned: Collection[str] = (),
-               have: Collection[str] = ()) -> set[str]:
-    """Every object reachable from `roots`; `UnsafeGcError` if any of it cannot be read.
+               have: Collection[str] = (), unreadable: list[Damage] | None = None) -> set[str]:
+    """Every object reachable from `roots`; `UnsafeGcError` if any of it cannot be read,
+    except intact objects only reflogs reach, kept unread (`mvc.repo.unreadable`; told to
+    `unreadable`).
     `also_pruned`, `have`: as for `ObjectDB.reachable` (a dry run of retention)."""
     damage: list[Damage] = []
     keep = {r.oid for r in odb.reachable(roots, on_damage=damage.append, also_pruned=also_pruned,
                                          have=set(have))}
     if damage:
+        unread, damage = split_damage(odb, damage)
+        salvaged, problem = salvage(odb, [d.oid for d in unread], keep)
+        if problem is not None:
+            raise UnsafeGcError(f"gc refused: {problem}, run `mvc fsck`")
+        keep |= salvaged
+        if unreadable is not None:
+            unreadable[:] = unread
+    if damage:
         more = f" (and {len(damage) - 1} more)" if len(damage) > 1 else ""
+        hint = (f"; a ref names a commit this version cannot read: {UNREADABLE_HELP}"
+                if any(is_intact(d) for d in damage) else "")
         raise UnsafeGcError(f"gc refused: reachable history is damaged, run `mvc fsck`: "
-                            f"{damage[0]}{more}")
+                            f"{damage[0]}{more}{hint}")
     return keep
 
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, NoReturn
 
@@ -38,6 +39,44 @@ class MalformedObjectError(DataError):
     """An object's bytes verify against its id but are not a valid mvc object."""
 
     exit_code = 14
+
+
+class UnstorableTensorError(UsageError):
+    """A tensor of the state to commit lies outside what a snapshot record may claim (the
+    reader's limits, `shape_problem`): refused before anything is stored."""
+
+    exit_code = 173
+
+
+def shape_problem(shape: Sequence[object]) -> str | None:
+    """Why a tensor record may not claim `shape`, or None when it may.
+
+    The one rule for both directions: the reader refuses a stored record that breaks it
+    (`MalformedObjectError`) and the writer refuses to store a tensor that breaks it
+    (`UnstorableTensorError`), so no commit is published that its own reader rejects.
+    Every dimension is an integer in [0, MAX_NUMEL] -- a tensor with a zero dimension holds
+    no data, yet its other dimensions still reach every shape product -- and the product is
+    at most MAX_NUMEL.
+    """
+    numel = 1
+    for d in shape:
+        if type(d) is not int or not 0 <= d <= MAX_NUMEL:
+            return f"shape dimension {_short(d)} is not an integer in [0, 2^48 = {MAX_NUMEL}]"
+        # capped, so a long hostile shape cannot build a huge integer
+        numel = min(numel * d, MAX_NUMEL + 1)
+    if numel > MAX_NUMEL:
+        return f"shape {_short(list(shape))} claims more than 2^48 = {MAX_NUMEL} elements"
+    return None
+
+
+def check_tensor_shape(name: str, shape: Sequence[int]) -> None:
+    """`UnstorableTensorError` naming tensor `name` when a record could not claim `shape`:
+    what the writer asks of every tensor before it stores any."""
+    problem = shape_problem(list(shape))
+    if problem is not None:
+        raise UnstorableTensorError(
+            f"tensor {_short(name)} cannot be stored: {problem} (the limit every mvc snapshot "
+            "reader enforces); nothing was stored")
 
 
 def _canonical(obj: dict[str, Any]) -> bytes:
@@ -153,7 +192,7 @@ class Commit:
         for key in ("message", "time", "author"):
             check.typed(obj[key], str, key)
         if obj.get("step") is not None:
-            check.integer(obj["step"], "step", lo=-_MAX_COUNT)
+            check.integer(obj["step"], "step", lo=-_MAX_COUNT)  # check_step's range
         for k, v in check.typed(obj.get("metrics", {}), dict, "metrics").items():
             check.number(v, f"metrics[{k!r}]")
         for key in ("provenance", "quant", "quality"):
@@ -182,6 +221,56 @@ def check_metrics(metrics: Mapping[str, float] | None) -> dict[str, float]:
             raise UsageError(f"metric {k!r} must be finite, got {v!r}")
         out[str(k)] = f
     return out
+
+
+def check_step(step: object) -> int | None:
+    """A commit's step as given: None, or an int in [-2^62, 2^62] -- what `Commit.decode`
+    accepts (`UsageError` otherwise)."""
+    if step is None:
+        return None
+    if type(step) is not int or not -_MAX_COUNT <= step <= _MAX_COUNT:
+        raise UsageError(f"step must be an int in [-2^62, 2^62], got {_short(step)}")
+    return step
+
+
+class UnpublishableObjectError(UsageError):
+    """A commit or snapshot about to be stored would not pass the reader's own checks
+    (`checked_encoding`): the commit is refused, nothing is published."""
+
+    exit_code = 174
+
+
+def checked_encoding(obj: Snapshot | Commit) -> bytes:
+    """`obj.encode()`, read back by the very parser the reader uses (`decode`) before anyone
+    stores it: `UnpublishableObjectError` when the reader would refuse it (a limit, a field
+    out of range, JSON past what the reader inflates, a NaN or inf JSON cannot hold)."""
+    kind = "snapshot" if isinstance(obj, Snapshot) else "commit"
+    try:
+        data = obj.encode()
+        type(obj).decode(data, "(not stored)")
+    except (MalformedObjectError, ValueError) as exc:  # ValueError: NaN / inf in the JSON
+        raise UnpublishableObjectError(f"{kind} refused, nothing was published: {exc}") from None
+    return data
+
+
+#: An object id as canonical JSON writes it: what `ids_named` looks for.
+_QUOTED_ID = re.compile(rb'"([0-9a-f]{32})"')
+
+
+def ids_named(data: bytes) -> set[str] | None:
+    """Every object id the bytes of a commit or snapshot name, read leniently -- whether or
+    not the object decodes -- or None when its text cannot be read (a snapshot that does not
+    inflate).  A chunk names none.  A superset of what the object refers to: what gc keeps
+    for an object this version cannot decode, so that nothing it may need is deleted."""
+    if object_kind(data) == "chunk":
+        return set()
+    text = data
+    if data.startswith(SNAPSHOT_HEADER):
+        try:
+            text = _inflate(memoryview(data)[len(SNAPSHOT_HEADER):], "?")
+        except MalformedObjectError:
+            return None
+    return {m.decode() for m in _QUOTED_ID.findall(text)}
 
 
 class _Checker:
@@ -242,12 +331,9 @@ def _record(check: _Checker, t: Any, i: int) -> TensorRecord:
     check.typed(t["dtype"], str, f"{where}: dtype")
     check.typed(t["codec"], str, f"{where}: codec")
     shape = check.typed(t["shape"], list, f"{where}: shape")
-    numel = 1
-    for d in shape:
-        # capped, so a long hostile shape cannot build a huge integer
-        numel = min(numel * check.integer(d, f"{where}: shape dimension", hi=MAX_NUMEL), MAX_NUMEL + 1)
-    if numel > MAX_NUMEL:
-        check.fail(f"{where}: shape {_short(shape)} claims more than {MAX_NUMEL} elements")
+    problem = shape_problem(shape)
+    if problem is not None:
+        check.fail(f"{where}: {problem}")
     for c in check.typed(t["chunks"], list, f"{where}: chunks"):
         check.object_id(c, f"{where}: chunk")
     check.integer(t["stored_bytes"], f"{where}: stored_bytes")

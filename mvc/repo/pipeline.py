@@ -45,7 +45,8 @@ from mvc.progress import Progress, phase
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy, quantize_state
 from mvc.quant.optimizer import moment_ratio_bound, quantize_optimizer_state, zeroed_moment
 from mvc.repo import lossy
-from mvc.repo.objects import Commit, Snapshot, TensorRecord
+from mvc.repo.objects import (Commit, Snapshot, TensorRecord, check_tensor_shape,
+                              checked_encoding)
 from mvc.repo.tensors import ChunkWriter
 from mvc.search import default_policy
 from mvc.search.measure import DEFAULT_MOMENT_CAP, measure, moment_distortion
@@ -223,6 +224,8 @@ def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
     neighbourhood.  `grads` (by flattened name, e.g. an EMA of gradients) enables
     sensitivity-based protect / prune.
     """
+    for name, t in flat.tensors.items():  # before any work: what no reader takes back
+        check_tensor_shape(name, t.shape)
     config: QuantConfig | None = None
     qmap: dict[str, QuantizedTensor | None] = {}
     quality: dict | None = None
@@ -573,7 +576,8 @@ def publish(plan: CommitPlan, records: Iterable[TensorRecord], info: CommitInfo,
         for oid in rec.chunks:
             if not blobs.has(oid):
                 raise MissingChunkError(oid)
-    snap_data = Snapshot(ordered, plan.skeleton).encode()
+    # Both objects read back by the reader's parsers first: nothing it refuses is published.
+    snap_data = checked_encoding(Snapshot(ordered, plan.skeleton))
     parent = plan.parent.commit
     commit = Commit(
         parents=[parent] if parent else [], snapshot=object_id(snap_data),
@@ -584,7 +588,7 @@ def publish(plan: CommitPlan, records: Iterable[TensorRecord], info: CommitInfo,
         chain_depth=max((r.depth for r in ordered), default=0),
     )
     # Both objects in one transaction (one fsync), then the ref: the commit point.
-    sid, cid = blobs.put_many([snap_data, commit.encode()])
+    sid, cid = blobs.put_many([snap_data, checked_encoding(commit)])
     if sid != commit.snapshot:
         raise InternalError(f"snapshot stored as {sid}, expected {commit.snapshot}")
     refs.update_ref(ref, parent, cid, f"commit: {commit.summary}")

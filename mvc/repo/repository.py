@@ -22,7 +22,7 @@ from mvc.progress import Progress, phase
 from mvc.repo import refs as R
 from mvc.repo.config import Config
 from mvc.repo.objectdb import ObjectDB
-from mvc.repo.objects import Commit, Snapshot, check_metrics
+from mvc.repo.objects import Commit, Snapshot, check_metrics, check_step
 from mvc.repo.provenance import author, code_provenance
 from mvc.repo.pruned import pruned_ids
 from mvc.repo.revparse import (UnknownRevisionError, check_spelling, resolve_base,
@@ -396,8 +396,7 @@ class Repo:
         if not isinstance(message, str) or not message.strip():
             raise UsageError("a commit needs a non-empty message")
         clean_metrics = check_metrics(metrics)
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-            raise UsageError(f"step must be an int, got {step!r}")
+        check_step(step)
         how = commitopts.quantization(self.config, lossless, quant, policy, quality, epsilon, space)
         settings = self._commit_settings()
         read_quantized = self.reader.read_quantized
