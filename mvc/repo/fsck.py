@@ -20,6 +20,7 @@ from mvc.repo.lossy import is_quantized, parent_ref
 from mvc.repo.objectdb import Damage, ObjectDB, Reached
 from mvc.repo.objects import Snapshot, TensorRecord, object_kind
 from mvc.repo.replace import OID, REPLACE, follow_replacement
+from mvc.repo.replace_verify import original_is_whole, replacement_differs, unverified_replacements
 from mvc.repo.tensors import payload_size_problems
 from mvc.repo.unreadable import UNREADABLE_HELP, split_damage
 from mvc.store import CorruptRefError, ReflogEntry, RefStore, StoreMaintenance
@@ -253,6 +254,20 @@ def check_replacements(odb: ObjectDB, present: set[str], named: set[str],
             continue
         if target_ok:
             problems.extend(_delta_loops(odb, orig))
+    problems.extend(_unverified(odb))
+    return problems
+
+
+def _unverified(odb: ObjectDB) -> list[str]:
+    """Replacements a fetch adopted unchecked (an older mvc did) that restore differently
+    from the snapshot they replace, where that snapshot is still whole here."""
+    problems: list[str] = []
+    for sid, target in sorted(unverified_replacements(odb.refs).items()):
+        if original_is_whole(odb, sid):
+            why = replacement_differs(odb, sid, target)
+            if why is not None:
+                problems.append(f"ref {REPLACE}{sid}: adopted by a fetch and never checked: the "
+                                f"replacement {why}; the next `mvc gc` drops it")
     return problems
 
 

@@ -19,9 +19,10 @@ from mvc.repo.objectdb import Damage, ObjectDB
 from mvc.repo.reader import TensorReader
 from mvc.repo.pruned import PRUNED
 from mvc.repo.replace import REPLACE
+from mvc.repo.replace_verify import settle_unverified, unverified_replacements
 from mvc.repo.retention import RetentionPolicy, apply_retention, plan_retention
 from mvc.repo.unreadable import UNREADABLE_HELP, is_intact, ref_roots, salvage, split_damage
-from mvc.store import InvalidIdError, RefUpdate, StoreMaintenance, TransactionalRefStore
+from mvc.store import InvalidIdError, MemoryRefStore, RefUpdate, StoreMaintenance, TransactionalRefStore
 from mvc.store.base import check_oid
 
 
@@ -66,6 +67,9 @@ class GcReport:
     #: Intact objects this version cannot decode that only reflogs reach: kept unread, with
     #: every object their bytes name (`mvc.repo.unreadable`); one line each.
     unreadable_kept: list[str] = field(default_factory=list)
+    #: Replacements a fetch adopted unchecked that gc found to restore differently, and
+    #: dropped (`mvc.repo.replace_verify.settle_unverified`): one line each.
+    replacements_dropped: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,11 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
             for name in expired:
                 refs.delete_reflog(name)
         roots = odb.root_ids(ignore_reflogs=expired)
+        # Before anything is kept or re-encoded on the strength of a replacement nobody here
+        # checked: check it (a dry run changes nothing, and keeps the originals' data).
+        dropped = [] if dry_run else settle_unverified(odb, refs)
+        for line in dropped:
+            warnings.warn(f"gc: {line}", MvcWarning, stacklevel=2)
         plan = plan_retention(odb, retention) if retention is not None else None
         rebased = 0
         if plan is not None and not dry_run:
@@ -159,7 +168,8 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
         report = GcReport(removed_objects=len(doomed), freed_bytes=freed,
                           kept_objects=len(keep), dry_run=dry_run,
                           pruned=[c.id for c in plan.prune] if plan else [], retention_rebased=rebased,
-                          expired_reflogs=expired, deleted_refs_kept=in_grace)
+                          expired_reflogs=expired, deleted_refs_kept=in_grace,
+                          replacements_dropped=dropped)
         report.unreadable_kept = [str(d) for d in unreadable]
         if compacted is not None:
             report.snapshots_rewritten = compacted.snapshots_rewritten
@@ -194,7 +204,23 @@ def _reachable(odb: ObjectDB, roots: set[str], *, also_pruned: Collection[str] =
                 if any(is_intact(d) for d in damage) else "")
         raise UnsafeGcError(f"gc refused: reachable history is damaged, run `mvc fsck`: "
                             f"{damage[0]}{more}{hint}")
-    return keep
+    return keep | _unverified_originals(odb, keep)
+
+
+def _unverified_originals(odb: ObjectDB, keep: set[str]) -> set[str]:
+    """What the originals of unverified replacements (`mvc.repo.replace_verify`) reach, read
+    as themselves: a replacement nobody here checked must not be why their data goes."""
+    untrusted = unverified_replacements(odb.refs)
+    originals = [sid for sid in untrusted if sid in keep]
+    if not originals:
+        return set()
+    view = MemoryRefStore()
+    for name, value in odb.refs.iter_refs(REPLACE):
+        if name[len(REPLACE):] not in untrusted:
+            view.update_ref(name, None, value, "gc: trusted replacements")
+    # Damage here (say, a delta parent already gone) only means less to keep.
+    walk = ObjectDB(odb.blobs, view).snapshot_closure(originals, on_damage=lambda _d: None)
+    return {r.oid for r in walk}
 
 
 def _deleted_ref_logs(refs: TransactionalRefStore, cutoff: float) -> tuple[list[str], list[str]]:
