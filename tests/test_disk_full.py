@@ -161,7 +161,7 @@ def test_checkout_to_a_full_disk_keeps_the_target(small_fs, tmp_path):
     target = small_fs / "out.pt"
     target.write_bytes(b"previous contents")
     _fill(small_fs, leave=4 << 10)
-    rc = main(["-C", str(tmp_path / "r"), "checkout", "HEAD", "-o", str(target)])
+    rc = main(["-C", str(tmp_path / "r"), "checkout", "HEAD", "-o", str(target), "--force"])
     assert rc == DiskFullError.exit_code
     assert target.read_bytes() == b"previous contents"
     assert {p.name for p in small_fs.iterdir()} == {"ballast", "out.pt"}  # no temp file left
