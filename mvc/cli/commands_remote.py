@@ -123,7 +123,7 @@ def fetch(remote_name: str | None, quiet: bool) -> None:
 def _fetch(repo: RepoType, name: str, url: str, quiet: bool) -> TransferReport:
     from mvc.remote.transfer import fetch as fetch_objects
 
-    source = open_remote(url)
+    source = open_remote(url, spool_dir=repo.mvc_dir)
     try:
         with terminal_progress(quiet=quiet) as progress:
             store = repo.store
@@ -153,11 +153,9 @@ def pull(remote_name: str | None, branch: str | None, quiet: bool) -> None:
     if branch is None:
         raise UsageError("HEAD is detached: name the branch to pull")
     report = _fetch(repo, name, config.url(name), quiet)
-    if f"refs/heads/{branch}" in report.skipped_refs:
-        from mvc.remote.remote_refs import BadRemoteRefError
+    from mvc.remote.remote_refs import check_named
 
-        raise BadRemoteRefError(f"the remote {name!r}'s branch {branch!r} is damaged and was "
-                                f"not fetched: {report.skipped_refs[f'refs/heads/{branch}']}")
+    check_named(report.skipped_refs, f"refs/heads/{branch}", name)
     upstream = f"{REMOTES}{name}/{branch}"
     target = repo.store.read_ref(upstream)
     if target is None:

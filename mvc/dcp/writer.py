@@ -49,7 +49,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from mvc.errors import DataError, MvcError, UsageError
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy
 from mvc.repo import pipeline
-from mvc.repo.objects import Commit, Snapshot, TensorRecord
+from mvc.repo.objects import Commit, TensorRecord
 from mvc.repo.provenance import author, code_provenance
 from mvc.integrations.repo_handle import RepoOnDemand, UsesRepo
 from mvc.repo.repository import Repo
@@ -340,11 +340,13 @@ def _is_head(repo: Repo, ref: str, head: str, cplan: pipeline.CommitPlan,
              records: list[TensorRecord]) -> bool:
     """Whether `ref` still is at `head` and that commit's snapshot is exactly the one
     `publish` would write (call under the write lock)."""
-    by_name = {rec.name: rec for rec in records}
-    if set(by_name) != set(cplan.names) or repo.store.read_ref(ref) != head:
+    if repo.store.read_ref(ref) != head:
         return False   # publish then refuses, or makes the commit, with its own checks
-    snap = Snapshot([by_name[n] for n in cplan.names], cplan.skeleton).encode()
-    return object_id(snap) == repo.read_commit(head).snapshot
+    try:
+        snap = pipeline.snapshot_of(cplan, records)
+    except pipeline.IncompleteCommitError:
+        return False
+    return object_id(snap.encode()) == repo.read_commit(head).snapshot
 
 
 def _check_types(options: dict[str, Any]) -> None:

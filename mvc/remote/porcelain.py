@@ -129,6 +129,7 @@ def clone(url: str, dest: str | os.PathLike[str], *, progress: Progress = NO_PRO
             parent, prefix = path.parent, f".{path.name}{CLONE_TMP}"
         _remove_abandoned(parent, prefix)
         work, held = _make_work_dir(parent, prefix)
+        remote.blobs.spool_dir = str(work)  # on the clone's disk, not in a memory-backed /tmp
         try:
             report, branch, commit = _fill(work, url, remote, progress)
             _move_into_place(work, path, existed)

@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from mvc.errors import DataError, MvcError, MvcWarning
@@ -54,11 +54,6 @@ class RemoteRefs:
         """Leave `ref` out, with a warning naming it."""
         self.skipped[ref] = reason
         warnings.warn(f"fetch: skipped {ref!r}: {reason}", MvcWarning, stacklevel=3)
-
-    def check_named(self, ref: str) -> None:
-        """`BadRemoteRefError` if `ref`, which the user asked for by name, was skipped."""
-        if ref in self.skipped:
-            raise BadRemoteRefError(f"the remote's {ref} is damaged: {self.skipped[ref]}")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -104,6 +99,12 @@ def read_remote_refs(remote: Remote, local: RefStore, blobs: BlobStore) -> Remot
             else:
                 out.pruned.add(cid)
     return out
+
+
+def usable_head(name: str, value: str) -> bool:
+    """Whether `name` is a branch or tag this repository can hold and `value` a commit id
+    (anything else a remote holds -- another mvc's refs, a hand-made key -- is left there)."""
+    return name.startswith((R.HEADS, R.TAGS)) and _unusable(name, value) is None
 
 
 def _unusable(name: str, value: str) -> str | None:
@@ -238,6 +239,9 @@ def walk_view(found: RemoteRefs, local: RefStore) -> MemoryRefStore:
     return view
 
 
-def skipped_lines(found: RemoteRefs) -> Iterable[str]:
-    """``ref: reason`` for each ref skipped."""
-    return (f"{ref}: {why}" for ref, why in sorted(found.skipped.items()))
+def check_named(skipped: Mapping[str, str], ref: str, remote: str) -> None:
+    """`BadRemoteRefError` if `ref`, which the user asked for by name, is among the refs a
+    fetch from `remote` skipped (`TransferReport.skipped_refs`)."""
+    if ref in skipped:
+        raise BadRemoteRefError(f"the remote {remote!r}'s {ref} is damaged and was not "
+                                f"fetched: {skipped[ref]}")

@@ -36,7 +36,13 @@ from mvc.remote.config import REMOTES
 from mvc.repo import refs as R
 from mvc.repo.objectdb import ObjectDB, Reached
 from mvc.repo.pruned import PRUNED, pruned_ids
-from mvc.remote.remote_refs import plan_replacements, read_remote_refs, walk_heads, walk_view
+from mvc.remote.remote_refs import (
+    plan_replacements,
+    read_remote_refs,
+    usable_head,
+    walk_heads,
+    walk_view,
+)
 from mvc.repo.replace import REPLACE
 from mvc.repo.replace_verify import VERIFIED, replacement_differs
 from mvc.store import ANY, BlobStore, RefConflictError, RefStore
@@ -153,7 +159,7 @@ def push(odb: ObjectDB, remote: Remote, updates: dict[str, str], *, force: bool 
             "have there (fetch and look, or push --force to overwrite)")
     if not todo:
         return report
-    had = {v for n, v in remote_refs.items() if _usable(n, v) and odb.is_commit(v)}
+    had = {v for n, v in remote_refs.items() if usable_head(n, v) and odb.is_commit(v)}
     # The snapshots of those commits too: a new commit's deltas are encoded against its
     # parent's snapshot, and the walk need not go down that delta chain again. (Objects merely
     # present on the remote are no `have`: a killed push may have left a snapshot there without
@@ -289,19 +295,6 @@ def _side_refs(reached: list[Reached], pruned: set[str]) -> list[tuple[str, str]
     out = [(REPLACE + r.replaces, r.oid) for r in reached if r.replaces is not None]
     out += [(PRUNED + r.oid, r.oid) for r in reached if r.kind == "commit" and r.oid in pruned]
     return out
-
-
-def _usable(name: str, value: str) -> bool:
-    """A remote branch or tag this repository can take: a valid name holding a commit id
-    (anything else a remote holds -- another mvc's refs, a hand-made key -- is left there)."""
-    for prefix, kind in ((R.HEADS, "branch"), (R.TAGS, "tag")):
-        if name.startswith(prefix):
-            try:
-                R.check_ref_name(name[len(prefix):], kind)
-            except R.RefNameError:
-                return False
-            return not R.is_symbolic(value)
-    return False
 
 
 def _store(blobs: BlobStore, batch: Sequence[BytesLike], report: TransferReport, progress: Progress) -> None:

@@ -21,7 +21,7 @@ from mvc.repo.pruned import PRUNED
 from mvc.repo.replace import REPLACE
 from mvc.repo.replace_verify import settle_unverified, unverified_replacements
 from mvc.repo.retention import RetentionPolicy, apply_retention, plan_retention
-from mvc.repo.unreadable import UNREADABLE_HELP, is_intact, ref_roots, salvage, split_damage
+from mvc.repo.unreadable import UNREADABLE_HELP, is_intact, salvage, split_damage
 from mvc.store import InvalidIdError, MemoryRefStore, RefUpdate, StoreMaintenance, TransactionalRefStore
 from mvc.store.base import check_oid
 
@@ -141,7 +141,7 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
         if not dry_run and (settings.max_chain > 0 or settings.chain_budget > 0):
             # Compaction reads every snapshot it walks: with unreadable ones in reflog-only
             # history, it bounds the chains of what refs reach and leaves the rest as it is.
-            walked = ref_roots(refs) if unreadable else roots
+            walked = odb.root_ids(reflogs=False) if unreadable else roots
             with phase(progress, "bounding delta chains", unit="commits") as p:
                 compacted = compact_chains(odb, reader, refs, walked, max_chain=settings.max_chain,
                                            budget=settings.chain_budget, chunk_size=settings.chunk_size,

@@ -159,12 +159,12 @@ class ObjectDB:
 
     # ------------------------------------------------------------------ roots
     def root_ids(self, on_corrupt: OnCorrupt | None = None,
-                 ignore_reflogs: Collection[str] = ()) -> set[str]:
+                 ignore_reflogs: Collection[str] = (), *, reflogs: bool = True) -> set[str]:
         """Every commit id a ref or a reflog entry names: what history is, for gc and fsck.
 
         `refs/replace/` is not history (it names snapshots), nor `refs/pruned/` (marks on
         commits history reaches anyway), nor the reflogs named in `ignore_reflogs` (those gc
-        expires). An unreadable ref or
+        expires); `reflogs=False`: what refs alone name. An unreadable ref or
         reflog record raises (gc must not guess), unless `on_corrupt` takes it
         (fsck reports it and goes on).
         """
@@ -172,6 +172,8 @@ class ObjectDB:
         for name, value in self.refs.iter_refs("", on_corrupt=on_corrupt):
             if value and not R.is_symbolic(value) and not name.startswith((REPLACE, PRUNED)):
                 roots.add(value)
+        if not reflogs:
+            return roots
         for name in self.refs.reflog_names(on_corrupt=on_corrupt):
             if name.startswith((REPLACE, PRUNED)) or name in ignore_reflogs:
                 continue

@@ -551,16 +551,10 @@ class CommitInfo:
     time: str | None = None  # ISO 8601; None: now
 
 
-def publish(plan: CommitPlan, records: Iterable[TensorRecord], info: CommitInfo, *,
-            blobs: BlobSink, refs: RefSink, ref: str) -> tuple[str, str]:
-    """Write the snapshot and the commit object, then move `ref` from the plan's parent to the
-    commit (compare-and-swap: `RefConflictError` if it moved).  Returns (commit id, snapshot id).
-
-    `records`: from every writer, in any order and with repeats; they must cover the plan's
-    names exactly (IncompleteCommitError) and every chunk they name must be stored
-    (MissingChunkError; nothing is published).  Call it under the repository write lock, as
-    gc takes it too: objects written but not yet reachable are what gc removes.
-    """
+def snapshot_of(plan: CommitPlan, records: Iterable[TensorRecord]) -> Snapshot:
+    """The snapshot `publish` writes for `plan`: `records` (from every writer, in any order and
+    with repeats) in the plan's order, with its skeleton.  `IncompleteCommitError` unless
+    they cover the plan's names exactly, one record each."""
     by_name: dict[str, TensorRecord] = {}
     for rec in records:
         seen = by_name.setdefault(rec.name, rec)
@@ -571,13 +565,25 @@ def publish(plan: CommitPlan, records: Iterable[TensorRecord], info: CommitInfo,
     if missing or extra:
         raise IncompleteCommitError(
             f"records do not match the plan: missing {missing[:5]}, not planned {extra[:5]}")
-    ordered = [by_name[n] for n in plan.names]
+    return Snapshot([by_name[n] for n in plan.names], plan.skeleton)
+
+
+def publish(plan: CommitPlan, records: Iterable[TensorRecord], info: CommitInfo, *,
+            blobs: BlobSink, refs: RefSink, ref: str) -> tuple[str, str]:
+    """Write the snapshot and the commit object, then move `ref` from the plan's parent to the
+    commit (compare-and-swap: `RefConflictError` if it moved).  Returns (commit id, snapshot id).
+
+    `records` as for `snapshot_of`; every chunk they name must be stored (MissingChunkError;
+    nothing is published).  Call it under the write lock, as gc takes it too.
+    """
+    snap = snapshot_of(plan, records)
+    ordered = snap.tensors
     for rec in ordered:
         for oid in rec.chunks:
             if not blobs.has(oid):
                 raise MissingChunkError(oid)
     # Both objects read back by the reader's parsers first: nothing it refuses is published.
-    snap_data = checked_encoding(Snapshot(ordered, plan.skeleton))
+    snap_data = checked_encoding(snap)
     parent = plan.parent.commit
     commit = Commit(
         parents=[parent] if parent else [], snapshot=object_id(snap_data),

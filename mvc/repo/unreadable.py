@@ -12,12 +12,10 @@ there it still stops gc.  The way out is told in docs/cli.md, 'Unreadable commit
 from __future__ import annotations
 
 from mvc.errors import DataError
-from mvc.repo import refs as R
 from mvc.repo.objectdb import Damage, ObjectDB
 from mvc.repo.objects import MalformedObjectError, ids_named, object_kind
-from mvc.repo.pruned import PRUNED
 from mvc.repo.replace import OID, REPLACE
-from mvc.store import ObjectMissingError, RefStore
+from mvc.store import ObjectMissingError
 
 #: Where the way out of an unreadable commit is told (gc's and fsck's messages point there).
 UNREADABLE_HELP = "docs/cli.md, 'Unreadable commits'"
@@ -29,12 +27,6 @@ def is_intact(d: Damage) -> bool:
     return d.kind in ("commit", "snapshot") and isinstance(d.error, MalformedObjectError)
 
 
-def ref_roots(refs: RefStore) -> set[str]:
-    """The commits refs name: `ObjectDB.root_ids` without the reflogs."""
-    return {v for n, v in refs.iter_refs("") if v and not R.is_symbolic(v)
-            and not n.startswith((REPLACE, PRUNED))}
-
-
 def split_damage(odb: ObjectDB, damage: list[Damage]) -> tuple[list[Damage], list[Damage]]:
     """(unread, damage): what a walk of all history (refs and reflogs) could not read, split.
 
@@ -42,7 +34,7 @@ def split_damage(odb: ObjectDB, damage: list[Damage]) -> tuple[list[Damage], lis
     the rest -- missing or corrupt objects, and anything a ref reaches."""
     live: set[str] = set()
     if any(is_intact(d) for d in damage):
-        for _ in odb.reachable(ref_roots(odb.refs), on_damage=lambda d: live.add(d.oid)):
+        for _ in odb.reachable(odb.root_ids(reflogs=False), on_damage=lambda d: live.add(d.oid)):
             pass
     unread = [d for d in damage if is_intact(d) and d.oid not in live]
     return unread, [d for d in damage if not (is_intact(d) and d.oid not in live)]

@@ -9,6 +9,7 @@ lock, no metadata): every operation on it stands alone.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from urllib.parse import unquote, urlparse
@@ -100,10 +101,14 @@ def open_storage(url: str) -> ObjectStorage:
     raise BadRemoteUrlError(f"{shown!r}: a remote URL is s3://bucket/prefix or file:///dir")
 
 
-def open_remote(url: str, workers: int = 8) -> Remote:
-    """Open the remote at `url` (nothing is read until it is used)."""
+def open_remote(url: str, workers: int = 8, spool_dir: str | os.PathLike[str] | None = None) -> Remote:
+    """Open the remote at `url` (nothing is read until it is used).  `spool_dir`: where
+    objects larger than one read range are spooled while they are verified (a fetch gives
+    its repository's directory: the system's temporary directory may be memory)."""
     storage = open_storage(url)
-    return Remote(storage.url, storage, RemoteBlobStore(storage, workers), RemoteRefStore(storage))
+    spool = None if spool_dir is None else os.fspath(spool_dir)
+    return Remote(storage.url, storage, RemoteBlobStore(storage, workers, spool),
+                  RemoteRefStore(storage))
 
 
 __all__ = [
