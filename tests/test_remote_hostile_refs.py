@@ -225,3 +225,34 @@ def test_bad_refs_are_skipped_and_the_good_ones_taken(kind, honest, tmp_path):
     code, _, err = run(dest, "pull", "origin", "gone")
     assert code == 178 and "gone" in err
     assert run(dest, "pull", "origin", "main")[0] == 0
+
+
+def test_a_replacement_already_here_is_neither_checked_nor_warned_about(tmp_path):
+    """The remote holds the very replacement this repository's own gc made (same history, same
+    re-encoding): the fetch leaves it as it is and skips nothing."""
+    from test_repo_lossy import configs, trajectory
+
+    src = Repo.init(tmp_path / "src")
+    src.config.set("commit.base_every", 100)
+    ids = [src.commit(state, f"step {t}", quant=configs(t)) for t, state in trajectory(6)]
+    want = {c: src.read_state(c) for c in ids}
+    first, second = f"file://{tmp_path / 'r1'}", f"file://{tmp_path / 'r2'}"
+    remote = open_remote(first)
+    push(src.odb, remote, {"refs/heads/main": ids[-1]})
+    remote.close()
+    clone(first, tmp_path / "c")
+    src.gc(max_chain=1)
+    remote = open_remote(second)
+    push(src.odb, remote, {"refs/heads/main": ids[-1]})
+    src.close()
+
+    repo = Repo(tmp_path / "c")
+    repo.gc(max_chain=1)
+    mine = dict(repo.store.refs.iter_refs(REPLACE))
+    assert mine and mine == dict(remote.refs.iter_refs(REPLACE))
+    report = fetch(repo.store.blobs, repo.store.refs, remote, "second")
+    remote.close()
+    assert report.skipped_refs == {}
+    assert dict(repo.store.refs.iter_refs(REPLACE)) == mine
+    assert all(same(repo.read_state(c), want[c]) for c in ids)
+    repo.close()

@@ -172,7 +172,8 @@ def plan_replacements(remote: Remote, view: MemoryRefStore, local: ObjectDB, fou
     ids = {r.oid for r in walked}
     remote_has: set[str] | None = None
     for sid, target in sorted(found.replacements.items()):
-        if view.read_ref(REPLACE + sid) != target or not (sid in ids or local.blobs.has(sid)):
+        if local.refs.read_ref(REPLACE + sid) is not None or view.read_ref(REPLACE + sid) != target \
+                or not (sid in ids or local.blobs.has(sid)):
             continue  # this repository's own replacement rules, or nothing here reads `sid`
         try:
             got = list(_closure(remote, view, [target], ids, local))
