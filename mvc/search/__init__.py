@@ -10,7 +10,8 @@ Modules: `space` (the config cube, its ordering and cost model), `guided`
 (Algorithm 4), `neighbourhood` (the steady-state search), `quality` (relative
 degradation and the proxy metric), `gate` (which gate judges a trial: scalar
 metric, per-example confidence bound, fidelity, proxy; the per-tensor distortion
-cap), `fidelity` (agreement with the exact checkpoint), `driver` (`find_config`).
+cap), `fidelity` (agreement with the exact checkpoint), `driver` (`find_config`),
+`record` (`QualityRecord`: the quality record a commit stores).
 """
 from mvc.search.driver import (
     DEFAULT_EXCLUDE,
@@ -37,6 +38,7 @@ from mvc.search.quality import (
                                  degradation,
                                  proxy_error,
 )
+from mvc.search.record import QualityRecord
 from mvc.search.space import SearchError, SearchSpace, SearchSpaceError
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
                                  "FidelityOutputs",
                                  "MonotoneOracle",
                                  "QualityFunctionError",
+                                 "QualityRecord",
                                  "SearchError",
                                  "SearchResult",
                                  "SearchSpace",
