@@ -209,7 +209,7 @@ def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...
     path = _checkpoint_path(repo, output, "output file (-o)")
     # Resolve once: the id read is the id HEAD moves to, and HEAD attaches only to the
     # branch that resolution went through.
-    cid, branch_ref = repo._resolve_rev(rev)
+    cid, branch_ref = repo.resolve_rev(rev)
     _refuse_to_destroy(repo, path, rev, output is not None, force)
     with terminal_progress(quiet=quiet) as progress:
         state = repo.reader.read_state(cid, only=only or None, weights_only=weights_only, progress=progress)
@@ -234,7 +234,7 @@ def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...
     if output is not None:
         echo(f"Wrote {path} ({human_bytes(path.stat().st_size)}) from {cid[:12]}; HEAD unchanged")
         return
-    repo._move_head(cid, branch_ref, rev)
+    repo.move_head(cid, branch_ref, rev)
     branch = repo.current_branch()
     where = f"on branch {branch}" if branch else f"HEAD detached at {cid[:12]}"
     echo(f"Wrote {path} ({human_bytes(path.stat().st_size)}); {where}")

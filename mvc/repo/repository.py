@@ -3,11 +3,11 @@
 `Repo` is the composition root: it opens the store, builds the object database
 (`objectdb.ObjectDB`) and the tensor reader (`reader.TensorReader`, which owns
 the level caches) over it, and hands each service the parts it needs with plain
-settings read from the config -- the commit pipeline (`pipeline.py`, its settings
-from `commitopts.py`), gc (`gc.py`), fsck (`fsck.py`), diff and stats
-(`inspect.py`).  What remains here is revision and ref handling, which every
-command shares.  Everything that touches tensors (torch) is imported on first
-use, so opening a repository to read refs, commits or config does not load it.
+settings read from the config -- revisions and refs (`refops.py`), which every
+command shares, the commit pipeline (`pipeline.py`, its settings from `commitopts.py`),
+gc (`gc.py`), fsck (`fsck.py`), diff and stats (`inspect.py`).  Everything that touches
+tensors (torch) is imported on first use, so opening a repository to read refs, commits
+or config does not load it.
 """
 from __future__ import annotations
 
@@ -25,9 +25,8 @@ from mvc.repo.objectdb import ObjectDB
 from mvc.repo.objects import Commit, Snapshot, check_metrics, check_step
 from mvc.repo.provenance import author, code_provenance
 from mvc.repo.pruned import pruned_ids
-from mvc.repo.revparse import (UnknownRevisionError, check_spelling, resolve_base,
-                                split_suffixes)
-from mvc.store import ANY, InvalidRefError, RefConflictError, RefUpdate, open_store
+from mvc.repo.refops import RefOps
+from mvc.store import RefUpdate, open_store
 
 if TYPE_CHECKING:
     # The tensor side (torch, the pipeline, the reader and the services over it) is imported
@@ -68,6 +67,8 @@ class Repo:
         self.config = Config(self.mvc_dir / "config.json")
         #: Commits and snapshots, and the one walker of history.
         self.odb = ObjectDB(store.blobs, store.refs)
+        #: Revisions, branches, tags and HEAD.
+        self.refops = RefOps(store.refs, self.odb)
         self._levels_keep = int(self.config.get("cache.levels_keep"))  # as opened
         self._tensor_lock = threading.Lock()
         self._tensor_side: tuple[DiskLevelCache, TensorReader] | None = None
@@ -104,8 +105,8 @@ class Repo:
             return cls(root)
         mvc_dir.mkdir(parents=True, exist_ok=True)
         store = open_store(mvc_dir, create=True)
-        if store.read_ref(R.HEAD) is None:
-            store.update_refs([RefUpdate(R.HEAD, None, R.SYMREF + R.HEADS + DEFAULT_BRANCH)], "init")
+        if store.refs.read_ref(R.HEAD) is None:
+            store.refs.update_refs([RefUpdate(R.HEAD, None, R.SYMREF + R.HEADS + DEFAULT_BRANCH)], "init")
         return cls(root, store=store)
 
     @classmethod
@@ -153,134 +154,68 @@ class Repo:
         self.reader.disk = cache
 
     # ------------------------------------------------------------------ refs
-    def _resolve_ref(self, name: str, depth: int = 0) -> str | None:
-        value = self.store.read_ref(name)
-        if value is None:
-            return None
-        if R.is_symbolic(value):
-            if depth > 5:
-                raise UnknownRevisionError(f"symbolic ref loop at {name}")
-            return self._resolve_ref(R.symbolic_target(value), depth + 1)
-        return value
-
+    # Revisions and the branch / tag / HEAD commands live in `refops.RefOps`; these delegates
+    # are the public surface.
     def resolve(self, rev: str = "HEAD") -> str:
         """The commit id a revision names (`HEAD`, branch, tag, id or prefix, with ~n / ^n).
 
         A full id of an existing commit always means that commit, whatever refs are named;
         `refs/heads/X` / `refs/tags/X` mean exactly that ref; a revision with whitespace
         is unknown (never trimmed)."""
-        return self._resolve_rev(rev)[0]
+        return self.refops.resolve(rev)
 
-    def _resolve_rev(self, rev: str) -> tuple[str, str | None]:
+    def resolve_rev(self, rev: str) -> tuple[str, str | None]:
         """(commit id, branch) for `rev`: the branch name when `rev` names a branch exactly as
-        resolved (no suffix; `HEAD` counts as the branch it is attached to), else None."""
-        check_spelling(rev)
-        base, steps = split_suffixes(rev)
-        oid, ref = resolve_base(base, read_ref=self.store.read_ref, resolve_ref=self._resolve_ref,
-                                ids_with_prefix=self.store.ids_with_prefix,
-                                is_commit=self.odb.is_commit, reflog=self.store.reflog)
-        for op, n in steps:
-            if op == "~":
-                for _ in range(n):
-                    parents = self.read_commit(oid).parents
-                    if not parents:
-                        raise UnknownRevisionError(f"{rev!r}: {oid[:12]} has no parent")
-                    oid = parents[0]
-            elif n:  # ^n: the n-th parent; ^0 is the commit itself
-                parents = self.read_commit(oid).parents
-                if len(parents) < n:
-                    raise UnknownRevisionError(f"{rev!r}: {oid[:12]} has no parent #{n}")
-                oid = parents[n - 1]
-        branch = ref[len(R.HEADS):] if ref and ref.startswith(R.HEADS) and not steps else None
-        return oid, branch
+        resolved (no suffix; `HEAD` counts as the branch it is attached to), else None --
+        what `move_head` attaches HEAD to after a checkout of `rev`."""
+        return self.refops.resolve_rev(rev)
 
     def head(self) -> str | None:
         """The commit HEAD points at, or None on an unborn branch."""
-        return self._resolve_ref(R.HEAD)
+        return self.refops.head()
 
     def current_branch(self) -> str | None:
         """The branch HEAD is attached to, or None when detached."""
-        value = self.store.read_ref(R.HEAD)
-        if R.is_symbolic(value) and R.symbolic_target(value).startswith(R.HEADS):
-            return R.symbolic_target(value)[len(R.HEADS):]
-        return None
-
-    def _head_update_target(self) -> tuple[str, str | None]:
-        """(ref to move on commit, its current value)."""
-        value = self.store.read_ref(R.HEAD)
-        if R.is_symbolic(value):
-            target = R.symbolic_target(value)
-            return target, self.store.read_ref(target)
-        return R.HEAD, value
+        return self.refops.current_branch()
 
     def commit_target(self) -> tuple[str, str | None]:
         """(the ref the next commit moves, its current value): what a sharded save
         (`mvc.dcp`) plans against and publishes to, with one compare-and-swap."""
-        return self._head_update_target()
+        return self.refops.commit_target()
 
     def commit_settings(self) -> pipeline.CommitSettings:
         """The `commit.*` configuration values, read now: what every rank of a sharded save
         (`mvc.dcp`) hands the pipeline's write stage."""
-        return self._commit_settings()
+        from mvc.repo.commitopts import commit_settings
+
+        return commit_settings(self.config)
 
     def branches(self) -> list[tuple[str, str]]:
         """(name, commit id) of every branch, sorted by name."""
-        return [(n[len(R.HEADS):], v) for n, v in self.store.iter_refs(R.HEADS)]
+        return self.refops.branches()
 
     def tags(self) -> list[tuple[str, str]]:
-        return [(n[len(R.TAGS):], v) for n, v in self.store.iter_refs(R.TAGS)]
+        """(name, commit id) of every tag, sorted by name."""
+        return self.refops.tags()
 
     def branch(self, name: str, rev: str | None = None) -> str:
         """Create branch `name` at `rev` (default HEAD); returns the commit id."""
-        R.check_ref_name(name, "branch")
-        oid = self.resolve(rev or "HEAD")
-        self._create_ref(R.HEADS + name, oid, f"branch: created from {rev or 'HEAD'}", "branch")
-        return oid
+        return self.refops.branch(name, rev)
 
     def move_branch(self, name: str, rev: str) -> str:
         """Point branch `name` at `rev`, creating it if needed (git's `branch -f`); never the
         current branch (that is a checkout). Returns the commit id."""
-        R.check_ref_name(name, "branch")
-        if name == self.current_branch():
-            raise R.CurrentBranchError(f"cannot force-move branch {name!r}: HEAD is on it")
-        oid = self.resolve(rev)
-        ref = R.HEADS + name
-        old = self.store.read_ref(ref)
-        self.store.update_refs([RefUpdate(ref, old, oid)], f"branch: moved to {rev}" if old else
-                               f"branch: created from {rev}")
-        return oid
+        return self.refops.move_branch(name, rev)
 
     def rename_branch(self, old: str, new: str) -> str:
         """Rename branch `old` to `new` (which must not exist), in one ref transaction; HEAD
         follows when attached to it. `old`'s reflog stays, ending in the rename, for the
         gc.reflog_expire grace period. Returns the branch's commit id."""
-        R.check_ref_name(new, "branch")
-        oid = self.store.read_ref(R.HEADS + old)
-        if oid is None:
-            raise R.NoSuchRefError(f"no branch named {old!r}")
-        if self.store.read_ref(R.HEADS + new) is not None:
-            raise R.RefExistsError(f"branch {new!r} already exists")
-        updates = [RefUpdate(R.HEADS + new, None, oid), RefUpdate(R.HEADS + old, oid, None)]
-        if self.current_branch() == old:
-            updates.append(RefUpdate(R.HEAD, ANY, R.SYMREF + R.HEADS + new))
-        try:
-            self.store.update_refs(updates, f"branch: renamed {old} to {new}")
-        except RefConflictError:
-            raise R.RefExistsError(f"branch {new!r} already exists, or {old!r} moved meanwhile") from None
-        return oid
+        return self.refops.rename_branch(old, new)
 
     def tag(self, name: str, rev: str | None = None) -> str:
         """Create tag `name` at `rev` (default HEAD); returns the commit id."""
-        R.check_ref_name(name, "tag")
-        oid = self.resolve(rev or "HEAD")
-        self._create_ref(R.TAGS + name, oid, f"tag: {rev or 'HEAD'}", "tag")
-        return oid
-
-    def _create_ref(self, ref: str, oid: str, reason: str, kind: str) -> None:
-        try:
-            self.store.update_refs([RefUpdate(ref, None, oid)], reason)
-        except RefConflictError:
-            raise R.RefExistsError(f"{kind} {ref.split('/', 2)[2]!r} already exists") from None
+        return self.refops.tag(name, rev)
 
     def delete_branch(self, name: str, force: bool = False) -> str:
         """Delete a branch (never the current one). Returns its old id.
@@ -292,58 +227,23 @@ class Repo:
         Like git's `branch -d`, a branch whose tip no other branch, tag or HEAD reaches is
         refused (UnmergedBranchError): its commits would be left for gc. `force=True` (-D)
         deletes it anyway."""
-        if name == self.current_branch():
-            raise R.CurrentBranchError(f"cannot delete branch {name!r}: HEAD is on it (switch first)")
-        ref = R.HEADS + name
-        old = self.store.read_ref(ref)
-        if old is not None and not force:
-            others = {oid for n, oid in self.branches() if n != name} | {oid for _, oid in self.tags()}
-            head = self.head()
-            if head is not None:
-                others.add(head)
-            if old not in others and not any(c.id == old for c in self.odb.walk_commits(others)):
-                raise R.UnmergedBranchError(
-                    f"branch {name!r} is not fully merged: no other branch, tag or HEAD reaches "
-                    f"its tip {old[:12]} (delete it anyway with 'mvc branch -D {name}')")
-        # The value checked is the one swapped out: a commit landing on the branch meanwhile
-        # makes the delete fail rather than vanish unchecked.
-        return self._delete_ref(ref, "branch", old)
+        return self.refops.delete_branch(name, force)
 
     def delete_tag(self, name: str) -> str:
-        return self._delete_ref(R.TAGS + name, "tag")
-
-    def _delete_ref(self, ref: str, kind: str, old: str | None = None) -> str:
-        old = old or self.store.read_ref(ref)
-        if old is None:
-            raise R.NoSuchRefError(f"no {kind} named {ref.split('/', 2)[2]!r}")
-        # The reflog stays (gc expires it after gc.reflog_expire days): the grace period in
-        # which a deleted branch's commits can still be recovered.
-        self.store.update_refs([RefUpdate(ref, old, None)], f"{kind}: deleted")
-        return old
+        """Delete a tag; returns its old id (its reflog stays, as a deleted branch's does)."""
+        return self.refops.delete_tag(name)
 
     def switch(self, name: str, *, create: bool = False) -> None:
         """Attach HEAD to branch `name` (creating it at HEAD with `create=True`).
 
         `refs/heads/X` names branch X, as in revisions."""
-        if create:
-            self.branch(name)
-        else:
-            name = name.removeprefix(R.HEADS)
-            try:
-                exists = bool(name) and self.store.read_ref(R.HEADS + name) is not None
-            except InvalidRefError:  # not even storable as a ref name: no such branch
-                exists = False
-            if not exists:
-                raise R.NoSuchRefError(f"no branch named {name!r}")
-        self.store.update_refs([RefUpdate(R.HEAD, ANY, R.SYMREF + R.HEADS + name)],
-                               f"switch: to {name}")
+        self.refops.switch(name, create=create)
 
-    def _move_head(self, oid: str, branch: str | None, rev: str) -> None:
-        """Point HEAD at `oid`: attached to `branch` (from `_resolve_rev(rev)`: set only when
-        `rev` named that branch exactly as resolved), detached otherwise."""
-        new = R.SYMREF + R.HEADS + branch if branch is not None else oid
-        if self.store.read_ref(R.HEAD) != new:
-            self.store.update_refs([RefUpdate(R.HEAD, ANY, new)], f"checkout: moving to {rev}")
+    def move_head(self, oid: str, branch: str | None, rev: str) -> None:
+        """Point HEAD at `oid`: attached to `branch` (from `resolve_rev(rev)`: set only when
+        `rev` named that branch exactly as resolved), detached otherwise; the reflog entry
+        names `rev`."""
+        self.refops.move_head(oid, branch, rev)
 
     # ------------------------------------------------------------------ commit
     def _lock_timeout(self) -> float:
@@ -398,7 +298,7 @@ class Repo:
         clean_metrics = check_metrics(metrics)
         check_step(step)
         how = commitopts.quantization(self.config, lossless, quant, policy, quality, epsilon, space)
-        settings = self._commit_settings()
+        settings = self.commit_settings()
         read_quantized = self.reader.read_quantized
         lossy_plan = how.mode != "lossless"
         # HEAD now is only a hint for the plan (warm start, the search's starting config):
@@ -412,22 +312,17 @@ class Repo:
                                            self.config.get("user.email")),
             step=step, metrics=clean_metrics, provenance=code_provenance(os.getcwd()))
         bases: pipeline.Bases = {}
-        with self.store.write_lock(self._lock_timeout()):
-            ref, parent = self._head_update_target()
+        with self.store.maintenance.write_lock(self._lock_timeout()):
+            ref, parent = self.commit_target()
             if plan.quantized or parent != plan.parent.commit:
                 # Records read under the lock: the deltas are made against them.
                 plan = plan.against(self._parent_info(parent, bool(plan.quantized)))
-            records = pipeline.write(plan, plan.names, blobs=self.store,
+            records = pipeline.write(plan, plan.names, blobs=self.store.blobs,
                                      read_quantized=read_quantized, bases=bases, progress=progress)
-            cid, snap_id = pipeline.publish(plan, records, info, blobs=self.store,
-                                            refs=self.store, ref=ref)
+            cid, snap_id = pipeline.publish(plan, records, info, blobs=self.store.blobs,
+                                            refs=self.store.refs, ref=ref)
         self._remember_levels(cid, snap_id, plan.quantized, bases)
         return cid
-
-    def _commit_settings(self) -> pipeline.CommitSettings:
-        from mvc.repo.commitopts import commit_settings
-
-        return commit_settings(self.config)
 
     def _parent_info(self, cid: str | None, records: bool = True) -> pipeline.ParentInfo:
         """The commit `cid` as a parent (None: an unborn branch); `records=False` skips reading
@@ -480,13 +375,13 @@ class Repo:
         """Rebuild the checkpoint at `rev` and move HEAD there: attached if `rev` names a branch
         (`main`, `refs/heads/main`, or `HEAD` while attached), detached otherwise.
         `only` / `weights_only` / `progress`: as for `read_state`."""
-        cid, branch = self._resolve_rev(rev)
+        cid, branch = self.resolve_rev(rev)
         # By the id resolved: never through revision parsing again, where a ref could be
         # named like it.
         state = self.reader.read_state(cid, map_location=map_location, only=only, weights_only=weights_only,
                                        progress=progress)
         if move_head:
-            self._move_head(cid, branch, rev)
+            self.move_head(cid, branch, rev)
         return state
 
     # ------------------------------------------------------------------ history
