@@ -88,7 +88,7 @@ def run(wl: Workload, steps: int, resume: int, bounds: list[float | None]) -> li
             c = repo.read_commit(cid)
             snap = repo.read_snapshot(c.snapshot)
             raw = sum(r.raw_bytes for r in snap.tensors)
-            stored = sum(r.stored_bytes for r in snap.tensors) + repo.store.size(c.snapshot)
+            stored = sum(r.stored_bytes for r in snap.tensors) + repo.store.blobs.size(c.snapshot)
             restored = repo.read_state(cid)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -124,12 +124,12 @@ def chain_decode_seconds(root: str, cid: str, repeats: int) -> tuple[float, floa
                 continue
             steps, cur = [], rec
             while cur.codec == QDELTA:
-                data = read_payload(repo.store, cur)
+                data = read_payload(repo.store.blobs, cur)
                 steps.append((cur.meta, lambda data=data: data))
                 psid, pname = parent_ref(cur)
                 cur = next(r for r in repo.read_snapshot(psid).tensors if r.name == pname)
             assert cur.codec == QBASE
-            base = decode_base(cur.meta, read_payload(repo.store, cur), parse_dtype(cur.dtype),
+            base = decode_base(cur.meta, read_payload(repo.store.blobs, cur), parse_dtype(cur.dtype),
                                tuple(cur.shape))
             chains.append((base, steps[::-1], parse_dtype(rec.dtype), tuple(rec.shape)))
     finally:

@@ -71,7 +71,7 @@ class Mvc(System):
         sw = sum(r.stored_bytes for r in recs if r.name.startswith("model/"))
         raw_t = sum(r.raw_bytes for r in recs)
         st = sum(r.stored_bytes for r in recs)
-        meta = self.repo.store.size(cid) + self.repo.store.size(c.snapshot)
+        meta = self.repo.store.blobs.size(cid) + self.repo.store.blobs.size(c.snapshot)
         st += meta
         parts = {"weights": [raw_w, sw], "exp_avg": [0, 0], "exp_avg_sq": [0, 0],
                  "other": [0, meta]}

@@ -368,7 +368,7 @@ def _working_file(repo: Repo, given: str | None) -> Path:
     if configured:
         p = Path(configured)
         return p if p.is_absolute() else repo.path / p
-    raw = repo.store.get_meta("worktree")
+    raw = repo.store.maintenance.get_meta("worktree")
     if raw:
         return Path(json.loads(raw)["path"])
     raise UsageError("no checkpoint file to compare with: give REV_B, --file PATH, or "

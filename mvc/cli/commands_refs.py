@@ -117,8 +117,8 @@ def reflog(ref: str, max_count: int | None, as_json: bool) -> None:
     (usable as a revision: `mvc checkout main@{2}`). HEAD's entries include the commits made
     while it was attached to a branch, as in git."""
     repo = Repo.discover()
-    full = reflog_ref(ref, repo.store.read_ref, repo.store.reflog)
-    moves = ref_history(full, repo.store.reflog)[:max_count]
+    full = reflog_ref(ref, repo.store.refs.read_ref, repo.store.refs.reflog)
+    moves = ref_history(full, repo.store.refs.reflog)[:max_count]
     name = _selector(full)
     if as_json:
         echo_json([{"id": m.oid, "selector": f"{name}@{{{i}}}", "reason": m.reason,

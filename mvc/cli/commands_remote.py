@@ -157,7 +157,7 @@ def pull(remote_name: str | None, branch: str | None, quiet: bool) -> None:
 
     check_named(report.skipped_refs, f"refs/heads/{branch}", name)
     upstream = f"{REMOTES}{name}/{branch}"
-    target = repo.store.read_ref(upstream)
+    target = repo.store.refs.read_ref(upstream)
     if target is None:
         raise UsageError(f"the remote {name!r} has no branch {branch!r}")
     from mvc.remote.porcelain import fast_forward

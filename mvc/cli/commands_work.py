@@ -93,7 +93,7 @@ def commit(message: str, checkpoint: str | None, step: int | None, metrics: tupl
                           progress=progress)
     try:
         if not path.is_dir():  # `status` tracks a checkpoint file, not a tree
-            worktree.record(repo.store, worktree.Stamp.of(path, cid, st), track=True)
+            worktree.record(repo.store.maintenance, worktree.Stamp.of(path, cid, st), track=True)
     except MvcError as exc:  # the commit has landed; only `status` loses its hint
         warnings.warn(MvcWarning(f"commit {cid[:12]} is stored, but {exc}"), stacklevel=1)
     branch = repo.current_branch()
@@ -155,7 +155,7 @@ def _refuse_to_destroy(repo: Repo, path: Path, rev: str, to_output: bool, force:
             if inside == here or here in inside.parents:
                 raise UsageError(f"{path}: holds {inside}; --force does not replace it")
         return
-    if force or not worktree.holds_unstored_work(repo.store, path):
+    if force or not worktree.holds_unstored_work(repo.store.maintenance, path):
         return
     if to_output:
         raise UncommittedChangesError(
@@ -226,7 +226,7 @@ def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...
     # Stamped before HEAD moves: a checkout interrupted between the two leaves a file a
     # later checkout may overwrite, never one it must refuse for no reason.
     try:
-        worktree.record(repo.store, worktree.Stamp.of(path, cid, partial=bool(only or weights_only)),
+        worktree.record(repo.store.maintenance, worktree.Stamp.of(path, cid, partial=bool(only or weights_only)),
                         track=output is None)
     except MvcError as exc:  # the file is written; without its stamp it only counts as modified
         warnings.warn(MvcWarning(f"{path} is written, but not recorded as {cid[:12]} ({exc}); "
@@ -266,7 +266,7 @@ def status() -> None:
         c = repo.read_commit(head)
         echo(f"HEAD {head[:12]} {c.summary}")
     configured = repo.config.get("checkpoint.path")
-    tracked = worktree.current(repo.store)
+    tracked = worktree.current(repo.store.maintenance)
     path = Path(configured) if configured else (Path(tracked.path) if tracked else None)
     if path is None:
         echo("No checkpoint file configured (mvc config checkpoint.path PATH)")
@@ -279,7 +279,7 @@ def status() -> None:
     # The commit the file was last written from or committed as, while it is untouched since.
     # HEAD may have moved without the file being rewritten (`switch` never writes it), which
     # is not a modification.
-    known = worktree.stamp_of(repo.store, path)
+    known = worktree.stamp_of(repo.store.maintenance, path)
     if known is None:
         echo(f"Checkpoint {path}: modified (not committed)")
     elif known.partial:
