@@ -4,7 +4,7 @@ A small MLP is trained with AdamW on sklearn's digits (shipped with scikit-learn
 nothing is downloaded) and checkpointed every few steps (model + optimizer
 state); each checkpoint is committed (lossy, a fixed quantization config, so
 the run is quick and repeatable) and also saved as a ``.pt`` file.  Against one
-moto S3 server on 127.0.0.1 (tests/s3_server.py, which counts the bytes it
+moto S3 server on 127.0.0.1 (tests/helpers/s3_server.py, which counts the bytes it
 receives), measured in the same run:
 
 * **baseline**: the ``.pt`` files uploaded and downloaded with the same client
@@ -46,11 +46,11 @@ from mvc.store.objstore import open_remote  # noqa: E402
 
 
 class Server:
-    """tests/s3_server.py (moto + byte counters) in a child process."""
+    """tests/helpers/s3_server.py (moto + byte counters) in a child process."""
 
     def __init__(self, workdir: Path) -> None:
         portfile = workdir / "port"
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "s3_server.py"), str(portfile)],
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "helpers" / "s3_server.py"), str(portfile)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         while not portfile.exists():
             time.sleep(0.05)

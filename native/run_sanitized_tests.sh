@@ -2,7 +2,7 @@
 # Rebuild the native core with AddressSanitizer + UBSan into a temporary
 # directory (the in-tree extension is not touched) and run the native coder
 # and codec tests against that build, plus hostile payloads through the public
-# read paths (tests/test_hostile_payloads.py runs those in subprocesses, which
+# read paths (tests/codecs/test_hostile_payloads.py runs those in subprocesses, which
 # inherit the sanitizer environment set here).  Exits non-zero on a compiler
 # warning (-Werror), any test failure or sanitizer finding (every finding
 # aborts the process).
@@ -41,11 +41,12 @@ find "$TMP/pkg" \( -name '*.so' -o -name '__pycache__' \) -prune -exec rm -rf {}
 cp "$TMP"/lib/mvc/_mvc_native*.so "$TMP/pkg/mvc/"
 
 if [ $# -eq 0 ]; then
-    set -- tests/test_native_huffman.py tests/test_native_rle.py tests/test_native_byteplane.py tests/test_native_rans.py \
-        tests/test_codec_lossless.py tests/test_quant_assign.py tests/test_delta_groups.py \
-        tests/test_codec_quantized.py tests/test_native_chain.py tests/test_hostile_payloads.py \
-        tests/test_native_layer.py tests/test_delta_ablations.py tests/test_quant_parallel.py \
-        tests/test_quant_error.py
+    set -- tests/native/test_native_huffman.py tests/native/test_native_rle.py \
+        tests/native/test_native_byteplane.py tests/native/test_native_rans.py \
+        tests/codecs/test_codec_lossless.py tests/quant/test_quant_assign.py tests/codecs/test_delta_groups.py \
+        tests/codecs/test_codec_quantized.py tests/native/test_native_chain.py tests/codecs/test_hostile_payloads.py \
+        tests/native/test_native_layer.py tests/codecs/test_delta_ablations.py tests/quant/test_quant_parallel.py \
+        tests/quant/test_quant_error.py
 fi
 
 # -P keeps the source tree (cwd) off sys.path so the sanitized copy is imported.

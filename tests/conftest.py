@@ -2,16 +2,13 @@
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from checkpoints import realistic_state  # noqa: E402
+# tests/helpers is on sys.path (pyproject.toml: [tool.pytest.ini_options] pythonpath).
+from checkpoints import realistic_state
 
 
 @pytest.fixture
@@ -28,6 +25,16 @@ def repo(tmp_path):
 @pytest.fixture
 def state():
     return realistic_state(seed=0)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module (`pytestmark = pytest.mark.usefixtures(...)`): on tiny
+    matmuls a second thread only adds spin-wait contention on 2 cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(autouse=True)
