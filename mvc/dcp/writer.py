@@ -50,12 +50,11 @@ from mvc.errors import DataError, MvcError, UsageError
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy
 from mvc.repo import pipeline
 from mvc.repo.objects import Commit, TensorRecord
-from mvc.repo.provenance import author, code_provenance
 from mvc.integrations.repo_handle import RepoOnDemand, UsesRepo
 from mvc.repo.repository import Repo
 from mvc.repo.shards import SHARD_KEY, covers_whole, shard_meta, shard_name, shard_of
+from mvc.repo.transaction import Published
 from mvc.search.space import SearchSpace
-from mvc.store import object_id
 
 from mvc.dcp import lossy
 from mvc.dcp.layout import Paths, merged_paths, skeleton, tensor_names
@@ -208,7 +207,7 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         repo = self.repo
-        ref, head = repo.commit_target()
+        ref, head = repo.commit_transaction().target()
         again, parent = False, head
         if head is not None:
             commit = _readable(repo, head)
@@ -232,7 +231,7 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         shared: _Shared = plan.storage_data
-        repo = self.repo
+        tx = self.repo.commit_transaction()
         results: list[WriteResult] = []
         tensors: dict[str, torch.Tensor] = {}
         shards: dict[str, dict] = {}
@@ -246,20 +245,17 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
             index[name] = item
             if meta is not None:
                 shards[name] = meta
-        parent = _parent_info(repo, shared.parent, shared.how.lossy)
+        parent = tx.parent(shared.parent, shared.how.lossy)
         quantized: dict[str, QuantizedTensor] = {}
         config = quality = None
         if shared.how.lossy:
             quantized, config, quality = lossy.choose(
-                tensors, shards, shared.how, pipeline.parent_centroids(parent,
-                                                                       repo.reader.read_quantized))
+                tensors, shards, shared.how, pipeline.parent_centroids(parent, tx.read_quantized))
         self._chosen = (config, quality)
         cplan = pipeline.CommitPlan(
             names=list(tensors), tensors=tensors, skeleton={}, quantized=quantized, domains={},
-            moments={}, config=config, quality=quality, parent=parent,
-            settings=repo.commit_settings())
-        records = pipeline.write(cplan, cplan.names, blobs=repo.store,
-                                 read_quantized=repo.reader.read_quantized)
+            moments={}, config=config, quality=quality, parent=parent, settings=tx.settings)
+        records = tx.write(cplan, cplan.names)
         for rec in records:
             if rec.name in shards:
                 rec = dataclasses.replace(rec, meta=dict(rec.meta, **{SHARD_KEY: shards[rec.name]}))
@@ -273,7 +269,7 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
         shared = self._shared
         if shared is None:
             raise UsageError("MvcStorageWriter.finish() before prepare_global_plan()")
-        repo = self.repo
+        tx = self.repo.commit_transaction()
         records = [wr.storage_data for rank in results for wr in rank
                    if isinstance(wr.storage_data, TensorRecord)]
         values = {wr.index.fqn: wr.storage_data.value for rank in results for wr in rank
@@ -288,23 +284,16 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
         cplan = pipeline.CommitPlan(
             names=_record_order(skel, records), tensors={}, skeleton=skel, quantized={},
             domains={}, moments={}, config=config, quality=quality,
-            parent=pipeline.ParentInfo(shared.head), settings=repo.commit_settings())
-        opts = self.options
-        info = pipeline.CommitInfo(
-            message=self.message,
-            author=author(repo.config.get("user.name"), repo.config.get("user.email")),
-            step=opts.get("step"), metrics=dict(opts.get("metrics") or {}),
-            provenance=code_provenance(os.getcwd()))
-        with repo.store.write_lock(float(repo.config.get("core.lock_timeout"))):
-            if shared.head is not None and shared.again \
-                    and _is_head(repo, shared.ref, shared.head, cplan, records):
-                cid, self.reused = shared.head, True
-            else:
-                cid, _ = pipeline.publish(cplan, records, info, blobs=repo.store,
-                                          refs=repo.store, ref=shared.ref)
-            self.commit_id = cid
+            parent=pipeline.ParentInfo(shared.head), settings=tx.settings)
+        info = tx.info(self.message, step=self.options.get("step"),
+                       metrics=self.options.get("metrics"))
+
+        def landed(out: Published) -> None:   # under the lock, the moment the commit is made
+            self.commit_id, self.reused = out.commit, out.reused
+
+        out = tx.publish(cplan, records, info, ref=shared.ref, again=shared.again, landed=landed)
         # Past the commit point nothing here may fail: DCP broadcasts this to every rank.
-        metadata.storage_data = Landed(cid, self.reused)
+        metadata.storage_data = Landed(out.commit, out.reused)
 
 
 def save(state: dict[str, Any], writer: MvcStorageWriter, **dcp_kwargs: Any) -> str | None:
@@ -334,19 +323,6 @@ def _readable(repo: Repo, cid: str) -> Commit | None:
         return repo.read_commit(cid)
     except DataError:
         return None
-
-
-def _is_head(repo: Repo, ref: str, head: str, cplan: pipeline.CommitPlan,
-             records: list[TensorRecord]) -> bool:
-    """Whether `ref` still is at `head` and that commit's snapshot is exactly the one
-    `publish` would write (call under the write lock)."""
-    if repo.store.read_ref(ref) != head:
-        return False   # publish then refuses, or makes the commit, with its own checks
-    try:
-        snap = pipeline.snapshot_of(cplan, records)
-    except pipeline.IncompleteCommitError:
-        return False
-    return object_id(snap.encode()) == repo.read_commit(head).snapshot
 
 
 def _check_types(options: dict[str, Any]) -> None:
@@ -390,15 +366,6 @@ def _shard(item: WriteItem, data: Any, names: dict[str, str]
     if covers_whole(offsets, sizes, list(td.size)):
         return base, None, t
     return shard_name(base, offsets, sizes), shard_meta(base, offsets, list(td.size)), t
-
-
-def _parent_info(repo: Repo, cid: str | None, records: bool) -> pipeline.ParentInfo:
-    if cid is None:
-        return pipeline.ParentInfo()
-    if not records:
-        return pipeline.ParentInfo(cid)
-    commit = repo.read_commit(cid)
-    return pipeline.ParentInfo.of(cid, commit, commit.snapshot, repo.read_snapshot(commit.snapshot))
 
 
 def _record_order(skel: dict, records: list[TensorRecord]) -> list[str]:

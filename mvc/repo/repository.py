@@ -23,7 +23,6 @@ from mvc.repo import refs as R
 from mvc.repo.config import Config
 from mvc.repo.objectdb import ObjectDB
 from mvc.repo.objects import Commit, Snapshot, check_metrics, check_step
-from mvc.repo.provenance import author, code_provenance
 from mvc.repo.pruned import pruned_ids
 from mvc.repo.refops import RefOps
 from mvc.store import RefUpdate, open_store
@@ -40,6 +39,7 @@ if TYPE_CHECKING:
     from mvc.repo.inspect import RepoStats, TensorDiff
     from mvc.repo.levelcache import DiskLevelCache
     from mvc.repo.reader import TensorReader
+    from mvc.repo.transaction import CommitTransaction
     from mvc.search.space import SearchSpace
 
 MVC_DIR = ".mvc"
@@ -298,49 +298,32 @@ class Repo:
         clean_metrics = check_metrics(metrics)
         check_step(step)
         how = commitopts.quantization(self.config, lossless, quant, policy, quality, epsilon, space)
-        settings = self.commit_settings()
-        read_quantized = self.reader.read_quantized
+        tx = self.commit_transaction()
         lossy_plan = how.mode != "lossless"
         # HEAD now is only a hint for the plan (warm start, the search's starting config):
         # the branch may move before the lock is taken, which costs nothing but compression.
         flat = flatten(state)
         with phase(progress, "choosing storage", total_items=len(flat.tensors)):
-            plan = pipeline.plan(flat, how, self._parent_info(self.head(), lossy_plan),
-                                 read_quantized=read_quantized, settings=settings, grads=grads)
-        info = pipeline.CommitInfo(
-            message=message, author=author(self.config.get("user.name"),
-                                           self.config.get("user.email")),
-            step=step, metrics=clean_metrics, provenance=code_provenance(os.getcwd()))
+            plan = pipeline.plan(flat, how, tx.parent(self.head(), lossy_plan),
+                                 read_quantized=tx.read_quantized, settings=tx.settings, grads=grads)
+        info = tx.info(message, step=step, metrics=clean_metrics)
         bases: pipeline.Bases = {}
-        with self.store.maintenance.write_lock(self._lock_timeout()):
-            ref, parent = self.commit_target()
-            if plan.quantized or parent != plan.parent.commit:
-                # Records read under the lock: the deltas are made against them.
-                plan = plan.against(self._parent_info(parent, bool(plan.quantized)))
-            records = pipeline.write(plan, plan.names, blobs=self.store.blobs,
-                                     read_quantized=read_quantized, bases=bases, progress=progress)
-            cid, snap_id = pipeline.publish(plan, records, info, blobs=self.store.blobs,
-                                            refs=self.store.refs, ref=ref)
-        self._remember_levels(cid, snap_id, plan.quantized, bases)
-        return cid
+        landed = tx.commit(plan, info, bases=bases, progress=progress)
+        self._remember_levels(landed.commit, landed.snapshot, plan.quantized, bases)
+        return landed.commit
 
-    def _parent_info(self, cid: str | None, records: bool = True) -> pipeline.ParentInfo:
-        """The commit `cid` as a parent (None: an unborn branch); `records=False` skips reading
-        its snapshot (an exact commit needs only the id)."""
-        from mvc.repo.pipeline import ParentInfo
+    def commit_transaction(self) -> CommitTransaction:
+        """The commit transaction over this repository (`mvc.repo.transaction`), with the
+        `commit.*` settings, the lock timeout and the author read from the config now: what
+        `commit` and a sharded save (`mvc.dcp`) plan against, write and publish through."""
+        from mvc.repo.transaction import CommitTransaction
 
-        if cid is None:
-            return ParentInfo()
-        if not records:
-            return ParentInfo(cid)
-        c = self.read_commit(cid)
-        return ParentInfo.of(cid, c, c.snapshot, self.read_snapshot(c.snapshot))
-
-    def _parent_centroids(self) -> dict[str, torch.Tensor]:
-        """HEAD's centroids by tensor name (what a commit warm-starts k-means from)."""
-        from mvc.repo.pipeline import parent_centroids
-
-        return parent_centroids(self._parent_info(self.head()), self.reader.read_quantized)
+        get = self.config.get
+        return CommitTransaction(
+            blobs=self.store.blobs, refs=self.store.refs, maintenance=self.store.maintenance,
+            odb=self.odb, read_quantized=self.reader.read_quantized,
+            settings=self.commit_settings(), lock_timeout=self._lock_timeout(),
+            user_name=get("user.name"), user_email=get("user.email"))
 
     def _remember_levels(self, cid: str, snap_id: str, quantized: Mapping[str, Any],
                          bases: pipeline.Bases) -> None:

@@ -9,6 +9,7 @@ from mvc.quant import QuantConfig, quantize, quantize_state
 from mvc.quant.optimizer import (OptimizerStateError, OptQuantized, check_policy, infer_param_map,
                                  moment_domain, parse_state_name, quantize_moment,
                                  quantize_optimizer_state, quantize_second_moment, restore)
+from mvc.repo.pipeline import parent_centroids
 from mvc.search import default_policy
 
 
@@ -195,7 +196,8 @@ def test_second_moment_warm_start_keeps_levels_and_repo_stores_a_small_delta(tmp
         recs = [{t.name: t for t in r.read_snapshot(r.read_commit(c).snapshot).tensors} for c in ids]
         name = "optimizer/state/0/exp_avg_sq"
         assert recs[0][name].codec == "qbase/1" and recs[0][name].meta["domain"] == "log"
-        assert name in r._parent_centroids()                  # log-domain centroids warm-start
+        tx = r.commit_transaction()
+        assert name in parent_centroids(tx.parent(r.head()), tx.read_quantized)  # log-domain centroids warm-start
         assert recs[2][name].codec == "qdelta/1"
         assert recs[2][name].stored_bytes < 0.5 * recs[0][name].stored_bytes
     finally:

@@ -52,7 +52,7 @@ def reader(repo: Repo):
 
 
 def settings(repo: Repo) -> pipeline.CommitSettings:
-    return repo._commit_settings()
+    return repo.commit_settings()
 
 
 def parent_of(repo: Repo) -> pipeline.ParentInfo:

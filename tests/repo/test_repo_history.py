@@ -52,7 +52,7 @@ def test_history_revisions_and_log(repo):
 def test_ambiguous_prefix_via_fake_store(repo, monkeypatch):
     a = repo.commit({"w": torch.zeros(2)}, "a")
     b = repo.commit({"w": torch.ones(2)}, "b")
-    monkeypatch.setattr(repo.store, "ids_with_prefix", lambda p: [a, b])
+    monkeypatch.setattr(repo.store.blobs, "ids_with_prefix", lambda p: [a, b])
     with pytest.raises(AmbiguousRevisionError) as exc:
         repo.resolve("abcd")
     assert a[:12] in str(exc.value) and b[:12] in str(exc.value)

@@ -1,0 +1,142 @@
+"""One commit transaction: what `Repo.commit` and a sharded save (`mvc.dcp`) share.
+
+Both make a commit the same way: read the ref the commit moves and its head, read that
+commit as the parent the tensors are written against, say who commits and from which code
+(`CommitInfo`), and publish under the repository write lock with one compare-and-swap.
+`CommitTransaction` is that sequence, built from the parts it needs -- the blob store, the
+ref store, the store's write lock, the object database, the reader's `read_quantized` and
+plain values read from the config -- never from `Repo`.
+
+    Repo.commit    plan outside the lock (the search is the slow part), then `commit`:
+                   under the lock, re-plan against the branch as it is, write, publish.
+    mvc.dcp        `target` and `parent` on the coordinator, `write` on every rank, then
+                   `publish` of every rank's records once, under the lock.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from mvc.progress import Progress
+from mvc.repo import pipeline
+from mvc.repo.objectdb import ObjectDB
+from mvc.repo.objects import TensorRecord
+from mvc.repo.provenance import author, code_provenance
+from mvc.repo.refops import commit_target
+from mvc.store import BlobStore, RefStore, StoreMaintenance, object_id
+
+
+@dataclass(frozen=True)
+class Published:
+    """The outcome of a publish: the commit the branch is at, its snapshot, and whether it
+    was already there (a retry of a save whose first attempt landed: no commit was made)."""
+
+    commit: str
+    snapshot: str
+    reused: bool = False
+
+
+class CommitTransaction:
+    """Plan against the branch's head, write, publish under the write lock (see the module
+    docstring).  `settings`: the `commit.*` values; `user_name` / `user_email`: the
+    configured author (None: from the environment, `mvc.repo.provenance.author`)."""
+
+    def __init__(self, *, blobs: BlobStore, refs: RefStore, maintenance: StoreMaintenance,
+                 odb: ObjectDB, read_quantized: pipeline.ReadQuantized,
+                 settings: pipeline.CommitSettings, lock_timeout: float,
+                 user_name: str | None = None, user_email: str | None = None) -> None:
+        self.blobs = blobs
+        self.refs = refs
+        self.maintenance = maintenance
+        self.odb = odb
+        self.read_quantized = read_quantized
+        self.settings = settings
+        self.lock_timeout = lock_timeout
+        self.user_name = user_name
+        self.user_email = user_email
+
+    # ------------------------------------------------------------------ before the lock
+    def target(self) -> tuple[str, str | None]:
+        """(the ref the commit moves, its current value): the parent a plan starts from.
+        Only a hint outside the lock: `commit` reads it again under it."""
+        return commit_target(self.refs)
+
+    def parent(self, cid: str | None, records: bool = True) -> pipeline.ParentInfo:
+        """The commit `cid` as a parent (None: an unborn branch); `records=False` skips reading
+        its snapshot (an exact commit needs only the id)."""
+        if cid is None:
+            return pipeline.ParentInfo()
+        if not records:
+            return pipeline.ParentInfo(cid)
+        c = self.odb.read_commit(cid)
+        return pipeline.ParentInfo.of(cid, c, c.snapshot, self.odb.read_snapshot(c.snapshot))
+
+    def info(self, message: str, *, step: int | None = None,
+             metrics: Mapping[str, float] | None = None) -> pipeline.CommitInfo:
+        """What the commit object says besides its tensors: `message`, `step`, `metrics`, the
+        author and the code's provenance (the git state of the working directory), read now."""
+        return pipeline.CommitInfo(
+            message=message, author=author(self.user_name, self.user_email), step=step,
+            metrics=dict(metrics or {}), provenance=code_provenance(os.getcwd()))
+
+    def write(self, plan: pipeline.CommitPlan, names: Iterable[str], *,
+              bases: pipeline.Bases | None = None,
+              progress: Progress | None = None) -> list[TensorRecord]:
+        """`pipeline.write` into this repository's blob store (no lock: idempotent)."""
+        return pipeline.write(plan, names, blobs=self.blobs, read_quantized=self.read_quantized,
+                              bases=bases, progress=progress)
+
+    # ------------------------------------------------------------------ under the lock
+    def commit(self, plan: pipeline.CommitPlan, info: pipeline.CommitInfo, *,
+               bases: pipeline.Bases | None = None,
+               progress: Progress | None = None) -> Published:
+        """Write `plan` and publish it on the branch as it is once the write lock is held.
+
+        The plan was made against the branch's head read before the lock (a hint); under
+        the lock the head is read again, and a lossy plan (or any plan whose parent moved)
+        is written against the records read then: deltas are made against them."""
+        with self.maintenance.write_lock(self.lock_timeout):
+            ref, parent = self.target()
+            if plan.quantized or parent != plan.parent.commit:
+                plan = plan.against(self.parent(parent, bool(plan.quantized)))
+            records = self.write(plan, plan.names, bases=bases, progress=progress)
+            cid, sid = pipeline.publish(plan, records, info, blobs=self.blobs, refs=self.refs,
+                                        ref=ref)
+        return Published(cid, sid)
+
+    def publish(self, plan: pipeline.CommitPlan, records: Iterable[TensorRecord],
+                info: pipeline.CommitInfo, *, ref: str, again: bool = False,
+                landed: Callable[[Published], None] | None = None) -> Published:
+        """Publish records written earlier (by any number of writers) under the write lock:
+        `ref` moves from the plan's parent to the new commit, or `RefConflictError`.
+
+        `again`: the parent may be an earlier attempt of this very commit (its outcome was
+        lost): when `ref` is still at it and its snapshot is exactly the one this would
+        write, no commit is made (`Published.reused`).  `landed` is called under the lock
+        the moment the commit point has passed, before anything else can fail."""
+        records = list(records)
+        with self.maintenance.write_lock(self.lock_timeout):
+            head = plan.parent.commit
+            sid = self._same_as(head, ref, plan, records) if again else None
+            if head is not None and sid is not None:
+                out = Published(head, sid, reused=True)
+            else:
+                out = Published(*pipeline.publish(plan, records, info, blobs=self.blobs,
+                                                  refs=self.refs, ref=ref))
+            if landed is not None:
+                landed(out)
+        return out
+
+    def _same_as(self, head: str | None, ref: str, plan: pipeline.CommitPlan,
+                 records: list[TensorRecord]) -> str | None:
+        """`head`'s snapshot id when `ref` is still at `head` and that snapshot is exactly the
+        one `publish` would write; else None (call under the write lock)."""
+        if head is None or self.refs.read_ref(ref) != head:
+            return None   # publish then refuses, or makes the commit, with its own checks
+        try:
+            snap = pipeline.snapshot_of(plan, records)
+        except pipeline.IncompleteCommitError:
+            return None
+        sid = self.odb.read_commit(head).snapshot
+        return sid if object_id(snap.encode()) == sid else None
