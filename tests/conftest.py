@@ -9,6 +9,7 @@ import torch
 
 # tests/helpers is on sys.path (pyproject.toml: [tool.pytest.ini_options] pythonpath).
 from checkpoints import realistic_state
+from cli_helpers import init_work
 
 
 @pytest.fixture
@@ -20,6 +21,14 @@ def repo(tmp_path):
     r.config.set("commit.mode", "lossless")
     yield r
     r.close()
+
+
+@pytest.fixture
+def work(tmp_path):
+    """A working directory holding a new repository (`mvc init`) that commits losslessly; the
+    CLI tests run `mvc` in it. Modules needing more (a checkpoint path, a first commit) override
+    it with a `work(work)` fixture of their own."""
+    return init_work(tmp_path, {"commit.mode": "lossless"})
 
 
 @pytest.fixture

@@ -7,22 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from cli_helpers import run
 import torch
-
 from checkpoints import assert_same
+from cli_helpers import run
 from locations import ROOT
+
 from mvc.repo.repository import Repo
-
-
-
-@pytest.fixture
-def work(tmp_path):
-    code, out, _ = run(tmp_path, "init")
-    assert code == 0 and "Initialized empty" in out
-    assert run(tmp_path, "config", "commit.mode", "lossless")[0] == 0
-    return tmp_path
 
 
 def test_commit_log_show_checkout_roundtrip(work, state):

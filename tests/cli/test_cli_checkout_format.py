@@ -3,18 +3,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cli_helpers import run
 
 from mvc.io.files import load_checkpoint
-from cli_helpers import run
 
 
 @pytest.fixture
-def work(tmp_path):
-    assert run(tmp_path, "init")[0] == 0
-    assert run(tmp_path, "config", "commit.mode", "lossless")[0] == 0
-    torch.save({"w": torch.arange(12.0).reshape(3, 4), "b": torch.ones(3)}, tmp_path / "c.pt")
-    assert run(tmp_path, "commit", "-m", "one", "c.pt")[0] == 0
-    return tmp_path
+def work(work):
+    """The shared lossless working directory with one commit of `c.pt`."""
+    torch.save({"w": torch.arange(12.0).reshape(3, 4), "b": torch.ones(3)}, work / "c.pt")
+    assert run(work, "commit", "-m", "one", "c.pt")[0] == 0
+    return work
 
 
 def _is_safetensors(path) -> bool:

@@ -3,9 +3,9 @@ and every `mvc CMD --help` opens with a paragraph that ends a sentence."""
 from __future__ import annotations
 
 import pytest
+from cli_helpers import run
 
 from mvc.cli.main import cli
-from cli_helpers import run
 
 COMMANDS = sorted(cli.commands)
 

@@ -6,18 +6,17 @@ import re
 
 import pytest
 import torch
+from cli_helpers import run
 
 from mvc.repo.repository import Repo
 from mvc.repo.revparse import UnknownRevisionError
-from cli_helpers import run
 
 
 @pytest.fixture
-def work(tmp_path):
-    assert run(tmp_path, "init")[0] == 0
-    assert run(tmp_path, "config", "commit.mode", "lossless")[0] == 0
-    assert run(tmp_path, "config", "checkpoint.path", "model.pt")[0] == 0
-    return tmp_path
+def work(work):
+    """The shared lossless working directory, with `model.pt` as its checkpoint path."""
+    assert run(work, "config", "checkpoint.path", "model.pt")[0] == 0
+    return work
 
 
 def _commit(work, msg: str, value: float) -> str:

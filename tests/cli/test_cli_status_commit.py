@@ -5,15 +5,13 @@ import re
 
 import pytest
 import torch
-
-from cli_helpers import run
+from cli_helpers import init_work, run
 
 
 @pytest.fixture
 def work(tmp_path):
-    assert run(tmp_path, "init")[0] == 0
-    assert run(tmp_path, "config", "checkpoint.path", "model.pt")[0] == 0
-    return tmp_path
+    """A working directory in the default commit mode (not the shared lossless `work`)."""
+    return init_work(tmp_path, {"checkpoint.path": "model.pt"})
 
 
 def _save(path, seed: int) -> None:

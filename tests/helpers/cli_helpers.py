@@ -1,4 +1,4 @@
-"""Running the `mvc` command in-process from tests."""
+"""Running the `mvc` command in-process from tests, and setting up a working directory with it."""
 from __future__ import annotations
 
 import contextlib
@@ -20,3 +20,15 @@ def run(cwd: Path | str, *args: str) -> tuple[int, str, str]:
     finally:
         os.chdir(old)
     return code, out.getvalue(), err.getvalue()
+
+
+def init_work(path: Path, config: dict[str, str] | None = None) -> Path:
+    """`mvc init` in `path`, then `mvc config KEY VALUE` for each item of `config`; returns `path`.
+
+    conftest's `work` fixture is this with `commit.mode = lossless`; a test needing the default
+    mode, or more set-up, calls it itself or overrides `work`."""
+    code, out, err = run(path, "init")
+    assert code == 0 and "Initialized empty" in out, err
+    for key, value in (config or {}).items():
+        assert run(path, "config", key, value)[0] == 0, key
+    return path

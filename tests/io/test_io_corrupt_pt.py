@@ -20,11 +20,11 @@ from unittest import mock
 
 import pytest
 import torch
+from checkpoints import assert_identical, assert_same_sharing, realistic_checkpoint
+from cli_helpers import run
 
 from mvc.io import CorruptCheckpointError, load_checkpoint, torch_zip
 from mvc.repo.repository import Repo
-from cli_helpers import run
-from checkpoints import assert_identical, assert_same_sharing, realistic_checkpoint
 
 Edit = Callable[[str, bytes], "bytes | None"]
 
@@ -458,12 +458,11 @@ def test_without_torch_internals_the_copying_reader_still_refuses(
 
 
 @pytest.fixture
-def work(tmp_path: Path) -> Path:
-    assert run(tmp_path, "init")[0] == 0
-    assert run(tmp_path, "config", "commit.mode", "lossless")[0] == 0
-    torch.save({"w": torch.ones(3)}, tmp_path / "base.pt")
-    assert run(tmp_path, "commit", "-m", "base", "base.pt")[0] == 0
-    return tmp_path
+def work(work: Path) -> Path:
+    """The shared lossless working directory with one commit of `base.pt`."""
+    torch.save({"w": torch.ones(3)}, work / "base.pt")
+    assert run(work, "commit", "-m", "base", "base.pt")[0] == 0
+    return work
 
 
 def _repo_state(work: Path) -> tuple:

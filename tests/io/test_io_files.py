@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
+from checkpoints import assert_identical, assert_same_sharing, realistic_checkpoint
 
 from mvc.errors import MvcError, UsageError
 from mvc.io import (
@@ -23,7 +24,6 @@ from mvc.io import (
     load_checkpoint,
     save_checkpoint,
 )
-from checkpoints import assert_identical, assert_same_sharing, realistic_checkpoint
 
 
 class RunsCommand:

@@ -1,13 +1,12 @@
 """A .safetensors file's header metadata (``__metadata__``) survives commit and checkout."""
 from __future__ import annotations
 
-import pytest
 import torch
 from safetensors import safe_open
+from cli_helpers import run
 from safetensors.torch import save_file
 
 from mvc.io.files import SAFETENSORS_METADATA_KEY, load_checkpoint, save_checkpoint
-from cli_helpers import run
 
 METADATA = {"format": "pt", "note": "epoch 3, lr=1e-3"}
 
@@ -21,13 +20,6 @@ def _tensors() -> dict[str, torch.Tensor]:
 def _metadata(path) -> dict[str, str] | None:
     with safe_open(str(path), framework="pt") as f:
         return f.metadata()
-
-
-@pytest.fixture
-def work(tmp_path):
-    assert run(tmp_path, "init")[0] == 0
-    assert run(tmp_path, "config", "commit.mode", "lossless")[0] == 0
-    return tmp_path
 
 
 def test_metadata_survives_commit_and_checkout(work):

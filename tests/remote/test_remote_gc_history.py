@@ -4,8 +4,8 @@ clone reads exactly what the original reads and fscks clean."""
 from __future__ import annotations
 
 import pytest
-from remote_helpers import same_state
 from lossy_history import configs, trajectory
+from remote_helpers import same_state
 
 from mvc.remote.porcelain import clone
 from mvc.remote.transfer import fetch, push

@@ -4,11 +4,11 @@ when their deltas were encoded against a pruned commit."""
 from __future__ import annotations
 
 import pytest
-
 from cli_helpers import run
+from lossy_history import assert_bits, chained_repo, trajectory
+
 from mvc.repo.pruned import CommitPrunedError
 from mvc.repo.repository import Repo
-from lossy_history import assert_bits, chained_repo, trajectory
 
 
 def _reference(repo: Repo, ids: list[str]) -> dict[str, dict]:

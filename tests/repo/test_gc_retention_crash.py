@@ -12,10 +12,10 @@ import textwrap
 import time
 
 import pytest
+from lossy_history import assert_bits, chained_repo
 
 from mvc.repo.pruned import CommitPrunedError
 from mvc.repo.repository import Repo
-from lossy_history import assert_bits, chained_repo
 
 # Waits for the repository path on stdin, so the next child can import torch while the current
 # one is being killed.

@@ -11,9 +11,9 @@ import textwrap
 import time
 
 import pytest
+from lossy_history import assert_bits, chained_repo, trajectory
 
 from mvc.repo.repository import Repo
-from lossy_history import assert_bits, chained_repo, trajectory
 
 GC_CHILD = textwrap.dedent("""
     import sys
