@@ -27,11 +27,12 @@ demo: install
 	$(PY) examples/train_digits.py --workdir demo-run
 
 # The sanitizer run first (short), then the static checks, then the whole suite, whose summary
-# closes the output.
+# closes the output; --durations=25 lists the slowest tests above it, so the suite's cost stays
+# visible (docs/development.md: the tiers, and what is slow).
 test: install
 	$(MAKE) test-asan
 	$(MAKE) lint
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=25
 
 # Import contracts (layers, no cycles), ruff and mypy; their settings live in pyproject.toml.
 lint: install
@@ -39,6 +40,8 @@ lint: install
 	$(VENV)/bin/ruff check mvc tests benchmarks examples
 	$(VENV)/bin/mypy
 
+# Everything but the `slow` tier (crash, kill and concurrency loops, long corruption sweeps, the
+# framework examples): for the edit-test loop, not CI.
 test-fast: install
 	$(PY) -m pytest tests -m "not slow" -x
 

@@ -12,7 +12,7 @@ computes D = (parent - cur) mod B and scatters it into group order in one
 O(n) counting-sort pass; `apply_grouped_delta` is Alg. 6 fused with the
 inverse delta and the range checks.  Level and delta arrays are uint8 when B
 <= 256, else uint16 (`delta_dtype`).  The same operations in plain numpy, the
-readable reference the tests compare these to, are in tests/reference_coders.py.
+readable reference the tests compare these to, are in tests/helpers/reference_coders.py.
 """
 from __future__ import annotations
 

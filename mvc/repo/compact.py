@@ -95,7 +95,7 @@ def compact_chains(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefSt
 #: Meta fields about a quantized record's *encoding*: the codecs' own (payload layout,
 #: checksum, level counts, protected values' codec, recorded config) and the link into
 #: its delta chain that commit adds. A re-encoding writes its own; every other field is
-#: carried over. `tests/test_gc_invariance.py` checks this names all the codecs write.
+#: carried over. `tests/repo/test_gc_invariance.py` checks this names all the codecs write.
 ENCODING_META = frozenset({
     "mode", "bins", "numel", "n_protected", "protected", "parent_n_levels", "sections",
     "xxh3", "config",                    # mvc.codecs.quantized

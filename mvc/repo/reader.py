@@ -257,7 +257,7 @@ def _bound_first_moment(rec: TensorRecord, m: torch.Tensor, restored: dict[str, 
         return
     # torch's own float32 sqrt and clamp, as every earlier version restored (a correctly
     # rounded native pass changes existing commits' restores by an ulp where the clamp binds:
-    # tests/test_fixture_repo.py), in chunks of 2^20: torch's vector loops then meet every
+    # tests/repo/test_fixture_repo.py), in chunks of 2^20: torch's vector loops then meet every
     # element at the same lane as over the whole tensor (same bits), and the limits cost 8 MiB,
     # not two copies of the moment.
     bound = float(info["ratio_bound"])

@@ -1,4 +1,4 @@
-"""Alg. 5/6 rearrangement: the numpy reference (tests/reference_coders.py) equals a literal
+"""Alg. 5/6 rearrangement: the numpy reference (tests/helpers/reference_coders.py) equals a literal
 reading of the paper, and the fused native passes equal the reference."""
 from __future__ import annotations
 

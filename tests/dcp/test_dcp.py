@@ -1,6 +1,6 @@
 """torch.distributed.checkpoint through mvc (issue 17): 2 ranks on gloo, FSDP2 + AdamW, CPU.
 
-The two ranks run once per module (tests/dcp_worker.py says what they do); the tests
+The two ranks run once per module (tests/helpers/dcp_worker.py says what they do); the tests
 below check what they left: the commits, the loads on 2 ranks, a resharded load into one
 process, `repo.checkout` of the sharded commits, and the crash.
 """
@@ -202,7 +202,7 @@ def test_unsharded_save_after_sharded_starts_new_bases(ranks, tmp_path):
         assert_same(repo.read_state(w.commit_id)["model"],
                     load_one_process(root / "repo", w.commit_id)["model"])
         # leave the module's history as it was for the other tests
-        repo.store.update_ref("refs/heads/main", w.commit_id, r0["c3"], "test: reset")
+        repo.store.refs.update_ref("refs/heads/main", w.commit_id, r0["c3"], "test: reset")
 
 
 def test_a_save_without_epsilon_is_lossless(tmp_path):

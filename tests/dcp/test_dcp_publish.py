@@ -6,7 +6,7 @@ broadcasts finish's outcome after it, so a peer dying in between fails the coord
 `DcpPublishedError`) says so, and a retry of the same save makes no second commit.
 
 One-process tests drive the writer through `dcp.save` without a process group; the slow
-test runs real gloo ranks (tests/dcp_publish_worker.py) and kills rank 1 at fixed points.
+test runs real gloo ranks (tests/helpers/dcp_publish_worker.py) and kills rank 1 at fixed points.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Child process of the corruption sweep (tests/test_corruption_sweep.py).
+"""Child process of the corruption sweep (tests/repo/test_corruption_sweep.py).
 
 Reads one damaged repository per line of stdin (a JSON object: {"dir", "expected"}), and
 prints one JSON line per repository saying what happened: for every commit, "same",

@@ -1,8 +1,8 @@
-"""One rank of tests/test_dcp_publish.py: a peer dies around the coordinator's publish.
+"""One rank of tests/dcp/test_dcp_publish.py: a peer dies around the coordinator's publish.
 
     python dcp_publish_worker.py RANK WORLD DIR PHASE
 
-The state is FSDP2 + AdamW after a fixed number of training steps (tests/dcp_worker.py's
+The state is FSDP2 + AdamW after a fixed number of training steps (tests/helpers/dcp_worker.py's
 model), so a fresh pair of processes rebuilds exactly the state an earlier pair saved.
 DIR holds the repository (DIR/repo), the rendezvous files and each rank's report
 (DIR/<PHASE>.rank<R>.pt).  Phases (each a fresh process group; a dead peer breaks one):

@@ -1,4 +1,4 @@
-"""One rank of tests/test_dcp.py: FSDP2 (`fully_shard`) + AdamW on a tiny model, gloo, CPU.
+"""One rank of tests/dcp/test_dcp.py: FSDP2 (`fully_shard`) + AdamW on a tiny model, gloo, CPU.
 
     python dcp_worker.py RANK WORLD DIR
 

@@ -1,4 +1,4 @@
-"""Child process of tests/test_commit_pipeline.py: the write stage of a commit plan, on its own.
+"""Child process of tests/repo/test_commit_pipeline.py: the write stage of a commit plan, on its own.
 
     python pipeline_worker.py JOB OUT
 

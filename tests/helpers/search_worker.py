@@ -1,4 +1,4 @@
-"""One rank of tests/test_dcp_search.py: the config search spread over 2 gloo ranks.
+"""One rank of tests/search/test_dcp_search.py: the config search spread over 2 gloo ranks.
 
     python search_worker.py RANK WORLD DIR
 

@@ -34,7 +34,7 @@ def source(tmp_path_factory):
 
 
 class Zygote:
-    """tests/remote_push_worker.py: forks pushers from one process that imported mvc once."""
+    """tests/helpers/remote_push_worker.py: forks pushers from one process that imported mvc once."""
 
     def __init__(self) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT))

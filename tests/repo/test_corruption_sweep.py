@@ -3,7 +3,7 @@
 A small lossy repository (weights and Adam moments, delta chains, a branch and a tag, the
 level cache) is damaged one byte at a time — the LMDB data file, its lock file, the level
 cache, the config — and also by swapping one commit's level-cache entry in for another's.
-A child process (tests/corruption_worker.py) then runs fsck and restores every commit.
+A child process (tests/helpers/corruption_worker.py) then runs fsck and restores every commit.
 Every outcome must be "detected" (fsck or a typed read error) or "harmless" (the same
 bits as before); a silently different tensor, an untyped exception, a crash or a hang
 fails the test.

@@ -1,6 +1,6 @@
 """The config search spread over 2 gloo ranks (issue 17, Inshrinkerator §5 on replicas).
 
-tests/search_worker.py runs the ranks once per module: rank 0 leads a first search and a
+tests/helpers/search_worker.py runs the ranks once per module: rank 0 leads a first search and a
 neighbourhood search while rank 1 serves their trials, then runs both alone."""
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_parallel_search_needs_a_process_group():
     with pytest.raises(ParallelSearchError):
         with ranks():
             pass
-    assert SearchSpace()  # the sequential search is untouched (tests/test_search_*.py)
+    assert SearchSpace()  # the sequential search is untouched (tests/search/test_search_*.py)
 
 
 def test_tracker_on_two_ranks_commits_once_with_the_parallel_search(reports):
