@@ -27,7 +27,7 @@ def make(path: Path) -> tuple[Repo, str, str]:
 
 
 def refs(repo: Repo) -> tuple[list[tuple[str, str]], list[tuple[str, str]], str | None, list]:
-    return repo.branches(), repo.tags(), repo.head(), list(repo.store.reflog("refs/heads/exp"))
+    return repo.branches(), repo.tags(), repo.head(), list(repo.store.refs.reflog("refs/heads/exp"))
 
 
 def test_api_merged_deletes_unmerged_refused_force_deletes(tmp_path):

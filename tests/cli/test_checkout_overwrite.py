@@ -135,8 +135,8 @@ def test_a_stamp_from_before_inodes_still_counts(work):
     try:
         st = (work / "model.pt").stat()
         # What `mvc commit` recorded before the stamps' table existed.
-        r.store.set_meta(worktree.KNOWN_KEY, b"")
-        r.store.set_meta(worktree.CURRENT_KEY, json.dumps(
+        r.store.maintenance.set_meta(worktree.KNOWN_KEY, b"")
+        r.store.maintenance.set_meta(worktree.CURRENT_KEY, json.dumps(
             {"commit": r.head(), "path": str((work / "model.pt").resolve()),
              "size": st.st_size, "mtime_ns": st.st_mtime_ns}).encode())
     finally:
@@ -149,8 +149,8 @@ def test_stamps_table_is_bounded_and_keeps_the_newest(tmp_path):
     r = Repo.init(tmp_path / "r")
     try:
         for i in range(worktree.MAX_KNOWN + 10):
-            worktree.record(r.store, worktree.Stamp("c" * 32, f"/x/{i}.pt", i, i, i))
-        table = json.loads(r.store.get_meta(worktree.KNOWN_KEY) or b"{}")
+            worktree.record(r.store.maintenance, worktree.Stamp("c" * 32, f"/x/{i}.pt", i, i, i))
+        table = json.loads(r.store.maintenance.get_meta(worktree.KNOWN_KEY) or b"{}")
         assert len(table) == worktree.MAX_KNOWN
         assert f"/x/{worktree.MAX_KNOWN + 9}.pt" in table and "/x/0.pt" not in table
     finally:

@@ -122,7 +122,7 @@ def test_bad_input_one_line_distinct_codes_repo_untouched(work):
     torch.save({"w": torch.ones(3)}, work / "ok.pt")
     assert run(work, "commit", "-m", "base", "ok.pt")[0] == 0
     with Repo(work) as repo:
-        before = (sorted(repo.store.iter_ids()), repo.head())
+        before = (sorted(repo.store.blobs.iter_ids()), repo.head())
     codes, errors = {}, {}
     for kind, path in _bad_inputs(work).items():
         proc = subprocess.run([sys.executable, "-m", "mvc", "commit", "-m", "bad", str(path)],
@@ -138,7 +138,7 @@ def test_bad_input_one_line_distinct_codes_repo_untouched(work):
     # A directory is committed as a checkpoint directory (mvc.io.dirs): an empty one has nothing in it.
     assert codes["dir"] == 150 and "no files to commit" in errors["dir"]
     with Repo(work) as repo:
-        assert (sorted(repo.store.iter_ids()), repo.head()) == before
+        assert (sorted(repo.store.blobs.iter_ids()), repo.head()) == before
 
 
 def test_python_dash_m_entry_point(tmp_path):

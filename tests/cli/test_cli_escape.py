@@ -35,7 +35,7 @@ def hostile(tmp_path):
     # Names checked at creation cannot hold control characters, and the store refuses C0 ones;
     # C1 controls (CSI is U+009B) and bidi overrides get through it from an older version or
     # another tool, straight into the store.
-    repo.store.update_refs([RefUpdate("refs/heads/\x9b31mbr", None, cid),
+    repo.store.refs.update_refs([RefUpdate("refs/heads/\x9b31mbr", None, cid),
                             RefUpdate("refs/tags/t\u202egat\x9b2J", None, cid)], "test")
     repo.close()
     return tmp_path / "r", cid

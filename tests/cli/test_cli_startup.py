@@ -134,4 +134,4 @@ def test_reading_history_through_the_api_does_not_import_torch(committed: Path) 
         "c = r.log()[0]\n"
         "assert c.message == 'first' and r.read_snapshot(c.snapshot).tensors\n"
         "assert r.branches() and r.tags() and r.config.items()\n"
-        "assert r.resolve('v1') == c.id and r.store.reflog('HEAD')")
+        "assert r.resolve('v1') == c.id and r.store.refs.reflog('HEAD')")

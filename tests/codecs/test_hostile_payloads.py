@@ -298,11 +298,11 @@ def hostile_commit(repo, cid: str, name: str, payload: bytes, meta: dict | None 
             m = dict(rec.meta if meta is None else meta)
             if rec.codec in QUANT:
                 m["xxh3"] = xxhash.xxh3_64(payload).hexdigest()
-            rec = replace(rec, chunks=[repo.store.put(payload)], stored_bytes=len(payload), meta=m)
+            rec = replace(rec, chunks=[repo.store.blobs.put(payload)], stored_bytes=len(payload), meta=m)
         recs.append(rec)
-    sid = repo.store.put(Snapshot(tensors=recs, skeleton=snap.skeleton).encode())
-    hid = repo.store.put(replace(commit, snapshot=sid).encode())
-    repo.store.update_refs([RefUpdate(f"refs/tags/hostile-{hid[:12]}", ANY, hid)], "hostile payload")
+    sid = repo.store.blobs.put(Snapshot(tensors=recs, skeleton=snap.skeleton).encode())
+    hid = repo.store.blobs.put(replace(commit, snapshot=sid).encode())
+    repo.store.refs.update_refs([RefUpdate(f"refs/tags/hostile-{hid[:12]}", ANY, hid)], "hostile payload")
     return hid
 
 
@@ -353,7 +353,7 @@ def garbage_sections_then_gc(root: str, rounds: int) -> None:
         for name in ("embed.weight", "layer.weight"):
             rec = recs[name]
             assert rec.codec == "qdelta/1"
-            payload = bytearray(b"".join(repo.store.get(c) for c in rec.chunks))
+            payload = bytearray(b"".join(repo.store.blobs.get(c) for c in rec.chunks))
             start = sum(rec.meta["sections"][:2])
             payload[start:] = rng.randbytes(len(payload) - start)
             hid = hostile_commit(repo, c2, name, bytes(payload))
@@ -425,7 +425,7 @@ def _fuzz_codec(repo, ids: list[str], codec: str, examples: int) -> dict[str, in
         cid, other = ids[which], ids[1 - which]
         rec = records(repo, cid)[name]
         assert rec.codec == codec, (name, rec.codec)
-        payload = b"".join(repo.store.get(c) for c in rec.chunks)
+        payload = b"".join(repo.store.blobs.get(c) for c in rec.chunks)
         sections = rec.meta.get("sections") if codec in QUANT else None
         mutated, new_sections = _mutate(data, payload, sections)
         meta = dict(rec.meta)

@@ -191,5 +191,5 @@ def test_two_ranks_a_peer_dying_around_the_commit_point(tmp_path):
     assert before["writer_commit"] is None and before["error_commit"] is None
     with Repo(root / "repo") as repo:
         assert [c.id for c in repo.log()] == [landed, base]
-        assert [e.new for e in repo.store.reflog("refs/heads/main")] == [base, landed]
+        assert [e.new for e in repo.store.refs.reflog("refs/heads/main")] == [base, landed]
         assert repo.fsck().ok

@@ -12,7 +12,14 @@ a fresh, empty store (and optionally `cleanup_store(store)`):
 * `ObjectStoreTests` -- all of the above plus the parts' wiring
   (`StoreContract` is its old name).
 
-A new backend only has to pass the parts it implements.
+Each contract's tests reach the part they test as `self.blobs`, `self.refs` or
+`self.maintenance`: a suite of one part alone (a remote's blobs, `MemoryRefStore`)
+makes that part, a suite of a whole local store (`MaintenanceTests`,
+`ObjectStoreTests`) makes the store and hands each contract its part.  A new
+backend only has to pass the parts it implements.
+
+`corrupt_object` flips a stored byte in any of the stores, reaching into its
+internals from here so that no production class carries a test-only method.
 """
 from __future__ import annotations
 
@@ -34,7 +41,9 @@ from mvc.store import (
     InvalidIdError,
     InvalidRefError,
     LockError,
+    MemoryBlobStore,
     ObjectMissingError,
+    ObjectStore,
     RefConflictError,
     RefStore,
     RefUpdate,
@@ -43,6 +52,9 @@ from mvc.store import (
     TransactionalRefStore,
     require_transactional,
 )
+from mvc.store.lmdb_blobs import LmdbBlobStore
+from mvc.store.objstore import Remote, RemoteBlobStore
+from mvc.store.objstore.blobs import loose_key
 
 A = "a" * 32
 B = "b" * 32
@@ -54,8 +66,43 @@ def blob(n: int, seed: int = 0) -> bytes:
     return random.Random(seed).randbytes(n)
 
 
+def _flip(data: bytes, byte_index: int) -> bytes:
+    out = bytearray(data)
+    out[byte_index] ^= 0xFF
+    return bytes(out)
+
+
+def corrupt_object(store: Any, oid: str, byte_index: int) -> None:
+    """Flip byte `byte_index` of the stored value of `oid`, keeping its key.
+
+    `store` is a blob part (in-memory, LMDB or a remote's) or something that has one
+    (a local `ObjectStore`, a `Remote`).  A remote's object must be stored loose.
+    """
+    blobs = store.blobs if isinstance(store, (ObjectStore, Remote)) else store
+    if isinstance(blobs, MemoryBlobStore):
+        with blobs._mutex:
+            blobs._objects[oid] = _flip(blobs._objects[oid], byte_index)
+    elif isinstance(blobs, LmdbBlobStore):
+        key = oid.encode("ascii")  # how lmdb_blobs keys an object
+        h = blobs._conn.handle()
+
+        def flip(txn: Any) -> None:
+            txn.put(key, _flip(txn.get(key, db=h.dbs["objects"]), byte_index), db=h.dbs["objects"])
+        h.write(flip)
+    elif isinstance(blobs, RemoteBlobStore):
+        got = blobs.storage.get(loose_key(oid))
+        assert got is not None, f"{oid} is not stored loose"
+        blobs.storage.put(loose_key(oid), _flip(got.data, byte_index))
+    else:
+        raise TypeError(f"corrupt_object does not know {type(blobs).__name__}")
+
+
 class _StoreFixture:
-    """A fresh store per test: subclasses provide `make_store()`."""
+    """A fresh store per test: subclasses provide `make_store()`.
+
+    `blobs_of` / `refs_of` pick the part a contract tests out of what `make_store()`
+    made: by default that is the part itself.
+    """
 
     store: Any
 
@@ -71,174 +118,207 @@ class _StoreFixture:
     def teardown_method(self) -> None:
         self.cleanup_store(self.store)
 
+    def blobs_of(self, store: Any) -> Any:
+        """The blob part of `store` (a store of one part: itself)."""
+        return store
+
+    def refs_of(self, store: Any) -> Any:
+        """The ref part of `store` (a store of one part: itself)."""
+        return store
+
+    @property
+    def blobs(self) -> Any:
+        """The blob part under test."""
+        return self.blobs_of(self.store)
+
+    @property
+    def refs(self) -> Any:
+        """The ref part under test."""
+        return self.refs_of(self.store)
+
+
+class _WholeStore(_StoreFixture):
+    """`make_store()` makes a whole local store (`ObjectStore`): each contract gets its part."""
+
+    def blobs_of(self, store: Any) -> Any:
+        return store.blobs
+
+    def refs_of(self, store: Any) -> Any:
+        return store.refs
+
+    @property
+    def maintenance(self) -> Any:
+        """The maintenance part under test."""
+        return self.store.maintenance
+
 
 class BlobStoreTests(_StoreFixture):
     """`BlobStore`: put / get / has / size / list / delete / verify of immutable objects."""
 
     def corrupt(self, oid: str, byte_index: int) -> None:
         """Flip one byte of the stored value of `oid`, keeping its key (override per backend)."""
-        self.store._corrupt_for_test(oid, byte_index)
+        corrupt_object(self.blobs, oid, byte_index)
 
     def test_is_a_blob_store(self) -> None:
-        assert isinstance(self.store, BlobStore)
+        assert isinstance(self.blobs, BlobStore)
 
     def test_put_get_roundtrip_and_id(self) -> None:
         data = b"hello checkpoint"
-        oid = self.store.put(data)
+        oid = self.blobs.put(data)
         assert oid == xxhash.xxh3_128_hexdigest(data)
         assert len(oid) == 32 and oid == oid.lower()
-        got = self.store.get(oid)
+        got = self.blobs.get(oid)
         assert got == data and isinstance(got, bytes)
 
     def test_put_accepts_bytes_like(self) -> None:
         floats = array.array("f", [1.0, 2.5, -3.0])
         for data in (bytearray(b"ba"), memoryview(b"mv"), memoryview(floats)):
-            oid = self.store.put(data)
-            assert self.store.get(oid) == bytes(data)
-            assert self.store.size(oid) == len(bytes(data))
+            oid = self.blobs.put(data)
+            assert self.blobs.get(oid) == bytes(data)
+            assert self.blobs.size(oid) == len(bytes(data))
 
     def test_empty_object(self) -> None:
-        oid = self.store.put(b"")
-        assert self.store.get(oid) == b""
-        assert self.store.size(oid) == 0
+        oid = self.blobs.put(b"")
+        assert self.blobs.get(oid) == b""
+        assert self.blobs.size(oid) == 0
 
     def test_put_is_idempotent(self) -> None:
-        oid1 = self.store.put(b"same")
-        before = self.store.object_bytes()
-        oid2 = self.store.put(b"same")
+        oid1 = self.blobs.put(b"same")
+        before = self.blobs.object_bytes()
+        oid2 = self.blobs.put(b"same")
         assert oid1 == oid2
-        assert self.store.object_bytes() == before == 4
-        assert list(self.store.iter_ids()) == [oid1]
+        assert self.blobs.object_bytes() == before == 4
+        assert list(self.blobs.iter_ids()) == [oid1]
 
     def test_put_many_keeps_order_and_duplicates(self) -> None:
         items = [b"x", b"y", b"x", b"z"]
-        ids = self.store.put_many(items)
+        ids = self.blobs.put_many(items)
         assert ids == [xxhash.xxh3_128_hexdigest(i) for i in items]
-        assert [self.store.get(i) for i in ids] == items
-        assert self.store.object_bytes() == 3
-        assert self.store.put_many([]) == []
+        assert [self.blobs.get(i) for i in ids] == items
+        assert self.blobs.object_bytes() == 3
+        assert self.blobs.put_many([]) == []
 
     def test_put_many_accepts_generator(self) -> None:
-        ids = self.store.put_many(blob(100, s) for s in range(5))
-        assert [self.store.get(i) for i in ids] == [blob(100, s) for s in range(5)]
+        ids = self.blobs.put_many(blob(100, s) for s in range(5))
+        assert [self.blobs.get(i) for i in ids] == [blob(100, s) for s in range(5)]
 
     def test_missing_object(self) -> None:
         with pytest.raises(ObjectMissingError) as ei:
-            self.store.get(A)
+            self.blobs.get(A)
         assert ei.value.oid == A and A in str(ei.value)
         assert isinstance(ei.value, DataError) and ei.value.exit_code == 8
-        assert not self.store.has(A)
+        assert not self.blobs.has(A)
         with pytest.raises(ObjectMissingError):
-            self.store.size(A)
+            self.blobs.size(A)
         with pytest.raises(ObjectMissingError):
-            self.store.verify(A)
+            self.blobs.verify(A)
         with pytest.raises(ObjectMissingError):
-            self.store.get_into(A, memoryview(bytearray(10)))
+            self.blobs.get_into(A, memoryview(bytearray(10)))
 
     @pytest.mark.parametrize("bad", ["", "abc", "A" * 32, "g" * 32, "a" * 33, None])
     def test_malformed_ids_rejected(self, bad: object) -> None:
         with pytest.raises(InvalidIdError) as ei:
-            self.store.get(bad)  # type: ignore[arg-type]
+            self.blobs.get(bad)  # type: ignore[arg-type]
         assert isinstance(ei.value, UsageError) and isinstance(ei.value, ValueError)
         with pytest.raises(InvalidIdError):
-            self.store.has(bad)  # type: ignore[arg-type]
+            self.blobs.has(bad)  # type: ignore[arg-type]
 
     def test_has_and_size(self) -> None:
-        oid = self.store.put(b"12345")
-        assert self.store.has(oid)
-        assert self.store.size(oid) == 5
+        oid = self.blobs.put(b"12345")
+        assert self.blobs.has(oid)
+        assert self.blobs.size(oid) == 5
 
     def test_get_into(self) -> None:
         data = blob(1000)
-        oid = self.store.put(data)
+        oid = self.blobs.put(data)
         out = bytearray(1500)
-        assert self.store.get_into(oid, memoryview(out)) == 1000
+        assert self.blobs.get_into(oid, memoryview(out)) == 1000
         assert bytes(out[:1000]) == data and out[1000:] == bytearray(500)
         exact = bytearray(1000)
-        assert self.store.get_into(oid, memoryview(exact)) == 1000 and bytes(exact) == data
+        assert self.blobs.get_into(oid, memoryview(exact)) == 1000 and bytes(exact) == data
         with pytest.raises(BufferTooSmallError):
-            self.store.get_into(oid, memoryview(bytearray(999)))
+            self.blobs.get_into(oid, memoryview(bytearray(999)))
 
     def test_get_into_typed_buffer(self) -> None:
         floats = array.array("f", [0.5] * 8)
-        oid = self.store.put(memoryview(floats))
+        oid = self.blobs.put(memoryview(floats))
         out = array.array("f", [0.0] * 8)
-        assert self.store.get_into(oid, memoryview(out)) == 32
+        assert self.blobs.get_into(oid, memoryview(out)) == 32
         assert out == floats
 
     def test_iter_ids_sorted_and_complete(self) -> None:
-        ids = self.store.put_many(i.to_bytes(4, "big") for i in range(4200))
-        listed = list(self.store.iter_ids())
+        ids = self.blobs.put_many(i.to_bytes(4, "big") for i in range(4200))
+        listed = list(self.blobs.iter_ids())
         assert listed == sorted(set(ids)) and len(listed) == 4200
 
     def test_ids_with_prefix(self) -> None:
-        ids = sorted(self.store.put_many(bytes([i]) for i in range(200)))
+        ids = sorted(self.blobs.put_many(bytes([i]) for i in range(200)))
         p = ids[0][:1]
-        assert self.store.ids_with_prefix(p) == [i for i in ids if i.startswith(p)]
-        assert self.store.ids_with_prefix(ids[5]) == [ids[5]]
-        assert self.store.ids_with_prefix("") == ids
+        assert self.blobs.ids_with_prefix(p) == [i for i in ids if i.startswith(p)]
+        assert self.blobs.ids_with_prefix(ids[5]) == [ids[5]]
+        assert self.blobs.ids_with_prefix("") == ids
         missing = next(f"{n:04x}" for n in range(65536)
                        if not any(i.startswith(f"{n:04x}") for i in ids))
-        assert self.store.ids_with_prefix(missing) == []
+        assert self.blobs.ids_with_prefix(missing) == []
         with pytest.raises(InvalidIdError):
-            self.store.ids_with_prefix("ABC")
+            self.blobs.ids_with_prefix("ABC")
 
     def test_delete(self) -> None:
-        keep = self.store.put(b"keep")
-        gone = self.store.put(b"gone!!")
-        assert self.store.object_bytes() == 10
-        assert self.store.delete([gone, A, gone]) == 6
-        assert not self.store.has(gone) and self.store.has(keep)
-        assert self.store.object_bytes() == 4
-        assert self.store.delete([]) == 0
-        assert list(self.store.iter_ids()) == [keep]
+        keep = self.blobs.put(b"keep")
+        gone = self.blobs.put(b"gone!!")
+        assert self.blobs.object_bytes() == 10
+        assert self.blobs.delete([gone, A, gone]) == 6
+        assert not self.blobs.has(gone) and self.blobs.has(keep)
+        assert self.blobs.object_bytes() == 4
+        assert self.blobs.delete([]) == 0
+        assert list(self.blobs.iter_ids()) == [keep]
         # a deleted object can be stored again
-        assert self.store.put(b"gone!!") == gone and self.store.get(gone) == b"gone!!"
+        assert self.blobs.put(b"gone!!") == gone and self.blobs.get(gone) == b"gone!!"
 
     def test_verify(self) -> None:
-        oid = self.store.put(b"fine")
-        assert self.store.verify(oid) is None
+        oid = self.blobs.put(b"fine")
+        assert self.blobs.verify(oid) is None
 
     def test_corruption_detected(self) -> None:
-        good = self.store.put(b"untouched")
-        oid = self.store.put(blob(256))
+        good = self.blobs.put(b"untouched")
+        oid = self.blobs.put(blob(256))
         self.corrupt(oid, 100)
-        assert self.store.has(oid) and self.store.size(oid) == 256
-        for call in (lambda: self.store.get(oid), lambda: self.store.verify(oid),
-                     lambda: self.store.get_into(oid, memoryview(bytearray(256)))):
+        assert self.blobs.has(oid) and self.blobs.size(oid) == 256
+        for call in (lambda: self.blobs.get(oid), lambda: self.blobs.verify(oid),
+                     lambda: self.blobs.get_into(oid, memoryview(bytearray(256)))):
             with pytest.raises(IntegrityError) as ei:
                 call()
             assert ei.value.oid == oid and oid in str(ei.value)
             assert ei.value.exit_code == 7 and isinstance(ei.value, DataError)
-        assert self.store.get(good) == b"untouched"
+        assert self.blobs.get(good) == b"untouched"
         # repair: delete and put again
-        self.store.delete([oid])
-        assert self.store.put(blob(256)) == oid
-        self.store.verify(oid)
+        self.blobs.delete([oid])
+        assert self.blobs.put(blob(256)) == oid
+        self.blobs.verify(oid)
 
     def test_big_values(self) -> None:
         data = blob(5 * 1024 * 1024 + 3, seed=7)
-        oid = self.store.put(data)
-        assert self.store.get(oid) == data
+        oid = self.blobs.put(data)
+        assert self.blobs.get(oid) == data
         out = bytearray(len(data))
-        assert self.store.get_into(oid, memoryview(out)) == len(data) and out == data
-        assert self.store.object_bytes() == len(data)
+        assert self.blobs.get_into(oid, memoryview(out)) == len(data) and out == data
+        assert self.blobs.object_bytes() == len(data)
 
     def test_object_bytes(self) -> None:
-        assert self.store.object_bytes() == 0
-        self.store.put_many([b"a" * 10, b"b" * 20])
-        assert self.store.object_bytes() == 30
+        assert self.blobs.object_bytes() == 0
+        self.blobs.put_many([b"a" * 10, b"b" * 20])
+        assert self.blobs.object_bytes() == 30
 
     # ------------------------------------------------------ concurrency
     def test_concurrent_writers_and_readers(self) -> None:
-        base = self.store.put_many(blob(2000, s) for s in range(20))
+        base = self.blobs.put_many(blob(2000, s) for s in range(20))
         failures: list[BaseException] = []
 
         def writer(k: int) -> None:
             try:
                 for s in range(15):
-                    oid = self.store.put(blob(3000, 1000 * k + s))
-                    assert self.store.get(oid) == blob(3000, 1000 * k + s)
+                    oid = self.blobs.put(blob(3000, 1000 * k + s))
+                    assert self.blobs.get(oid) == blob(3000, 1000 * k + s)
             except BaseException as e:  # noqa: BLE001
                 failures.append(e)
 
@@ -246,7 +326,7 @@ class BlobStoreTests(_StoreFixture):
             try:
                 for _ in range(5):
                     for s, oid in enumerate(base):
-                        assert self.store.get(oid) == blob(2000, s)
+                        assert self.blobs.get(oid) == blob(2000, s)
             except BaseException as e:  # noqa: BLE001
                 failures.append(e)
         threads = [threading.Thread(target=writer, args=(k,)) for k in range(3)]
@@ -256,81 +336,82 @@ class BlobStoreTests(_StoreFixture):
         for t in threads:
             t.join()
         assert failures == []
-        assert len(list(self.store.iter_ids())) == 20 + 45
+        assert len(list(self.blobs.iter_ids())) == 20 + 45
 
     # ---------------------------------------------------------- lifecycle
     def test_use_after_close(self) -> None:
         store = self.make_store()
-        oid = store.put(b"x")
+        blobs = self.blobs_of(store)
+        oid = blobs.put(b"x")
         store.close()
         store.close()  # idempotent
         with pytest.raises(StoreClosedError):
-            store.get(oid)
+            blobs.get(oid)
 
 
 class RefStoreTests(_StoreFixture):
     """`RefStore`: refs moved one compare-and-swap at a time (`update_ref`), and the reflog."""
 
     def test_is_a_ref_store(self) -> None:
-        assert isinstance(self.store, RefStore)
+        assert isinstance(self.refs, RefStore)
 
     def test_refs_create_read_iterate(self) -> None:
-        assert self.store.read_ref("HEAD") is None
-        self.store.update_ref("refs/heads/main", None, A, "init")
-        self.store.update_ref("HEAD", None, "ref: refs/heads/main", "init")
-        self.store.update_ref("refs/tags/v1", None, B, "init")
-        assert self.store.read_ref("HEAD") == "ref: refs/heads/main"
-        assert self.store.read_ref("refs/heads/main") == A
-        assert list(self.store.iter_refs()) == [
+        assert self.refs.read_ref("HEAD") is None
+        self.refs.update_ref("refs/heads/main", None, A, "init")
+        self.refs.update_ref("HEAD", None, "ref: refs/heads/main", "init")
+        self.refs.update_ref("refs/tags/v1", None, B, "init")
+        assert self.refs.read_ref("HEAD") == "ref: refs/heads/main"
+        assert self.refs.read_ref("refs/heads/main") == A
+        assert list(self.refs.iter_refs()) == [
             ("HEAD", "ref: refs/heads/main"), ("refs/heads/main", A), ("refs/tags/v1", B)]
-        assert list(self.store.iter_refs("refs/heads/")) == [("refs/heads/main", A)]
-        assert list(self.store.iter_refs("refs/nothing/")) == []
+        assert list(self.refs.iter_refs("refs/heads/")) == [("refs/heads/main", A)]
+        assert list(self.refs.iter_refs("refs/nothing/")) == []
 
     def test_ref_compare_and_swap(self) -> None:
-        self.store.update_ref("refs/heads/main", None, A, "c1")
+        self.refs.update_ref("refs/heads/main", None, A, "c1")
         with pytest.raises(RefConflictError) as ei:
-            self.store.update_ref("refs/heads/main", None, B, "dup create")
+            self.refs.update_ref("refs/heads/main", None, B, "dup create")
         assert ei.value.name == "refs/heads/main" and "refs/heads/main" in str(ei.value)
         assert ei.value.exit_code == 11 and ei.value.actual == A
         with pytest.raises(RefConflictError):
-            self.store.update_ref("refs/heads/main", B, C, "stale")
-        self.store.update_ref("refs/heads/main", A, B, "ff")
-        assert self.store.read_ref("refs/heads/main") == B
-        self.store.update_ref("refs/heads/main", ANY, C, "force")
-        assert self.store.read_ref("refs/heads/main") == C
-        self.store.update_ref("refs/heads/other", ANY, A, "force create")
-        assert self.store.read_ref("refs/heads/other") == A
+            self.refs.update_ref("refs/heads/main", B, C, "stale")
+        self.refs.update_ref("refs/heads/main", A, B, "ff")
+        assert self.refs.read_ref("refs/heads/main") == B
+        self.refs.update_ref("refs/heads/main", ANY, C, "force")
+        assert self.refs.read_ref("refs/heads/main") == C
+        self.refs.update_ref("refs/heads/other", ANY, A, "force create")
+        assert self.refs.read_ref("refs/heads/other") == A
 
     def test_ref_delete(self) -> None:
-        self.store.update_ref("refs/tags/t", None, A, "tag")
+        self.refs.update_ref("refs/tags/t", None, A, "tag")
         with pytest.raises(RefConflictError):
-            self.store.update_ref("refs/tags/t", B, None, "bad delete")
-        self.store.update_ref("refs/tags/t", A, None, "delete")
-        assert self.store.read_ref("refs/tags/t") is None
-        assert list(self.store.iter_refs()) == []
+            self.refs.update_ref("refs/tags/t", B, None, "bad delete")
+        self.refs.update_ref("refs/tags/t", A, None, "delete")
+        assert self.refs.read_ref("refs/tags/t") is None
+        assert list(self.refs.iter_refs()) == []
         # deleting a missing ref with old=None is a no-op that still logs
-        self.store.update_ref("refs/tags/t", None, None, "noop")
-        assert [e.reason for e in self.store.reflog("refs/tags/t")] == ["tag", "delete", "noop"]
+        self.refs.update_ref("refs/tags/t", None, None, "noop")
+        assert [e.reason for e in self.refs.reflog("refs/tags/t")] == ["tag", "delete", "noop"]
 
     @pytest.mark.parametrize("name", ["", " HEAD", "a\nb", "a\x00b", "x" * 401])
     def test_invalid_ref_name(self, name: str) -> None:
         with pytest.raises(InvalidRefError) as ei:
-            self.store.update_ref(name, None, A, "bad")
+            self.refs.update_ref(name, None, A, "bad")
         assert isinstance(ei.value, UsageError)
 
     @pytest.mark.parametrize("value", ["", "abc", "A" * 32, "ref: ", "ref:x", "ref: a\nb"])
     def test_invalid_ref_value(self, value: str) -> None:
         with pytest.raises(InvalidRefError):
-            self.store.update_ref("refs/heads/x", None, value, "bad")
-        assert self.store.read_ref("refs/heads/x") is None
+            self.refs.update_ref("refs/heads/x", None, value, "bad")
+        assert self.refs.read_ref("refs/heads/x") is None
 
     # -------------------------------------------------------------- reflog
     def test_reflog_order_and_content(self) -> None:
         t0 = time.time()
-        self.store.update_ref("refs/heads/main", None, A, "commit: one")
-        self.store.update_ref("refs/heads/main", A, B, "commit: two")
-        self.store.update_ref("refs/heads/main", B, C, "reset: back")
-        log = self.store.reflog("refs/heads/main")
+        self.refs.update_ref("refs/heads/main", None, A, "commit: one")
+        self.refs.update_ref("refs/heads/main", A, B, "commit: two")
+        self.refs.update_ref("refs/heads/main", B, C, "reset: back")
+        log = self.refs.reflog("refs/heads/main")
         assert [(e.old, e.new, e.reason) for e in log] == [
             (None, A, "commit: one"), (A, B, "commit: two"), (B, C, "reset: back")]
         times = [e.time for e in log]
@@ -340,45 +421,45 @@ class RefStoreTests(_StoreFixture):
     def test_reflog_names_and_prefix_isolation(self) -> None:
         names = ["refs/heads/a", "refs/heads/a/b", "refs/heads/ab", "HEAD"]
         for n in names:
-            self.store.update_ref(n, None, A, f"create {n}")
-        self.store.update_ref("refs/heads/a", A, B, "move a")
-        assert self.store.reflog_names() == sorted(names)
-        assert [e.reason for e in self.store.reflog("refs/heads/a")] == [
+            self.refs.update_ref(n, None, A, f"create {n}")
+        self.refs.update_ref("refs/heads/a", A, B, "move a")
+        assert self.refs.reflog_names() == sorted(names)
+        assert [e.reason for e in self.refs.reflog("refs/heads/a")] == [
             "create refs/heads/a", "move a"]
-        assert len(self.store.reflog("refs/heads/a/b")) == 1
-        assert len(self.store.reflog("refs/heads/ab")) == 1
-        assert self.store.reflog("refs/heads/zzz") == []
-        self.store.delete_reflog("refs/heads/a")
-        self.store.delete_reflog("refs/heads/never")
-        assert self.store.reflog("refs/heads/a") == []
-        assert self.store.reflog_names() == sorted(set(names) - {"refs/heads/a"})
-        assert len(self.store.reflog("refs/heads/a/b")) == 1
+        assert len(self.refs.reflog("refs/heads/a/b")) == 1
+        assert len(self.refs.reflog("refs/heads/ab")) == 1
+        assert self.refs.reflog("refs/heads/zzz") == []
+        self.refs.delete_reflog("refs/heads/a")
+        self.refs.delete_reflog("refs/heads/never")
+        assert self.refs.reflog("refs/heads/a") == []
+        assert self.refs.reflog_names() == sorted(set(names) - {"refs/heads/a"})
+        assert len(self.refs.reflog("refs/heads/a/b")) == 1
         # the log restarts cleanly after deletion
-        self.store.update_ref("refs/heads/a", B, C, "after")
-        assert [e.reason for e in self.store.reflog("refs/heads/a")] == ["after"]
+        self.refs.update_ref("refs/heads/a", B, C, "after")
+        assert [e.reason for e in self.refs.reflog("refs/heads/a")] == ["after"]
 
     def test_reflog_long(self) -> None:
         prev = None
         for i in range(150):
             new = f"{i:032x}"
-            self.store.update_ref("HEAD", prev, new, f"step {i}")
+            self.refs.update_ref("HEAD", prev, new, f"step {i}")
             prev = new
-        log = self.store.reflog("HEAD")
+        log = self.refs.reflog("HEAD")
         assert [e.reason for e in log] == [f"step {i}" for i in range(150)]
 
     # ------------------------------------------------------ concurrency
     def test_concurrent_ref_cas(self) -> None:
         """Threads racing CAS on one ref: each successful move is logged exactly once."""
-        self.store.update_ref("refs/heads/main", None, f"{0:032x}", "init")
+        self.refs.update_ref("refs/heads/main", None, f"{0:032x}", "init")
         wins = [0]
         guard = threading.Lock()
 
         def racer() -> None:
             for _ in range(30):
-                cur = self.store.read_ref("refs/heads/main")
+                cur = self.refs.read_ref("refs/heads/main")
                 nxt = f"{int(cur, 16) + 1:032x}"
                 try:
-                    self.store.update_ref("refs/heads/main", cur, nxt, "inc")
+                    self.refs.update_ref("refs/heads/main", cur, nxt, "inc")
                     with guard:
                         wins[0] += 1
                 except RefConflictError:
@@ -388,103 +469,104 @@ class RefStoreTests(_StoreFixture):
             t.start()
         for t in threads:
             t.join()
-        assert int(self.store.read_ref("refs/heads/main"), 16) == wins[0]
-        assert len(self.store.reflog("refs/heads/main")) == wins[0] + 1
+        assert int(self.refs.read_ref("refs/heads/main"), 16) == wins[0]
+        assert len(self.refs.reflog("refs/heads/main")) == wins[0] + 1
 
     # ---------------------------------------------------------- lifecycle
     def test_use_after_close_refs(self) -> None:
         store = self.make_store()
-        store.update_ref("HEAD", None, A, "c")
+        refs = self.refs_of(store)
+        refs.update_ref("HEAD", None, A, "c")
         store.close()
         store.close()
         with pytest.raises(StoreClosedError):
-            store.read_ref("HEAD")
+            refs.read_ref("HEAD")
 
 
 class TransactionalRefTests(_StoreFixture):
     """`TransactionalRefStore`: several compare-and-swaps in one transaction (`update_refs`)."""
 
     def test_is_transactional(self) -> None:
-        assert isinstance(self.store, TransactionalRefStore)
-        assert require_transactional(self.store, "a test") is self.store
+        assert isinstance(self.refs, TransactionalRefStore)
+        assert require_transactional(self.refs, "a test") is self.refs
 
     def test_batch_creates_refs(self) -> None:
-        assert self.store.read_ref("HEAD") is None
-        self.store.update_refs([RefUpdate("refs/heads/main", None, A),
+        assert self.refs.read_ref("HEAD") is None
+        self.refs.update_refs([RefUpdate("refs/heads/main", None, A),
                                 RefUpdate("HEAD", None, "ref: refs/heads/main"),
                                 RefUpdate("refs/tags/v1", None, B)], "init")
-        assert self.store.read_ref("HEAD") == "ref: refs/heads/main"
-        assert self.store.read_ref("refs/heads/main") == A
-        assert list(self.store.iter_refs()) == [
+        assert self.refs.read_ref("HEAD") == "ref: refs/heads/main"
+        assert self.refs.read_ref("refs/heads/main") == A
+        assert list(self.refs.iter_refs()) == [
             ("HEAD", "ref: refs/heads/main"), ("refs/heads/main", A), ("refs/tags/v1", B)]
-        assert list(self.store.iter_refs("refs/heads/")) == [("refs/heads/main", A)]
-        assert list(self.store.iter_refs("refs/nothing/")) == []
+        assert list(self.refs.iter_refs("refs/heads/")) == [("refs/heads/main", A)]
+        assert list(self.refs.iter_refs("refs/nothing/")) == []
 
     def test_batch_is_atomic(self) -> None:
-        self.store.update_refs([RefUpdate("refs/heads/a", None, A)], "a")
+        self.refs.update_refs([RefUpdate("refs/heads/a", None, A)], "a")
         with pytest.raises(RefConflictError) as ei:
-            self.store.update_refs([RefUpdate("refs/heads/a", A, B),
+            self.refs.update_refs([RefUpdate("refs/heads/a", A, B),
                                     RefUpdate("refs/heads/new", None, B),
                                     RefUpdate("refs/heads/a", C, A)], "bad batch")
         assert ei.value.name == "refs/heads/a"
-        assert self.store.read_ref("refs/heads/a") == A
-        assert self.store.read_ref("refs/heads/new") is None
-        assert len(self.store.reflog("refs/heads/a")) == 1
-        assert self.store.reflog("refs/heads/new") == []
+        assert self.refs.read_ref("refs/heads/a") == A
+        assert self.refs.read_ref("refs/heads/new") is None
+        assert len(self.refs.reflog("refs/heads/a")) == 1
+        assert self.refs.reflog("refs/heads/new") == []
 
     def test_batch_updates_apply_in_order(self) -> None:
-        self.store.update_refs([RefUpdate("r", None, A), RefUpdate("r", A, B)], "two steps")
-        assert self.store.read_ref("r") == B
-        assert [(e.old, e.new) for e in self.store.reflog("r")] == [(None, A), (A, B)]
+        self.refs.update_refs([RefUpdate("r", None, A), RefUpdate("r", A, B)], "two steps")
+        assert self.refs.read_ref("r") == B
+        assert [(e.old, e.new) for e in self.refs.reflog("r")] == [(None, A), (A, B)]
 
     def test_invalid_update_in_batch_changes_nothing(self) -> None:
         with pytest.raises(InvalidRefError):
-            self.store.update_refs([RefUpdate("refs/heads/ok", None, A),
+            self.refs.update_refs([RefUpdate("refs/heads/ok", None, A),
                                     RefUpdate("refs/heads/bad", None, "not a value")], "bad")
-        assert self.store.read_ref("refs/heads/ok") is None
-        assert self.store.reflog("refs/heads/ok") == []
+        assert self.refs.read_ref("refs/heads/ok") is None
+        assert self.refs.reflog("refs/heads/ok") == []
 
 
-class MaintenanceTests(_StoreFixture):
+class MaintenanceTests(_WholeStore):
     """`StoreMaintenance` of a whole local store (`ObjectStore`): metadata, the write lock,
     disk usage and shrink, which must keep every object, ref and reflog entry."""
 
     def test_is_maintained(self) -> None:
-        assert isinstance(self.store, StoreMaintenance)
+        assert isinstance(self.maintenance, StoreMaintenance)
 
     def test_disk_usage(self) -> None:
-        self.store.put_many([b"a" * 10, b"b" * 20])
-        assert self.store.disk_usage() > 0
+        self.blobs.put_many([b"a" * 10, b"b" * 20])
+        assert self.maintenance.disk_usage() > 0
 
     def test_check_meta_finds_nothing_on_a_sound_store(self) -> None:
-        gone = self.store.put(b"gone")
-        self.store.put_many([b"kept", blob(1000)])
-        self.store.delete([gone])
-        assert self.store.check_meta(repair=False) == []
-        assert self.store.check_meta() == []
+        gone = self.blobs.put(b"gone")
+        self.blobs.put_many([b"kept", blob(1000)])
+        self.blobs.delete([gone])
+        assert self.maintenance.check_meta(repair=False) == []
+        assert self.maintenance.check_meta() == []
 
     def test_shrink_keeps_everything(self) -> None:
-        ids = self.store.put_many(blob(200_000, i) for i in range(10))
-        self.store.update_ref("refs/heads/main", None, ids[0], "c")
-        self.store.set_meta("k", b"v")
-        self.store.delete(ids[2:])
-        before, after = self.store.shrink()
+        ids = self.blobs.put_many(blob(200_000, i) for i in range(10))
+        self.refs.update_ref("refs/heads/main", None, ids[0], "c")
+        self.maintenance.set_meta("k", b"v")
+        self.blobs.delete(ids[2:])
+        before, after = self.maintenance.shrink()
         assert isinstance(before, int) and isinstance(after, int) and 0 < after <= before
-        assert self.store.disk_usage() == after
-        assert self.store.get(ids[0]) == blob(200_000, 0) and self.store.get(ids[1]) == blob(200_000, 1)
-        assert not self.store.has(ids[2])
-        assert list(self.store.iter_ids()) == sorted(ids[:2])
-        assert self.store.read_ref("refs/heads/main") == ids[0]
-        assert [e.reason for e in self.store.reflog("refs/heads/main")] == ["c"]
-        assert self.store.get_meta("k") == b"v" and self.store.object_bytes() == 400_000
-        assert self.store.get(self.store.put(b"after shrink")) == b"after shrink"
+        assert self.maintenance.disk_usage() == after
+        assert self.blobs.get(ids[0]) == blob(200_000, 0) and self.blobs.get(ids[1]) == blob(200_000, 1)
+        assert not self.blobs.has(ids[2])
+        assert list(self.blobs.iter_ids()) == sorted(ids[:2])
+        assert self.refs.read_ref("refs/heads/main") == ids[0]
+        assert [e.reason for e in self.refs.reflog("refs/heads/main")] == ["c"]
+        assert self.maintenance.get_meta("k") == b"v" and self.blobs.object_bytes() == 400_000
+        assert self.blobs.get(self.blobs.put(b"after shrink")) == b"after shrink"
 
     def test_shrink_takes_the_write_lock(self) -> None:
-        self.store.put(b"x")
+        self.blobs.put(b"x")
         held, release = threading.Event(), threading.Event()
 
         def holder() -> None:
-            with self.store.write_lock(timeout=5):
+            with self.maintenance.write_lock(timeout=5):
                 held.set()
                 release.wait(10)
         t = threading.Thread(target=holder)
@@ -492,33 +574,33 @@ class MaintenanceTests(_StoreFixture):
         held.wait(5)
         try:
             with pytest.raises(LockError):
-                self.store.shrink(timeout=0.2)
+                self.maintenance.shrink(timeout=0.2)
         finally:
             release.set()
             t.join()
-        with self.store.write_lock(timeout=5):
-            self.store.shrink(timeout=5)  # reentrant for the holder
+        with self.maintenance.write_lock(timeout=5):
+            self.maintenance.shrink(timeout=5)  # reentrant for the holder
 
     def test_use_after_close_maintenance(self) -> None:
         store = self.make_store()
         store.close()
         with pytest.raises(StoreClosedError):
-            store.write_lock(timeout=1)
+            store.maintenance.write_lock(timeout=1)
         with pytest.raises(StoreClosedError):
-            store.get_meta("format_version")
+            store.maintenance.get_meta("format_version")
 
     def test_meta(self) -> None:
-        assert self.store.get_meta("nope") is None
-        self.store.set_meta("config", b'{"a": 1}')
-        assert self.store.get_meta("config") == b'{"a": 1}'
-        self.store.set_meta("config", b"")
-        assert self.store.get_meta("config") == b""
-        assert self.store.get_meta("format_version") == b"1"
+        assert self.maintenance.get_meta("nope") is None
+        self.maintenance.set_meta("config", b'{"a": 1}')
+        assert self.maintenance.get_meta("config") == b'{"a": 1}'
+        self.maintenance.set_meta("config", b"")
+        assert self.maintenance.get_meta("config") == b""
+        assert self.maintenance.get_meta("format_version") == b"1"
 
     # --------------------------------------------------------- write lock
     def test_write_lock_reentrant(self) -> None:
-        with self.store.write_lock(timeout=1):
-            with self.store.write_lock(timeout=1):
+        with self.maintenance.write_lock(timeout=1):
+            with self.maintenance.write_lock(timeout=1):
                 pass
             self._assert_other_thread_blocked()
         self._assert_other_thread_gets_it()
@@ -528,7 +610,7 @@ class MaintenanceTests(_StoreFixture):
 
         def other() -> None:
             try:
-                with self.store.write_lock(timeout=0.2):
+                with self.maintenance.write_lock(timeout=0.2):
                     pass
             except BaseException as e:  # noqa: BLE001 - collected for the assert
                 errors.append(e)
@@ -542,7 +624,7 @@ class MaintenanceTests(_StoreFixture):
         got = []
 
         def other() -> None:
-            with self.store.write_lock(timeout=2):
+            with self.maintenance.write_lock(timeout=2):
                 got.append(True)
         t = threading.Thread(target=other)
         t.start()
@@ -556,7 +638,7 @@ class MaintenanceTests(_StoreFixture):
 
         def worker() -> None:
             for _ in range(20):
-                with self.store.write_lock(timeout=30):
+                with self.maintenance.write_lock(timeout=30):
                     inside[0] += 1
                     if inside[0] > 1:
                         overlaps[0] += 1
@@ -576,33 +658,34 @@ class MaintenanceTests(_StoreFixture):
         held = threading.Event()
 
         def holder() -> None:
-            with self.store.write_lock(timeout=5):
+            with self.maintenance.write_lock(timeout=5):
                 held.set()
                 release.wait(10)
         t = threading.Thread(target=holder)
         t.start()
         held.wait(5)
-        with pytest.raises(LockError), self.store.write_lock(timeout=0.1):
+        with pytest.raises(LockError), self.maintenance.write_lock(timeout=0.1):
             pass
         release.set()
         t.join()
-        with self.store.write_lock(timeout=5):
+        with self.maintenance.write_lock(timeout=5):
             pass
 
 
 class ObjectStoreTests(BlobStoreTests, RefStoreTests, TransactionalRefTests, MaintenanceTests):
-    """A repository's local store: every part, and the parts wired to one store."""
+    """A repository's local store: every part, and the parts wired to one store (a
+    `MaintenanceTests`, so each contract is handed its part)."""
 
     def test_parts_share_one_store(self) -> None:
         assert isinstance(self.store.blobs, BlobStore)
         assert isinstance(self.store.refs, TransactionalRefStore)
         assert isinstance(self.store.maintenance, StoreMaintenance)
         oid = self.store.blobs.put(b"through the part")
-        assert self.store.get(oid) == b"through the part" and self.store.object_bytes() == 16
+        assert self.blobs.get(oid) == b"through the part" and self.blobs.object_bytes() == 16
         self.store.refs.update_ref("refs/heads/p", None, oid, "part")
-        assert self.store.read_ref("refs/heads/p") == oid
+        assert self.refs.read_ref("refs/heads/p") == oid
         self.store.maintenance.set_meta("k", b"v")
-        assert self.store.get_meta("k") == b"v"
+        assert self.maintenance.get_meta("k") == b"v"
 
     def test_error_classes(self) -> None:
         codes = [c.exit_code for c in (IntegrityError, ObjectMissingError, LockError,

@@ -140,12 +140,12 @@ def test_unsafe_pickle_refused_and_nothing_stored(repo, tmp_path):
     marker = tmp_path / "unpickled"
     src = _hf_like_dir(tmp_path / "run", marker)
     (src / "evil.pt").write_bytes(pickle.dumps(_Marker(str(marker))))
-    before = sorted(repo.store.iter_ids())
+    before = sorted(repo.store.blobs.iter_ids())
     with pytest.raises(UnsafeCheckpointError, match="evil.pt"):
         commit_dir(repo, src, "nope")
     code, out, err = run(repo.path, "commit", "-m", "nope", str(src))
     assert code == UnsafeCheckpointError.exit_code and "evil.pt" in err
-    assert sorted(repo.store.iter_ids()) == before and repo.head() is None
+    assert sorted(repo.store.blobs.iter_ids()) == before and repo.head() is None
     assert not marker.exists()
     # Named opaque, the same file is kept as bytes (never unpickled).
     cid = commit_dir(repo, src, "opaque", opaque=("training_args.bin", "evil.pt"))

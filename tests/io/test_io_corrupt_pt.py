@@ -467,7 +467,7 @@ def work(work: Path) -> Path:
 
 def _repo_state(work: Path) -> tuple:
     with Repo(work) as repo:
-        return repo.head(), sorted(repo.store.iter_ids())
+        return repo.head(), sorted(repo.store.blobs.iter_ids())
 
 
 def test_mvc_commit_refuses_every_crafted_file_and_leaves_the_repo_unchanged(work: Path) -> None:

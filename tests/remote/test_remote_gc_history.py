@@ -27,8 +27,8 @@ def _gc_history(root):
 
 def test_replaced_and_pruned_history_clones_exactly(tmp_path):
     repo, ids = _gc_history(tmp_path / "r")
-    replaced = list(repo.store.iter_refs(REPLACE))
-    pruned = [n[len(PRUNED):] for n, _ in repo.store.iter_refs(PRUNED)]
+    replaced = list(repo.store.refs.iter_refs(REPLACE))
+    pruned = [n[len(PRUNED):] for n, _ in repo.store.refs.iter_refs(PRUNED)]
     assert replaced and pruned
     url = f"file://{tmp_path / 'remote'}"
     remote = open_remote(url)
@@ -37,7 +37,7 @@ def test_replaced_and_pruned_history_clones_exactly(tmp_path):
     res = clone(url, tmp_path / "c")
     c = Repo(res.path)
     assert c.fsck().problems == []
-    assert sorted(n[len(PRUNED):] for n, _ in c.store.iter_refs(PRUNED)) == sorted(pruned)
+    assert sorted(n[len(PRUNED):] for n, _ in c.store.refs.iter_refs(PRUNED)) == sorted(pruned)
     for cid in ids:
         if cid in pruned:
             with pytest.raises(CommitPrunedError):
@@ -57,10 +57,10 @@ def test_replacement_refs_follow_objects_a_killed_push_left(tmp_path):
     repo, ids = _gc_history(tmp_path / "r")
     remote = open_remote(f"file://{tmp_path / 'remote'}")
     # what a push killed after its uploads leaves: every object, no ref
-    remote.blobs.put_many(repo.store.get(r.oid) for r in repo.odb.reachable([ids[-1]]))
+    remote.blobs.put_many(repo.store.blobs.get(r.oid) for r in repo.odb.reachable([ids[-1]]))
     report = push(repo.odb, remote, {"refs/heads/main": ids[-1]})
     assert report.objects == 0
-    assert dict(remote.refs.iter_refs(REPLACE)) == dict(repo.store.iter_refs(REPLACE))
+    assert dict(remote.refs.iter_refs(REPLACE)) == dict(repo.store.refs.iter_refs(REPLACE))
     c = Repo(clone(f"file://{tmp_path / 'remote'}", tmp_path / "c").path)
     assert c.fsck().problems == []
     assert same_state(c.read_state(ids[-1]), repo.read_state(ids[-1]))

@@ -214,10 +214,10 @@ def test_bad_refs_are_skipped_and_the_good_ones_taken(kind, honest, tmp_path):
     for name in bad:
         assert name in err, (name, err)
     repo = Repo(dest)
-    assert repo.store.read_ref("refs/heads/main") == ids[-1]
+    assert repo.store.refs.read_ref("refs/heads/main") == ids[-1]
     assert same(repo.read_state(ids[0]), honest_state(0))
-    assert repo.store.read_ref("refs/tags/snap") is None
-    assert repo.store.read_ref("refs/remotes/origin/gone") is None
+    assert repo.store.refs.read_ref("refs/tags/snap") is None
+    assert repo.store.refs.read_ref("refs/remotes/origin/gone") is None
     repo.close()
 
     code, _, err = run(dest, "fetch")

@@ -55,7 +55,7 @@ def test_push_clone_restores_every_commit(kind, history, tmp_path):
     assert code == 0, err
     clone_repo = Repo(tmp_path / "copy")
     assert clone_repo.head() == ids[-1] and clone_repo.current_branch() == "main"
-    assert clone_repo.store.read_ref("refs/tags/v1") == ids[5]
+    assert clone_repo.store.refs.read_ref("refs/tags/v1") == ids[5]
     assert [c.id for c in clone_repo.log()] == ids[::-1]
     for cid in ids:
         assert same_state(clone_repo.read_state(cid), states[cid]), cid
@@ -81,21 +81,21 @@ def test_second_push_sends_about_one_commit(history, tmp_path):
     g = torch.Generator().manual_seed(5)
     state = {k: v + (0.002 * torch.randn(v.shape, generator=g)).to(v.dtype) if v.is_floating_point() else v
              for k, v in states[ids[-1]].items()}
-    before = set(repo.store.iter_ids())
+    before = set(repo.store.blobs.iter_ids())
     new = repo.commit(state, "one more", quant=configs(1))
-    new_bytes = sum(repo.store.size(o) for o in set(repo.store.iter_ids()) - before)
+    new_bytes = sum(repo.store.blobs.size(o) for o in set(repo.store.blobs.iter_ids()) - before)
     server.reset()
     report = push(repo.odb, remote, {"refs/heads/main": new})
     put_bytes = server.stats()["put_bytes"]
     assert report.bytes == new_bytes
     # the objects plus pack indexes and one ref record: a few hundred bytes of bookkeeping
     assert new_bytes <= put_bytes <= new_bytes + 4096, (new_bytes, put_bytes)
-    total = sum(src.store.size(o) for o in src.store.iter_ids())
+    total = sum(src.store.blobs.size(o) for o in src.store.blobs.iter_ids())
     assert put_bytes < total / 3
     # fetch into the original: it gets exactly that commit's objects
     got = fetch(src.store.blobs, src.store.refs, remote, "s3")
     assert got.bytes == new_bytes
-    assert src.store.read_ref("refs/remotes/s3/main") == new
+    assert src.store.refs.read_ref("refs/remotes/s3/main") == new
     assert same_state(src.read_state(new), repo.read_state(new))
     repo.close()
     src.close()
@@ -246,13 +246,13 @@ def test_gc_in_a_clone_keeps_unpushed_and_fetched_history(history, tmp_path):
     # two local commits, never pushed, and main moved away from the fetched history
     local = [c.commit(states[ids[i]], f"local {i}", quant=configs(i)) for i in (1, 2)]
     c.branch("wip")
-    c.store.update_refs([RefUpdate("refs/heads/main", local[-1], ids[0])], "reset")
+    c.store.refs.update_refs([RefUpdate("refs/heads/main", local[-1], ids[0])], "reset")
     report = c.gc()
     assert c.fsck().problems == []
     for cid in local:  # on branch wip (and in HEAD's reflog)
         assert c.read_commit(cid).id == cid
     # refs/remotes/origin/main keeps the fetched history readable
-    assert c.store.read_ref("refs/remotes/origin/main") == ids[-1]
+    assert c.store.refs.read_ref("refs/remotes/origin/main") == ids[-1]
     assert same_state(c.read_state(ids[-1]), states[ids[-1]])
     assert report.kept_objects > 0
     c.close()

@@ -67,7 +67,7 @@ def test_history_refs_and_fsck(old_repo):
     assert [c.message for c in old_repo.log("main")] == [f"epoch {i}" for i in (3, 2, 1, 0)]
     assert old_repo.log("side")[0].message == "exact"
     assert old_repo.resolve("v1") == old_repo.resolve("main~2")
-    assert list(old_repo.store.iter_refs("refs/replace/"))  # gc's re-encoding is followed
+    assert list(old_repo.store.refs.iter_refs("refs/replace/"))  # gc's re-encoding is followed
     assert not old_repo.fsck().problems
 
 

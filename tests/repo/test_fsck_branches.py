@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from store_contract import corrupt_object
 
 from mvc.quant import QuantConfig
 from mvc.repo.gc import UnsafeGcError
@@ -55,10 +56,10 @@ def records(repo: Repo, cid: str) -> list[TensorRecord]:
 
 def hand_commit(repo: Repo, recs: list[TensorRecord], parents: list[str], branch: str) -> tuple[str, str]:
     """A commit of a hand-made snapshot holding `recs`, on a new branch: (commit id, snapshot id)."""
-    sid = repo.store.put(Snapshot(recs, {"format": 1, "root": None}).encode())
-    cid = repo.store.put(Commit(parents=parents, snapshot=sid, message="hand made",
+    sid = repo.store.blobs.put(Snapshot(recs, {"format": 1, "root": None}).encode())
+    cid = repo.store.blobs.put(Commit(parents=parents, snapshot=sid, message="hand made",
                                 time="2030-01-01T00:00:00+00:00", author="t").encode())
-    repo.store.update_refs([RefUpdate("refs/heads/" + branch, None, cid)], "test")
+    repo.store.refs.update_refs([RefUpdate("refs/heads/" + branch, None, cid)], "test")
     return cid, sid
 
 
@@ -74,20 +75,20 @@ def has(lines: list[str], *parts: str) -> bool:
 
 def assert_gc_refuses(repo: Repo, *, match: str | None = None) -> None:
     """gc raises UnsafeGcError, and neither deletes an object nor drops a ref."""
-    orphan = repo.store.put(ORPHAN)
-    ids, refs = set(repo.store.iter_ids()), dict(repo.store.iter_refs(""))
+    orphan = repo.store.blobs.put(ORPHAN)
+    ids, refs = set(repo.store.blobs.iter_ids()), dict(repo.store.refs.iter_refs(""))
     with pytest.raises(UnsafeGcError, match=match) as info:
         repo.gc()
     assert info.value.exit_code == 25
-    assert set(repo.store.iter_ids()) == ids and repo.store.has(orphan)
-    assert dict(repo.store.iter_refs("")) == refs
+    assert set(repo.store.blobs.iter_ids()) == ids and repo.store.blobs.has(orphan)
+    assert dict(repo.store.refs.iter_refs("")) == refs
 
 
 # ------------------------------------------------------------------------ refs
 
 def test_symbolic_ref_to_a_missing_ref(tmp_path):
     repo, _ = lossless_repo(tmp_path / "r")
-    repo.store.update_refs([RefUpdate("refs/heads/alias", None, "ref: refs/heads/nowhere")], "t")
+    repo.store.refs.update_refs([RefUpdate("refs/heads/alias", None, "ref: refs/heads/nowhere")], "t")
     assert has(problems(repo), "ref refs/heads/alias: points to missing ref refs/heads/nowhere")
     repo.close()
 
@@ -95,7 +96,7 @@ def test_symbolic_ref_to_a_missing_ref(tmp_path):
 def test_ref_to_a_missing_object(tmp_path):
     repo, _ = lossless_repo(tmp_path / "r")
     ghost = object_id(b"never stored")
-    repo.store.update_refs([RefUpdate("refs/tags/ghost", None, ghost)], "t")
+    repo.store.refs.update_refs([RefUpdate("refs/tags/ghost", None, ghost)], "t")
     found = problems(repo)
     assert has(found, f"ref refs/tags/ghost: points to missing object {ghost}")
     assert has(found, f"reflog: names missing commit {ghost}")
@@ -107,8 +108,8 @@ def test_ref_to_a_missing_object(tmp_path):
 
 def test_malformed_commit(tmp_path):
     repo, _ = lossless_repo(tmp_path / "r")
-    bad = repo.store.put(b'mvc-commit 1\n{"parents":[]}')  # verifies, but lacks every field
-    repo.store.update_refs([RefUpdate("refs/heads/bad", None, bad)], "t")
+    bad = repo.store.blobs.put(b'mvc-commit 1\n{"parents":[]}')  # verifies, but lacks every field
+    repo.store.refs.update_refs([RefUpdate("refs/heads/bad", None, bad)], "t")
     assert has(problems(repo), f"commit {bad}", "malformed")
     assert_gc_refuses(repo, match=bad)
     repo.close()
@@ -117,7 +118,7 @@ def test_malformed_commit(tmp_path):
 def test_ref_naming_a_snapshot_as_a_commit(tmp_path):
     repo, ids = lossless_repo(tmp_path / "r")
     sid = snap(repo, ids[0])
-    repo.store.update_refs([RefUpdate("refs/tags/oops", None, sid)], "t")
+    repo.store.refs.update_refs([RefUpdate("refs/tags/oops", None, sid)], "t")
     assert has(problems(repo), sid, "referenced as a commit but is a snapshot")
     assert_gc_refuses(repo, match="is a snapshot")
     repo.close()
@@ -125,7 +126,7 @@ def test_ref_naming_a_snapshot_as_a_commit(tmp_path):
 
 def test_missing_parent(tmp_path):
     repo, ids = lossless_repo(tmp_path / "r")
-    repo.store.delete([ids[0]])
+    repo.store.blobs.delete([ids[0]])
     assert has(problems(repo), f"commit {ids[1]}: parent {ids[0]} is missing")
     assert_gc_refuses(repo, match=ids[0])
     repo.close()
@@ -136,7 +137,7 @@ def test_missing_parent(tmp_path):
 def test_unreadable_snapshot(tmp_path):
     repo, ids = lossless_repo(tmp_path / "r")
     sid = snap(repo, ids[1])
-    repo.store._corrupt_for_test(sid, 20)
+    corrupt_object(repo.store, sid, 20)
     found = problems(repo)
     assert has(found, f"object {sid}")                     # the re-hash
     assert has(found, f"commit {ids[1]}: snapshot {sid}")  # the walk
@@ -156,7 +157,7 @@ def test_unknown_codec(tmp_path):
 def test_missing_chunk(tmp_path):
     repo, ids = lossless_repo(tmp_path / "r")
     rec = next(r for r in records(repo, ids[-1]) if r.name == "w")
-    repo.store.delete(rec.chunks[:1])
+    repo.store.blobs.delete(rec.chunks[:1])
     assert has(problems(repo), f"tensor 'w': chunk {rec.chunks[0]} is missing")
     repo.close()
 
@@ -175,7 +176,7 @@ def test_payload_size_disagrees_with_the_record(tmp_path):
 def test_missing_replacement(tmp_path):
     repo, ids = lossless_repo(tmp_path / "r")
     sid, gone = snap(repo, ids[1]), object_id(b"no such snapshot")
-    repo.store.update_refs([RefUpdate(REPLACE + sid, None, gone)], "t")
+    repo.store.refs.update_refs([RefUpdate(REPLACE + sid, None, gone)], "t")
     assert has(problems(repo), f"ref {REPLACE}{sid}: replacement snapshot {gone} is missing")
     assert_gc_refuses(repo, match=gone)
     repo.close()
@@ -186,7 +187,7 @@ def test_gc_refuses_a_replacement_chain(tmp_path):
     out of gc, outside the damage check, instead of gc refusing."""
     repo, ids = lossy_repo(tmp_path / "r")
     s0, s1, s2 = (snap(repo, c) for c in ids)
-    repo.store.update_refs([RefUpdate(REPLACE + s0, ANY, s1), RefUpdate(REPLACE + s1, ANY, s2)], "t")
+    repo.store.refs.update_refs([RefUpdate(REPLACE + s0, ANY, s1), RefUpdate(REPLACE + s1, ANY, s2)], "t")
     assert has(problems(repo), REPLACE + s0, "a chain")
     assert_gc_refuses(repo, match="replacements")
     repo.close()
@@ -197,18 +198,18 @@ def test_gc_drops_replacements_of_unreachable_snapshots(tmp_path):
     repo, ids = lossy_repo(root, n=4)
     before = {c: repo.read_state(c)["w"] for c in ids}
     assert repo.gc(max_chain=1).snapshots_rewritten > 0
-    live = dict(repo.store.iter_refs(REPLACE))
+    live = dict(repo.store.refs.iter_refs(REPLACE))
     assert live
     # A replacement of a snapshot no commit names (left by an interrupted run, or its
     # history deleted): the ref, its reflog, the original and the re-encoding all go.
     rec = records(repo, ids[0])[0]
-    orig = repo.store.put(Snapshot([rec], {"format": 1, "root": "a"}).encode())
-    copy = repo.store.put(Snapshot([rec], {"format": 1, "root": "b"}).encode())
-    repo.store.update_refs([RefUpdate(REPLACE + orig, None, copy)], "t")
+    orig = repo.store.blobs.put(Snapshot([rec], {"format": 1, "root": "a"}).encode())
+    copy = repo.store.blobs.put(Snapshot([rec], {"format": 1, "root": "b"}).encode())
+    repo.store.refs.update_refs([RefUpdate(REPLACE + orig, None, copy)], "t")
     report = repo.gc()
-    assert dict(repo.store.iter_refs(REPLACE)) == live  # the live ones stay
-    assert REPLACE + orig not in repo.store.reflog_names()
-    assert not repo.store.has(orig) and not repo.store.has(copy)
+    assert dict(repo.store.refs.iter_refs(REPLACE)) == live  # the live ones stay
+    assert REPLACE + orig not in repo.store.refs.reflog_names()
+    assert not repo.store.blobs.has(orig) and not repo.store.blobs.has(copy)
     assert report.removed_objects >= 2
     assert repo.fsck().ok, repo.fsck().problems
     for c in ids:
@@ -254,7 +255,7 @@ def test_gc_refuses_a_damaged_object_key(tmp_path):
     """Regression: an object key that is no object id (a flipped byte in the LMDB key) made gc
     fail inside delete with InvalidIdError, a usage error; it is damage, and gc refuses."""
     repo, _ = lossless_repo(tmp_path / "r")
-    victim = repo.store.put(b"an orphan whose key gets damaged")
+    victim = repo.store.blobs.put(b"an orphan whose key gets damaged")
     h = repo.store._h()
     bad_key = b"zz" + victim.encode()[2:]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from store_contract import corrupt_object
 
 from mvc.cli.commands_maint import FsckFailed
 from mvc.cli.main import main
@@ -64,7 +65,7 @@ def _lossy_repo(root: Path, n: int = 3) -> tuple[list[str], list[str]]:
 
 def _set_replacements(root: Path, pairs: list[tuple[str, str]]) -> None:
     with Repo(root) as repo:
-        repo.store.update_refs([RefUpdate(REPLACE + a, ANY, b) for a, b in pairs], "test")
+        repo.store.refs.update_refs([RefUpdate(REPLACE + a, ANY, b) for a, b in pairs], "test")
 
 
 def _cli(root: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -151,7 +152,7 @@ def test_gc_replacements_stay_one_level_and_fsck_clean(tmp_path):
         before = {c: repo.read_state(c)["w"] for c in ids}
         assert repo.gc(max_chain=2).snapshots_rewritten > 0
         assert repo.gc(max_chain=1).snapshots_rewritten > 0  # replaces some replacements again
-        reps = dict(repo.store.iter_refs(REPLACE))
+        reps = dict(repo.store.refs.iter_refs(REPLACE))
         assert reps and not any(REPLACE + v in reps for v in reps.values())
         assert repo.fsck().ok, repo.fsck().problems
     with Repo(root) as repo:
@@ -166,7 +167,7 @@ def test_publish_replacement_keeps_one_level(tmp_path):
     _, sids = _lossy_repo(root)
     a, b, c = sids
     with Repo(root) as repo:
-        store = repo.store
+        store = repo.store.refs
         publish_replacement(store, a, b, "t")      # a -> b
         publish_replacement(store, b, c, "t")      # b -> c: a must move to c
         assert (store.read_ref(REPLACE + a), store.read_ref(REPLACE + b)) == (c, c)
@@ -183,12 +184,12 @@ def test_corrupt_commit_is_a_corrupt_object_not_an_unknown_revision(tmp_path):
     repo.config.set("commit.mode", "lossless")
     first = repo.commit({"w": torch.zeros(4)}, "first")
     cid = repo.commit({"w": torch.ones(4)}, "second")
-    repo.store._corrupt_for_test(cid, 20)
+    corrupt_object(repo.store, cid, 20)
     for rev in (cid, cid[:12]):
         with pytest.raises(IntegrityError, match=cid):
             repo.resolve(rev)
     assert repo.resolve(first[:12]) == first
-    repo.store.delete([first])  # missing (a concurrent gc): no such revision, as before
+    repo.store.blobs.delete([first])  # missing (a concurrent gc): no such revision, as before
     with pytest.raises(UnknownRevisionError):
         repo.resolve(first[:12])
     repo.close()
@@ -220,8 +221,8 @@ def _put_records(store, records: list[tuple[str, bytes, bytes]]) -> None:
 def _view(store) -> tuple:
     """What refs and reflog mean (values, and each log's moves): equal views restore the
     same history. Times and reasons are text for people, so they are left out."""
-    refs = dict(store.iter_refs(""))
-    logs = {n: [(e.old, e.new) for e in store.reflog(n)] for n in store.reflog_names()}
+    refs = dict(store.refs.iter_refs(""))
+    logs = {n: [(e.old, e.new) for e in store.refs.reflog(n)] for n in store.refs.reflog_names()}
     return refs, logs
 
 
@@ -388,7 +389,7 @@ def test_corrupt_reflog_entry_is_a_typed_error(small_repo, capsys, monkeypatch):
                and k.startswith(b"refs/heads/main\x00"))
     _set_raw(repo.store, "reflog", key, b'{"old":null,"new":')
     with pytest.raises(CorruptReflogError, match="refs/heads/main"):
-        repo.store.reflog("refs/heads/main")
+        repo.store.refs.reflog("refs/heads/main")
     problems = repo.fsck().problems
     assert any("reflog of refs/heads/main" in p and "corrupt" in p for p in problems)
     code, _, err = _cli_here(root, ["gc"], capsys)  # gc must not guess what is reachable

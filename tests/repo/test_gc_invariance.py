@@ -201,7 +201,7 @@ def test_gc_refuses_a_reencoding_that_restores_different_values(tmp_path, monkey
     monkeypatch.setattr(compact, "carried_meta", lambda rec: {})
     with pytest.raises(InternalError, match="bit-identically"):
         repo.gc(max_chain=1)
-    assert list(repo.store.iter_refs(REPLACE)) == []
+    assert list(repo.store.refs.iter_refs(REPLACE)) == []
     assert repo.fsck().ok
     assert_restores(root, repo, ids, before, "refused gc")
     monkeypatch.undo()  # the next gc does the job and collects what the refused one wrote

@@ -23,7 +23,7 @@ def test_deleted_branch_survives_gc_in_its_grace_period_and_can_be_restored(tmp_
     snap = repo.read_commit(tip).snapshot
     report = repo.gc()
     assert report.deleted_refs_kept == ["refs/heads/high-lr"] and report.expired_reflogs == []
-    assert repo.store.has(tip) and repo.store.has(snap)
+    assert repo.store.blobs.has(tip) and repo.store.blobs.has(snap)
     assert repo.fsck().ok
     # NAME@{0} is the deleted branch's last tip: the branch comes back.
     assert repo.resolve("high-lr@{0}") == tip
@@ -38,12 +38,12 @@ def test_expire_now_and_the_configured_period(tmp_path):
     assert repo.gc().deleted_refs_kept == ["refs/heads/high-lr"]
     dry = repo.gc(dry_run=True, reflog_expire=0)
     assert dry.expired_reflogs == ["refs/heads/high-lr"] and dry.removed_objects >= 2
-    assert repo.store.has(tip)
+    assert repo.store.blobs.has(tip)
     report = repo.gc(reflog_expire=0)
     assert report.expired_reflogs == ["refs/heads/high-lr"]
-    assert not repo.store.has(tip) and repo.store.has(base)
+    assert not repo.store.blobs.has(tip) and repo.store.blobs.has(base)
     assert repo.fsck().ok
-    assert list(repo.store.reflog("refs/heads/high-lr")) == []
+    assert list(repo.store.refs.reflog("refs/heads/high-lr")) == []
 
 
 def test_cli_expire(tmp_path):

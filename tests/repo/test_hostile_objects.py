@@ -37,24 +37,24 @@ def _canonical(obj) -> bytes:
 
 def forge_commit(repo: Repo, cid: str, mutate=None, snapshot: str | None = None) -> str:
     """A commit like `cid` (optionally on another snapshot, optionally mutated) on branch evil."""
-    d = json.loads(repo.store.get(cid)[len(COMMIT_HEADER):])
+    d = json.loads(repo.store.blobs.get(cid)[len(COMMIT_HEADER):])
     if snapshot is not None:
         d["snapshot"] = snapshot
     if mutate is not None:
         mutate(d)
-    nid = repo.store.put(COMMIT_HEADER + _canonical(d))
-    repo.store.update_refs([RefUpdate("refs/heads/evil", None, nid)], "forge")
+    nid = repo.store.blobs.put(COMMIT_HEADER + _canonical(d))
+    repo.store.refs.update_refs([RefUpdate("refs/heads/evil", None, nid)], "forge")
     return nid
 
 
 def forge_snapshot(repo: Repo, cid: str, mutate=None, body: bytes | None = None) -> str:
     """A commit on branch evil whose snapshot is `cid`'s, mutated (content id recomputed)."""
-    raw = repo.store.get(repo.read_commit(cid).snapshot)
+    raw = repo.store.blobs.get(repo.read_commit(cid).snapshot)
     if body is None:
         obj = json.loads(zlib.decompress(raw[len(SNAPSHOT_HEADER):]))
         mutate(obj)
         body = _canonical(obj)
-    sid = repo.store.put(SNAPSHOT_HEADER + zlib.compress(body, 9))
+    sid = repo.store.blobs.put(SNAPSHOT_HEADER + zlib.compress(body, 9))
     return forge_commit(repo, cid, snapshot=sid)
 
 
@@ -134,7 +134,7 @@ def test_hostile_snapshots_are_typed_data_errors(base, case):
 
 def test_a_100k_deep_skeleton_is_refused_without_recursing(base):
     repo, cid = base
-    raw = repo.store.get(repo.read_commit(cid).snapshot)
+    raw = repo.store.blobs.get(repo.read_commit(cid).snapshot)
     body = zlib.decompress(raw[len(SNAPSHOT_HEADER):]).decode()
     obj = json.loads(body)
     root = json.dumps(obj["skeleton"]["root"], sort_keys=True, separators=(",", ":"))
@@ -227,20 +227,20 @@ def test_cli_reports_hostile_snapshots_with_their_data_exit_code(base, case):
 @pytest.mark.parametrize("garbled", [b"1\xff34", b"", b"-5", b"12 ", b"9" * 40, b"abc"])
 def test_a_garbled_object_byte_counter_never_blocks_the_repository(base, garbled):
     repo, _cid = base
-    actual = sum(repo.store.size(o) for o in repo.store.iter_ids())
-    repo.store.set_meta("store.object_bytes", garbled)
-    assert repo.store.object_bytes() == actual  # recounted on read
+    actual = sum(repo.store.blobs.size(o) for o in repo.store.blobs.iter_ids())
+    repo.store.maintenance.set_meta("store.object_bytes", garbled)
+    assert repo.store.blobs.object_bytes() == actual  # recounted on read
     assert repo.stats().object_bytes == actual
     repo.commit({"w": torch.randn(64, 8), "step": 4}, "two")  # and on write
-    actual = sum(repo.store.size(o) for o in repo.store.iter_ids())
-    assert repo.store.get_meta("store.object_bytes") == str(actual).encode()
+    actual = sum(repo.store.blobs.size(o) for o in repo.store.blobs.iter_ids())
+    assert repo.store.maintenance.get_meta("store.object_bytes") == str(actual).encode()
     code, _, err = run(repo.path, "stats")
     assert code == 0, err
 
 
 def test_the_cli_commits_and_reports_stats_after_a_counter_flip(base, tmp_path):
     repo, _cid = base
-    repo.store.set_meta("store.object_bytes", b"12\x0034")
+    repo.store.maintenance.set_meta("store.object_bytes", b"12\x0034")
     torch.save({"w": torch.randn(64, 8)}, tmp_path / "ckpt.pt")
     code, _, err = run(repo.path, "commit", "-m", "after flip", str(tmp_path / "ckpt.pt"))
     assert code == 0, err
@@ -250,10 +250,10 @@ def test_the_cli_commits_and_reports_stats_after_a_counter_flip(base, tmp_path):
 
 def test_fsck_recounts_and_repairs_a_wrong_but_readable_counter(base):
     repo, _cid = base
-    actual = repo.store.object_bytes()
-    repo.store.set_meta("store.object_bytes", str(actual + 1000).encode())  # one digit flipped
+    actual = repo.store.blobs.object_bytes()
+    repo.store.maintenance.set_meta("store.object_bytes", str(actual + 1000).encode())  # one digit flipped
     report = repo.fsck()
     assert report.ok  # derived data: a warning, repaired, not repository damage
     assert any("object byte counter" in w and "repaired" in w for w in report.warnings)
-    assert repo.store.object_bytes() == actual
+    assert repo.store.blobs.object_bytes() == actual
     assert repo.fsck().warnings == []

@@ -94,7 +94,7 @@ def entries(path) -> dict[str, tuple[dict, bytes]]:
 
 def test_every_entry_is_bound_to_repository_snapshot_and_record(tmp_path):
     repo, ids = lossy_repo(tmp_path)
-    rid = repo.store.get_meta(REPO_ID_KEY).decode()
+    rid = repo.store.maintenance.get_meta(REPO_ID_KEY).decode()
     assert len(rid) == 32 and int(rid, 16) >= 0  # made at init
     sid = snap_id(repo, ids[-1])
     h = header(cache_dir(tmp_path) / f"{sid}.levels")
@@ -140,7 +140,7 @@ def test_an_entry_from_another_repository_is_a_miss(tmp_path):
     b, ids_b = lossy_repo(tmp_path / "b")
     sid = snap_id(a, ids_a[-1])
     assert sid == snap_id(b, ids_b[-1])
-    rid_b = b.store.get_meta(REPO_ID_KEY).decode()
+    rid_b = b.store.maintenance.get_meta(REPO_ID_KEY).decode()
     a.close()
     b.close()
     truth = uncached(tmp_path / "a", ids_a[-1])
@@ -163,7 +163,7 @@ def test_an_entry_from_another_repository_is_a_miss(tmp_path):
     assert any("foreign" in w for w in Repo(tmp_path / "a").fsck().warnings)
     assert fresh_read(tmp_path / "a", ids_a[-1]) == truth
     # The same forged entry under this repository's own id *would* be read: the id is what refused it.
-    rid_a = Repo(tmp_path / "a").store.get_meta(REPO_ID_KEY).decode()
+    rid_a = Repo(tmp_path / "a").store.maintenance.get_meta(REPO_ID_KEY).decode()
     write_file(target, rid_a, sid, forged)
     assert fresh_read(tmp_path / "a", ids_a[-1]) != truth
 
@@ -198,14 +198,14 @@ def test_entries_made_stale_by_gc_are_misses_and_reported(tmp_path):
         side_sid = snap_id(r, side)
         r.switch("main")
         r.delete_branch("side", force=True)
-        r.store.delete_reflog("refs/heads/side")
-        for name in r.store.reflog_names():
+        r.store.refs.delete_reflog("refs/heads/side")
+        for name in r.store.refs.reflog_names():
             if name == "HEAD":
-                r.store.delete_reflog(name)
+                r.store.refs.delete_reflog(name)
         stale = cache_dir(tmp_path) / f"{side_sid}.levels"
         kept_bytes = stale.read_bytes()
         report = r.gc()
-        assert not r.store.has(side_sid)
+        assert not r.store.blobs.has(side_sid)
         # gc deletes the level-cache files of what it freed: fsck has nothing to say after it.
         assert report.cache_files_removed >= 1 and not stale.exists()
         assert not r.fsck().warnings
@@ -220,7 +220,7 @@ def test_a_stale_entry_whose_record_changed_is_never_used(tmp_path):
     repo, ids = lossy_repo(tmp_path)
     sid = snap_id(repo, ids[-1])
     path = cache_dir(tmp_path) / f"{sid}.levels"
-    rid = repo.store.get_meta(REPO_ID_KEY).decode()
+    rid = repo.store.maintenance.get_meta(REPO_ID_KEY).decode()
     repo.close()
     truth = uncached(tmp_path, ids[-1])
     older = entries(cache_dir(tmp_path) / f"{snap_id(Repo(tmp_path), ids[-2])}.levels")
@@ -305,13 +305,13 @@ def test_old_format_files_and_leftovers_are_reported(tmp_path):
 
 def test_a_repository_without_an_id_gets_one_lazily(tmp_path):
     repo, ids = lossy_repo(tmp_path, n=2)
-    repo.store.set_meta(REPO_ID_KEY, b"not-an-id")  # as a garbled (or absent) id reads
+    repo.store.maintenance.set_meta(REPO_ID_KEY, b"not-an-id")  # as a garbled (or absent) id reads
     repo.close()
     truth = uncached(tmp_path, ids[-1])
     with Repo(tmp_path) as r:
-        rid = LC.repository_id(r.store)
-        assert len(rid) == 32 and r.store.get_meta(REPO_ID_KEY).decode() == rid
-        assert LC.repository_id(r.store) == rid  # stable once made
+        rid = LC.repository_id(r.store.maintenance)
+        assert len(rid) == 32 and r.store.maintenance.get_meta(REPO_ID_KEY).decode() == rid
+        assert LC.repository_id(r.store.maintenance) == rid  # stable once made
     # the entries made under the old id no longer bind: misses, reported as foreign
     assert any("foreign" in w for w in Repo(tmp_path).fsck().warnings)
     assert fresh_read(tmp_path, ids[-1]) == truth

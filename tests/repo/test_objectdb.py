@@ -19,29 +19,29 @@ class History:
 
     def __init__(self) -> None:
         self.store = MemoryStore()
-        self.db = ObjectDB(self.store, self.store)
+        self.db = ObjectDB(self.store.blobs, self.store.refs)
         self._t = 0
 
     def chunk(self, tag: str) -> str:
-        return self.store.put(f"chunk {tag}".encode())
+        return self.store.blobs.put(f"chunk {tag}".encode())
 
     def snapshot(self, *chunks: str, delta_of: str | None = None, tag: str = "") -> str:
         recs = [TensorRecord(name=f"t{i}", dtype="float32", shape=[1], codec="raw/1",
-                             chunks=[c], stored_bytes=self.store.size(c), raw_bytes=4)
+                             chunks=[c], stored_bytes=self.store.blobs.size(c), raw_bytes=4)
                 for i, c in enumerate(chunks)]
         if delta_of is not None:
             d = self.chunk(f"delta {tag} {delta_of}")
             recs.append(TensorRecord(
                 name="q", dtype="float32", shape=[4], codec="qdelta/1", chunks=[d],
-                stored_bytes=self.store.size(d), raw_bytes=16, depth=1,
+                stored_bytes=self.store.blobs.size(d), raw_bytes=16, depth=1,
                 meta={"parent": {"snapshot": delta_of, "name": "q"}, "refs": [delta_of]}))
-        return self.store.put(Snapshot(recs, {"tag": tag}).encode())
+        return self.store.blobs.put(Snapshot(recs, {"tag": tag}).encode())
 
     def commit(self, snapshot: str, *parents: str, msg: str = "") -> str:
         self._t += 1
         c = Commit(parents=list(parents), snapshot=snapshot, message=msg or f"c{self._t}",
                    time=f"2024-01-01T00:00:{self._t:02d}+00:00", author="t")
-        return self.store.put(c.encode())
+        return self.store.blobs.put(c.encode())
 
     def line(self, n: int, prefix: str = "", parent: str | None = None) -> list[str]:
         """`n` commits in a line, each with its own chunk: their ids, oldest first."""
@@ -125,7 +125,7 @@ def test_replacement_is_followed_and_the_original_kept_unread():
     orig = h.snapshot(old_chunk, tag="orig")
     repl = h.snapshot(new_chunk, tag="repl")
     cid = h.commit(orig)
-    h.store.update_refs([RefUpdate(REPLACE + orig, None, repl)], "gc")
+    h.store.refs.update_refs([RefUpdate(REPLACE + orig, None, repl)], "gc")
     assert h.db.resolve_snapshot_id(orig) == repl
     assert h.db.read_snapshot(orig).skeleton == {"tag": "repl"}
     got = {r.oid: r for r in h.db.reachable([cid])}
@@ -147,7 +147,7 @@ def test_delta_parents_are_followed_even_off_the_commit_graph():
     assert parent_snap in got and pchunk in got
     assert got[parent_snap].via == h.db.read_commit(child).snapshot
     # A delta parent that is gone is damage, named with the snapshot that needs it.
-    h.store.delete([parent_snap])
+    h.store.blobs.delete([parent_snap])
     found: list[Damage] = []
     got = {r.oid for r in h.db.reachable([child], on_damage=found.append)}
     assert parent_snap not in got and pchunk not in got
@@ -160,13 +160,13 @@ def test_root_ids_are_refs_and_reflog_entries_not_replacements():
     h = History()
     main = h.line(2, "m")
     gone = h.line(1, "g")
-    h.store.update_refs([RefUpdate("HEAD", None, "ref: refs/heads/main")], "init")
-    h.store.update_refs([RefUpdate("refs/heads/main", None, main[0])], "c")
-    h.store.update_refs([RefUpdate("refs/heads/main", main[0], main[1])], "c")
-    h.store.update_refs([RefUpdate("refs/heads/tmp", None, gone[0])], "branch")
-    h.store.update_refs([RefUpdate("refs/heads/tmp", gone[0], None)], "delete")  # reflog stays
+    h.store.refs.update_refs([RefUpdate("HEAD", None, "ref: refs/heads/main")], "init")
+    h.store.refs.update_refs([RefUpdate("refs/heads/main", None, main[0])], "c")
+    h.store.refs.update_refs([RefUpdate("refs/heads/main", main[0], main[1])], "c")
+    h.store.refs.update_refs([RefUpdate("refs/heads/tmp", None, gone[0])], "branch")
+    h.store.refs.update_refs([RefUpdate("refs/heads/tmp", gone[0], None)], "delete")  # reflog stays
     snap = h.db.read_commit(main[1]).snapshot
-    h.store.update_refs([RefUpdate(REPLACE + snap, None, h.snapshot(h.chunk("x")))], "gc")
+    h.store.refs.update_refs([RefUpdate(REPLACE + snap, None, h.snapshot(h.chunk("x")))], "gc")
     roots = h.db.root_ids()
     assert roots == {main[0], main[1], gone[0]}  # reflog-only roots included; no symref, no replace
     assert gone[0] in {c.id for c in h.db.walk_commits(roots)}
@@ -195,7 +195,7 @@ def test_damage_raises_without_a_handler_and_is_reported_with_one():
     h = History()
     ids = h.line(3)
     victim = ids[1]
-    h.store.delete([victim])
+    h.store.blobs.delete([victim])
     with pytest.raises(ObjectMissingError):
         list(h.db.reachable([ids[-1]]))
     found: list[Damage] = []
@@ -212,7 +212,7 @@ def test_a_snapshot_as_commit_and_a_broken_replacement_are_damage():
         h.db.read_commit(s)
     c = h.commit(s)
     x, y = h.snapshot(h.chunk("x")), h.snapshot(h.chunk("y"))
-    h.store.update_refs([RefUpdate(REPLACE + s, ANY, x), RefUpdate(REPLACE + x, ANY, y)], "bad")
+    h.store.refs.update_refs([RefUpdate(REPLACE + s, ANY, x), RefUpdate(REPLACE + x, ANY, y)], "bad")
     found: list[Damage] = []
     got = {r.oid for r in h.db.reachable([c], on_damage=found.append)}
     assert got == {c}

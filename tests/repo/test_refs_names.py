@@ -17,7 +17,7 @@ HEADS, TAGS = "refs/heads/", "refs/tags/"
 
 def _legacy_ref(repo: Repo, ref: str, oid: str) -> None:
     """A ref written before names were checked (or by another tool): straight into the store."""
-    repo.store.update_refs([RefUpdate(ref, None, oid)], "test: legacy ref")
+    repo.store.refs.update_refs([RefUpdate(ref, None, oid)], "test: legacy ref")
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ def test_sigkill_during_gc(tmp_path):
     side = repo.commit(next(iter(trajectory(1)))[1], "side work")
     repo.switch("main")
     repo.delete_branch("side", force=True)
-    repo.store.delete_reflog("refs/heads/side")  # no grace period: garbage for gc to delete
+    repo.store.refs.delete_reflog("refs/heads/side")  # no grace period: garbage for gc to delete
     reference = {cid: repo.read_state(cid) for cid in ids}
     repo.close()
     # How long an uninterrupted gc takes here, so kills land inside it.
@@ -67,5 +67,5 @@ def test_sigkill_during_gc(tmp_path):
                     assert_bits(got[k], v, f"attempt {attempt} {cid[:8]} {k}")
             r.gc(max_chain=2)  # a later gc completes the job
             assert r.fsck().ok
-            assert not r.store.has(side)
+            assert not r.store.blobs.has(side)
     assert finished < 10, "every gc finished before the kill: the test exercised nothing"

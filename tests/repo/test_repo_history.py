@@ -95,26 +95,26 @@ def test_branches_tags_switch_detach(repo):
 def test_reflog_records_every_move(repo):
     c1 = repo.commit({"w": torch.zeros(1)}, "one")
     c2 = repo.commit({"w": torch.ones(1)}, "two")
-    log = repo.store.reflog("refs/heads/main")
+    log = repo.store.refs.reflog("refs/heads/main")
     assert [(e.old, e.new) for e in log] == [(None, c1), (c1, c2)]
     assert all(e.reason.startswith("commit:") and e.time > 0 for e in log)
 
 
 def test_same_checkpoint_twice_adds_under_4kib(repo, state):
     repo.commit(state, "first")
-    before = repo.store.object_bytes()
+    before = repo.store.blobs.object_bytes()
     repo.commit(state, "again")
-    assert repo.store.object_bytes() - before < 4096
+    assert repo.store.blobs.object_bytes() - before < 4096
 
 
 def test_frozen_half_stores_only_changed_half(repo):
     torch.manual_seed(1)
     sd = {f"layer{i}.weight": torch.randn(256, 256) for i in range(8)}
     repo.commit(sd, "base")
-    before = repo.store.object_bytes()
+    before = repo.store.blobs.object_bytes()
     tuned = {k: (v + 0.01 * torch.randn_like(v) if i % 2 else v) for i, (k, v) in enumerate(sd.items())}
     repo.commit(tuned, "fine-tune, half the layers frozen")
-    added = repo.store.object_bytes() - before
+    added = repo.store.blobs.object_bytes() - before
     half = sum(v.numel() * 4 for i, v in enumerate(sd.values()) if i % 2)
     assert added < half * 1.05 + 8192
 

@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 import torch
+from store_contract import corrupt_object
 
 from mvc.repo.repository import Repo
 from mvc.store import IntegrityError
@@ -18,7 +19,7 @@ def test_flipped_byte_is_reported_and_contained(repo):
                        "b": torch.randn(1000)}, "bad")
     rec = next(t for t in repo.read_snapshot(repo.read_commit(bad).snapshot).tensors if t.name == "b")
     victim = rec.chunks[0]
-    repo.store._corrupt_for_test(victim, 17)
+    corrupt_object(repo.store, victim, 17)
     report = repo.fsck()
     assert not report.ok
     assert any(victim in p for p in report.problems)

@@ -48,9 +48,9 @@ def test_lossy_same_checkpoint_twice_is_tiny(repo):
     state = dict(next(iter(trajectory(1)))[1])
     cfg = QuantConfig(bins=16)
     repo.commit(state, "a", quant=cfg)
-    before = repo.store.object_bytes()
+    before = repo.store.blobs.object_bytes()
     repo.commit(state, "b", quant=cfg)
-    assert repo.store.object_bytes() - before < 4096
+    assert repo.store.blobs.object_bytes() - before < 4096
 
 
 def test_lossy_commit_records_config_and_quality(repo):
@@ -254,10 +254,10 @@ def test_delta_max_ratio_keeps_barely_paying_deltas_out_of_chains(tmp_path):
         repo.config.set("commit.delta_max_ratio", 1.5)
     # a hand-edited config is refused when read, before anything is stored
     (tmp_path / "r0.3" / ".mvc" / "config.json").write_text('{"commit.delta_max_ratio": 0}')
-    before = repo.store.object_bytes()
+    before = repo.store.blobs.object_bytes()
     with pytest.raises(ConfigError):
         repo.commit(next(iter(trajectory(1)))[1], "x", quant=configs(0))
-    assert repo.store.object_bytes() == before
+    assert repo.store.blobs.object_bytes() == before
 
 
 def _quant_records(repo, cid):

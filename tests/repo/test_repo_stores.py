@@ -21,7 +21,7 @@ def _repo(kind: str, root: Path) -> Repo:
         return Repo.init(root)
     (root / ".mvc").mkdir(parents=True)  # the config and the level cache still live on disk
     store = open_store("memory:")
-    store.update_ref("HEAD", None, "ref: refs/heads/main", "init")  # what Repo.init writes
+    store.refs.update_ref("HEAD", None, "ref: refs/heads/main", "init")  # what Repo.init writes
     return Repo(root, store=store)
 
 
@@ -44,12 +44,12 @@ def test_repo_over_store(kind: str, tmp_path: Path) -> None:
         restored = {c: repo.read_state(c) for c in [*ids, exact]}
         assert [c.id for c in repo.log()] == [exact, *ids[::-1]]
 
-        orphan = repo.store.put(b"left behind by an interrupted commit" * 1000)
+        orphan = repo.store.blobs.put(b"left behind by an interrupted commit" * 1000)
         report = repo.gc(shrink=True)
-        assert report.removed_objects == 1 and not repo.store.has(orphan)
+        assert report.removed_objects == 1 and not repo.store.blobs.has(orphan)
         assert report.disk_before is not None and report.disk_after is not None
         assert 0 < report.disk_after <= report.disk_before
-        assert report.disk_after == repo.store.disk_usage()
+        assert report.disk_after == repo.store.maintenance.disk_usage()
 
         fsck = repo.fsck()
         assert fsck.ok, fsck.problems

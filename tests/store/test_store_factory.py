@@ -26,10 +26,10 @@ def test_path_creates_then_opens_lmdb(tmp_path: Path, as_str: bool) -> None:
     loc = str(where) if as_str else where
     store = open_store(loc, create=True)
     assert isinstance(store, LmdbStore)
-    oid = store.put(b"kept")
+    oid = store.blobs.put(b"kept")
     store.close()
     with open_store(loc) as again:
-        assert isinstance(again, LmdbStore) and again.get(oid) == b"kept"
+        assert isinstance(again, LmdbStore) and again.blobs.get(oid) == b"kept"
     with pytest.raises(StoreExistsError):
         open_store(loc, create=True)
 
@@ -47,8 +47,8 @@ def test_path_without_a_store(tmp_path: Path) -> None:
 def test_memory_is_a_fresh_store_each_time() -> None:
     a, b = open_store("memory:"), open_store("memory:", create=True)
     assert isinstance(a, MemoryStore) and isinstance(b, MemoryStore) and a is not b
-    oid = a.put(b"only in a")
-    assert a.has(oid) and not b.has(oid)
+    oid = a.blobs.put(b"only in a")
+    assert a.blobs.has(oid) and not b.blobs.has(oid)
 
 
 @pytest.mark.parametrize("url", ["s3://bucket/prefix", "S3://bucket", "file:///srv/mvc-remote",

@@ -101,9 +101,9 @@ def test_map_grows_for_many_puts(root: Path) -> None:
     s = SmallMapStore.create(root)
     try:
         start = s.map_size()
-        ids = [s.put(blob(MiB, i)) for i in range(6)]
+        ids = [s.blobs.put(blob(MiB, i)) for i in range(6)]
         assert s.map_size() > start
-        assert [s.get(o) for o in ids] == [blob(MiB, i) for i in range(6)]
+        assert [s.blobs.get(o) for o in ids] == [blob(MiB, i) for i in range(6)]
     finally:
         s.close()
 
@@ -112,9 +112,9 @@ def test_map_grows_for_one_big_transaction(root: Path) -> None:
     s = SmallMapStore.create(root)
     s.blobs.batch_bytes = 64 * MiB  # type: ignore[attr-defined]  # one txn far bigger than the initial map
     try:
-        ids = s.put_many(blob(MiB, i) for i in range(10))
-        assert [s.get(o) for o in ids] == [blob(MiB, i) for i in range(10)]
-        assert s.object_bytes() == 10 * MiB
+        ids = s.blobs.put_many(blob(MiB, i) for i in range(10))
+        assert [s.blobs.get(o) for o in ids] == [blob(MiB, i) for i in range(10)]
+        assert s.blobs.object_bytes() == 10 * MiB
     finally:
         s.close()
 
@@ -122,24 +122,24 @@ def test_map_grows_for_one_big_transaction(root: Path) -> None:
 def test_map_grown_by_other_process(root: Path) -> None:
     s = SmallMapStore.create(root)
     try:
-        s.put(b"before")
+        s.blobs.put(b"before")
         # Another process with the same tiny initial map writes 6 MiB.
         r = run_py("""
             import sys, random
             from mvc.store import LmdbStore
             LmdbStore.INITIAL_MAP_SIZE = 1 << 20
             s = LmdbStore.open(sys.argv[1])
-            ids = [s.put(random.Random(i).randbytes(1 << 20)) for i in range(6)]
+            ids = [s.blobs.put(random.Random(i).randbytes(1 << 20)) for i in range(6)]
             print(" ".join(ids))
             s.close()
         """, str(root))
         assert r.returncode == 0, r.stderr
         ids = r.stdout.split()
         # Our map is now smaller than the data: reads and writes adopt the new size.
-        assert [s.get(o) for o in ids] == [blob(MiB, i) for i in range(6)]
-        more = s.put_many(blob(MiB, 100 + i) for i in range(3))
-        assert [s.get(o) for o in more] == [blob(MiB, 100 + i) for i in range(3)]
-        assert len(list(s.iter_ids())) == 10
+        assert [s.blobs.get(o) for o in ids] == [blob(MiB, i) for i in range(6)]
+        more = s.blobs.put_many(blob(MiB, 100 + i) for i in range(3))
+        assert [s.blobs.get(o) for o in more] == [blob(MiB, 100 + i) for i in range(3)]
+        assert len(list(s.blobs.iter_ids())) == 10
     finally:
         s.close()
 
@@ -160,30 +160,30 @@ def test_create_twice_refused(store: LmdbStore, root: Path) -> None:
 
 
 def test_reopen_persists_everything(store: LmdbStore, root: Path) -> None:
-    oid = store.put(b"persist me")
-    store.update_refs([RefUpdate("refs/heads/main", None, oid)], "c")
-    store.set_meta("k", b"v")
+    oid = store.blobs.put(b"persist me")
+    store.refs.update_refs([RefUpdate("refs/heads/main", None, oid)], "c")
+    store.maintenance.set_meta("k", b"v")
     store.close()
     s2 = LmdbStore.open(root)
     try:
-        assert s2.get(oid) == b"persist me"
-        assert s2.read_ref("refs/heads/main") == oid
-        assert [e.reason for e in s2.reflog("refs/heads/main")] == ["c"]
-        assert s2.get_meta("k") == b"v" and s2.object_bytes() == 10
+        assert s2.blobs.get(oid) == b"persist me"
+        assert s2.refs.read_ref("refs/heads/main") == oid
+        assert [e.reason for e in s2.refs.reflog("refs/heads/main")] == ["c"]
+        assert s2.maintenance.get_meta("k") == b"v" and s2.blobs.object_bytes() == 10
     finally:
         s2.close()
 
 
 def test_two_instances_share_the_environment(store: LmdbStore, root: Path) -> None:
     other = LmdbStore.open(root)  # py-lmdb forbids a second env on the same files
-    oid = other.put(b"shared")
-    assert store.get(oid) == b"shared"
+    oid = other.blobs.put(b"shared")
+    assert store.blobs.get(oid) == b"shared"
     other.close()
-    assert store.get(oid) == b"shared"  # closing one leaves the other working
+    assert store.blobs.get(oid) == b"shared"  # closing one leaves the other working
 
 
 def test_format_too_new(store: LmdbStore, root: Path) -> None:
-    store.set_meta("format_version", b"2")
+    store.maintenance.set_meta("format_version", b"2")
     store.close()
     with pytest.raises(FormatTooNewError) as ei:
         LmdbStore.open(root)
@@ -193,7 +193,7 @@ def test_format_too_new(store: LmdbStore, root: Path) -> None:
 
 
 def test_format_missing_or_garbage(store: LmdbStore, root: Path) -> None:
-    store.set_meta("format_version", b"banana")
+    store.maintenance.set_meta("format_version", b"banana")
     store.close()
     with pytest.raises(StoreFormatError):
         LmdbStore.open(root)
@@ -201,7 +201,7 @@ def test_format_missing_or_garbage(store: LmdbStore, root: Path) -> None:
 
 # --------------------------------------------------------------- reader_check
 def test_reader_check_clears_dead_readers(store: LmdbStore, root: Path) -> None:
-    store.put(b"x")
+    store.blobs.put(b"x")
     store.close()
     # A live process keeps the environment open: otherwise the next opener
     # re-initialises the lock file and the dead reader vanishes without reader_check.
@@ -240,16 +240,16 @@ def test_reader_check_clears_dead_readers(store: LmdbStore, root: Path) -> None:
 # ------------------------------------------------------------------- fork
 def _child_uses_store(store: LmdbStore, oid: str, q, k: int) -> None:
     try:
-        assert store.get(oid) == b"from parent"
-        new = store.put(b"from child")
-        store.update_refs([RefUpdate(f"refs/heads/child{k}", None, new)], "child")
+        assert store.blobs.get(oid) == b"from parent"
+        new = store.blobs.put(b"from child")
+        store.refs.update_refs([RefUpdate(f"refs/heads/child{k}", None, new)], "child")
         q.put(("ok", new, store._h().pid == os.getpid()))
     except BaseException as e:  # noqa: BLE001
         q.put(("error", repr(e), False))
 
 
 def test_fork_child_opens_fresh_environment(store: LmdbStore) -> None:
-    oid = store.put(b"from parent")
+    oid = store.blobs.put(b"from parent")
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     # A background thread keeps reading while we fork.
@@ -259,7 +259,7 @@ def test_fork_child_opens_fresh_environment(store: LmdbStore) -> None:
     def reader() -> None:
         try:
             while not stop.is_set():
-                assert store.get(oid) == b"from parent"
+                assert store.blobs.get(oid) == b"from parent"
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
     t = threading.Thread(target=reader)
@@ -280,10 +280,10 @@ def test_fork_child_opens_fresh_environment(store: LmdbStore) -> None:
     assert all(p.exitcode == 0 for p in procs)
     # The parent's environment still works, and sees the children's writes.
     new = results[0][1]
-    assert store.get(new) == b"from child"
-    assert store.read_ref("refs/heads/child0") == new == store.read_ref("refs/heads/child1")
-    assert store.put(b"parent again") and store.get(oid) == b"from parent"
-    assert len(store.reflog("refs/heads/child1")) == 1
+    assert store.blobs.get(new) == b"from child"
+    assert store.refs.read_ref("refs/heads/child0") == new == store.refs.read_ref("refs/heads/child1")
+    assert store.blobs.put(b"parent again") and store.blobs.get(oid) == b"from parent"
+    assert len(store.refs.reflog("refs/heads/child1")) == 1
 
 
 # ------------------------------------------------------- cross-process lock
@@ -291,7 +291,7 @@ LOCK_HOLDER = """
     import sys, time
     from mvc.store import LmdbStore
     s = LmdbStore.open(sys.argv[1])
-    with s.write_lock(timeout=10):
+    with s.maintenance.write_lock(timeout=10):
         print("held", flush=True)
         sys.stdin.readline()
     print("released", flush=True)
@@ -304,13 +304,13 @@ def test_write_lock_across_processes(store: LmdbStore, root: Path) -> None:
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "held"
-        with pytest.raises(LockError) as ei, store.write_lock(timeout=0.3):
+        with pytest.raises(LockError) as ei, store.maintenance.write_lock(timeout=0.3):
             pass
         assert f"pid {child.pid}" in str(ei.value)
         child.stdin.write("\n")
         child.stdin.flush()
         assert child.stdout.readline().strip() == "released"
-        with store.write_lock(timeout=10):
+        with store.maintenance.write_lock(timeout=10):
             pass
     finally:
         child.kill()
@@ -323,7 +323,7 @@ def test_lock_released_when_holder_dies(store: LmdbStore, root: Path) -> None:
     assert child.stdout.readline().strip() == "held"
     child.send_signal(signal.SIGKILL)
     child.wait()
-    with store.write_lock(timeout=5):
+    with store.maintenance.write_lock(timeout=5):
         pass
 
 
@@ -336,7 +336,7 @@ def test_forked_child_does_not_keep_parents_lock(store: LmdbStore, root: Path) -
     """flock locks live in the open file description fork shares; the child must drop it."""
     ctx = mp.get_context("fork")
     q = ctx.Queue()
-    with store.write_lock(timeout=5):
+    with store.maintenance.write_lock(timeout=5):
         child = ctx.Process(target=_sleeping_child, args=(q,))
         child.start()
         assert q.get(timeout=30) == "started"
@@ -345,7 +345,7 @@ def test_forked_child_does_not_keep_parents_lock(store: LmdbStore, root: Path) -
             import sys
             from mvc.store import LmdbStore
             s = LmdbStore.open(sys.argv[1])
-            with s.write_lock(timeout=5):
+            with s.maintenance.write_lock(timeout=5):
                 print("got it")
         """, str(root))
         assert r.returncode == 0 and r.stdout.strip() == "got it", r.stderr
@@ -355,50 +355,50 @@ def test_forked_child_does_not_keep_parents_lock(store: LmdbStore, root: Path) -
 
 
 def test_processes_serialize_under_write_lock(store: LmdbStore, root: Path) -> None:
-    store.update_refs([RefUpdate("refs/heads/main", None, f"{0:032x}")], "init")
+    store.refs.update_refs([RefUpdate("refs/heads/main", None, f"{0:032x}")], "init")
     code = """
         import sys
         from mvc.store import LmdbStore, RefUpdate
         s = LmdbStore.open(sys.argv[1])
         for i in range(15):
-            with s.write_lock(timeout=30):
-                cur = s.read_ref("refs/heads/main")
-                oid = s.put(f"{sys.argv[2]}-{i}".encode())
+            with s.maintenance.write_lock(timeout=30):
+                cur = s.refs.read_ref("refs/heads/main")
+                oid = s.blobs.put(f"{sys.argv[2]}-{i}".encode())
                 nxt = f"{int(cur, 16) + 1:032x}"
-                s.update_refs([RefUpdate("refs/heads/main", cur, nxt)], sys.argv[2])
+                s.refs.update_refs([RefUpdate("refs/heads/main", cur, nxt)], sys.argv[2])
         s.close()
     """
     procs = [spawn_py(code, str(root), f"p{k}") for k in range(2)]
     outs = [p.communicate(timeout=60) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
-    assert store.read_ref("refs/heads/main") == f"{30:032x}"
-    assert len(store.reflog("refs/heads/main")) == 31
-    assert len(list(store.iter_ids())) == 30
+    assert store.refs.read_ref("refs/heads/main") == f"{30:032x}"
+    assert len(store.refs.reflog("refs/heads/main")) == 31
+    assert len(list(store.blobs.iter_ids())) == 30
 
 
 # ------------------------------------------------------------------ shrink
 def test_shrink_compacts_and_keeps_data(store: LmdbStore) -> None:
-    ids = store.put_many(blob(200_000, i) for i in range(20))
-    store.update_refs([RefUpdate("refs/heads/main", None, ids[0])], "c")
-    store.delete(ids[2:])
-    before, after = store.shrink()
+    ids = store.blobs.put_many(blob(200_000, i) for i in range(20))
+    store.refs.update_refs([RefUpdate("refs/heads/main", None, ids[0])], "c")
+    store.blobs.delete(ids[2:])
+    before, after = store.maintenance.shrink()
     assert after < before and before - after > 2_000_000
-    assert store.disk_usage() == after
-    assert store.get(ids[0]) == blob(200_000, 0) and store.get(ids[1]) == blob(200_000, 1)
-    assert store.read_ref("refs/heads/main") == ids[0]
-    assert len(store.reflog("refs/heads/main")) == 1
-    assert store.object_bytes() == 400_000
-    store.put(b"after shrink")  # still writable
+    assert store.maintenance.disk_usage() == after
+    assert store.blobs.get(ids[0]) == blob(200_000, 0) and store.blobs.get(ids[1]) == blob(200_000, 1)
+    assert store.refs.read_ref("refs/heads/main") == ids[0]
+    assert len(store.refs.reflog("refs/heads/main")) == 1
+    assert store.blobs.object_bytes() == 400_000
+    store.blobs.put(b"after shrink")  # still writable
     assert not (store.path and os.path.exists(os.path.join(store.path, STORE_OLD)))
 
 
 def test_shrink_refused_while_open_elsewhere(store: LmdbStore, root: Path) -> None:
-    store.put(b"x")
+    store.blobs.put(b"x")
     child = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import sys
         from mvc.store import LmdbStore
         s = LmdbStore.open(sys.argv[1])
-        s.has("a" * 32)
+        s.blobs.has("a" * 32)
         print("open", flush=True)
         sys.stdin.readline()
         s.close()
@@ -406,50 +406,50 @@ def test_shrink_refused_while_open_elsewhere(store: LmdbStore, root: Path) -> No
     try:
         assert child.stdout.readline().strip() == "open"
         with pytest.raises(LockError):
-            store.shrink(timeout=5)
-        assert store.get(store.put(b"y")) == b"y"  # still usable after the refusal
+            store.maintenance.shrink(timeout=5)
+        assert store.blobs.get(store.blobs.put(b"y")) == b"y"  # still usable after the refusal
     finally:
         child.stdin.write("\n")
         child.stdin.flush()
         child.wait(30)
-    store.shrink(timeout=5)
+    store.maintenance.shrink(timeout=5)
 
 
 def test_open_recovers_crash_between_renames(store: LmdbStore, root: Path) -> None:
-    oid = store.put(b"survives")
+    oid = store.blobs.put(b"survives")
     store.close()
     os.rename(root / "store", root / STORE_OLD)      # crash after the first rename
     (root / STORE_NEW).mkdir()
     (root / STORE_NEW / "data.mdb").write_bytes(b"partial")
     s = LmdbStore.open(root)
     try:
-        assert s.get(oid) == b"survives"
+        assert s.blobs.get(oid) == b"survives"
         assert not (root / STORE_OLD).exists() and not (root / STORE_NEW).exists()
     finally:
         s.close()
 
 
 def test_open_cleans_leftovers(store: LmdbStore, root: Path) -> None:
-    oid = store.put(b"current")
+    oid = store.blobs.put(b"current")
     store.close()
     (root / STORE_OLD).mkdir()            # crash while removing the old copy
     (root / STORE_NEW).mkdir()            # or while writing the copy
     s = LmdbStore.open(root)
     try:
-        assert s.get(oid) == b"current"
+        assert s.blobs.get(oid) == b"current"
         assert not (root / STORE_OLD).exists() and not (root / STORE_NEW).exists()
     finally:
         s.close()
 
 
 def test_compact_copy_opens_as_store(store: LmdbStore, tmp_path: Path) -> None:
-    oid = store.put(b"copied")
-    store.update_refs([RefUpdate("HEAD", None, oid)], "c")
+    oid = store.blobs.put(b"copied")
+    store.refs.update_refs([RefUpdate("HEAD", None, oid)], "c")
     dest = tmp_path / "copy" / ".mvc"
     store.compact_copy(dest / "store")
     s = LmdbStore.open(dest)
     try:
-        assert s.get(oid) == b"copied" and s.read_ref("HEAD") == oid
+        assert s.blobs.get(oid) == b"copied" and s.refs.read_ref("HEAD") == oid
     finally:
         s.close()
     with pytest.raises(StoreExistsError):
@@ -466,9 +466,9 @@ def test_sigkill_during_writes_leaves_valid_store(store: LmdbStore, root: Path) 
         i = 0
         while True:
             data = [random.randbytes(300_000) for _ in range(3)]
-            ids = s.put_many(data)
-            head = s.read_ref("HEAD")
-            s.update_refs([RefUpdate("HEAD", head, ids[-1])], f"w{i}")
+            ids = s.blobs.put_many(data)
+            head = s.refs.read_ref("HEAD")
+            s.refs.update_refs([RefUpdate("HEAD", head, ids[-1])], f"w{i}")
             print(ids[-1], flush=True)
             i += 1
     """
@@ -482,14 +482,14 @@ def test_sigkill_during_writes_leaves_valid_store(store: LmdbStore, root: Path) 
         acknowledged += out.split()
     s = LmdbStore.open(root)
     try:
-        for oid in s.iter_ids():
-            s.verify(oid)
+        for oid in s.blobs.iter_ids():
+            s.blobs.verify(oid)
         for oid in acknowledged:
-            s.verify(oid)
-        head = s.read_ref("HEAD")
-        assert head is not None and s.has(head)
-        log = s.reflog("HEAD")
+            s.blobs.verify(oid)
+        head = s.refs.read_ref("HEAD")
+        assert head is not None and s.blobs.has(head)
+        log = s.refs.reflog("HEAD")
         assert [e.new for e in log][-1] == head
-        assert s.object_bytes() == sum(s.size(o) for o in s.iter_ids())
+        assert s.blobs.object_bytes() == sum(s.blobs.size(o) for o in s.blobs.iter_ids())
     finally:
         s.close()

@@ -97,15 +97,15 @@ class MinimalBlobStore(BlobStore):
     def close(self) -> None:
         self._closed = True
 
-    def _corrupt_for_test(self, oid: str, byte_index: int) -> None:
-        data = bytearray(self._objects[oid])
-        data[byte_index] ^= 0xFF
-        self._objects[oid] = bytes(data)
-
 
 class TestMinimalBlobStore(BlobStoreTests):
     def make_store(self) -> MinimalBlobStore:
         return MinimalBlobStore()
+
+    def corrupt(self, oid: str, byte_index: int) -> None:
+        data = bytearray(self.store._objects[oid])
+        data[byte_index] ^= 0xFF
+        self.store._objects[oid] = bytes(data)
 
 
 class OneRefAtATime(RefStore):
@@ -151,10 +151,10 @@ class TestOneRefAtATime(RefStoreTests):
 
 def test_memory_shrink_compacts_the_object_dict() -> None:
     store = MemoryStore()
-    ids = store.put_many(bytes([i]) * 100 for i in range(50))
-    store.delete(ids[1:])
+    ids = store.blobs.put_many(bytes([i]) * 100 for i in range(50))
+    store.blobs.delete(ids[1:])
     blobs = store.blobs
     assert isinstance(blobs, MemoryBlobStore)
     table = blobs._objects
-    assert store.shrink() == (100, 100)
+    assert store.maintenance.shrink() == (100, 100)
     assert blobs._objects is not table and blobs._objects == {ids[0]: bytes([0]) * 100}
