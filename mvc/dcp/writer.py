@@ -252,10 +252,9 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
             quantized, config, quality = lossy.choose(
                 tensors, shards, shared.how, pipeline.parent_centroids(parent, tx.read_quantized))
         self._chosen = (config, quality)
-        cplan = pipeline.CommitPlan(
-            names=list(tensors), tensors=tensors, skeleton={}, quantized=quantized, domains={},
-            moments={}, config=config, quality=quality, parent=parent, settings=tx.settings)
-        records = tx.write(cplan, cplan.names)
+        mine = pipeline.WritePlan(names=list(tensors), tensors=tensors, parent=parent,
+                                  settings=tx.settings, quantized=quantized)
+        records = tx.write(mine, mine.names)
         for rec in records:
             if rec.name in shards:
                 rec = dataclasses.replace(rec, meta=dict(rec.meta, **{SHARD_KEY: shards[rec.name]}))
@@ -281,17 +280,16 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
             globals_[fqn] = (md.properties.dtype, list(md.size))
         skel = skeleton(shared.paths, globals_, values, shared.names)
         config, quality = self._chosen
-        cplan = pipeline.CommitPlan(
-            names=_record_order(skel, records), tensors={}, skeleton=skel, quantized={},
-            domains={}, moments={}, config=config, quality=quality,
-            parent=pipeline.ParentInfo(shared.head), settings=tx.settings)
+        manifest = pipeline.Manifest(names=_record_order(skel, records), skeleton=skel,
+                                     config=config, quality=quality, parent=shared.head)
         info = tx.info(self.message, step=self.options.get("step"),
                        metrics=self.options.get("metrics"))
 
         def landed(out: Published) -> None:   # under the lock, the moment the commit is made
             self.commit_id, self.reused = out.commit, out.reused
 
-        out = tx.publish(cplan, records, info, ref=shared.ref, again=shared.again, landed=landed)
+        out = tx.publish(manifest, records, info, ref=shared.ref, again=shared.again,
+                         landed=landed)
         # Past the commit point nothing here may fail: DCP broadcasts this to every rank.
         metadata.storage_data = Landed(out.commit, out.reused)
 

@@ -13,14 +13,17 @@
 `Repo.commit` runs the three in one process, holding the repository write lock from
 write to publish so that commits from several processes serialize.  A sharded save (a
 `torch.distributed.checkpoint` StorageWriter) runs `plan` where the whole state is known,
-ships the plan, runs `write(plan.subset(mine), mine, ...)` on every rank and
-`publish(plan, records_of_all_ranks, ...)` once, under the write lock.
+ships its write half, runs `write(plan.write.subset(mine), mine, ...)` on every rank and
+`publish(plan.manifest, records_of_all_ranks, ...)` once, under the write lock.
 
-A `CommitPlan` is **picklable** (plain dataclasses of tensors, `QuantizedTensor`s, records
-and JSON-able values; no callables, no store handles): ship it to the ranks rather than
-re-deriving it.  `plan` is deterministic (k-means is seeded; the search too, for a
-deterministic quality function), but a lossy plan needs the whole state (the search evaluates
-the model, first-moment bounds pair the two Adam moments): only its holder can derive it.
+A `CommitPlan` is two halves: the `WritePlan` (what `write` encodes: tensors, quantization,
+the parent's records, the settings) and the `Manifest` (what `publish` records: record
+order, skeleton, config, quality, the parent commit).  Both are **picklable** (plain
+dataclasses of tensors, `QuantizedTensor`s, records and JSON-able values; no callables, no
+store handles): ship them to the ranks rather than re-deriving them.  `plan` is
+deterministic (k-means is seeded; the search too, for a deterministic quality function), but
+a lossy plan needs the whole state (the search evaluates the model, first-moment bounds pair
+the two Adam moments): only its holder can derive it.
 
 The pipeline never sees `Repo`: it takes the blob store (`put` / `put_many` / `has`), a
 `read_quantized(snapshot_id, record)` for the parent's quantized tensors, the ref store
@@ -176,29 +179,27 @@ class ParentInfo:
 # ---------------------------------------------------------------------------- plan
 
 @dataclass
-class CommitPlan:
-    """What `write` encodes and `publish` records: picklable, see the module docstring.
+class WritePlan:
+    """What `write` encodes: picklable, see the module docstring.
 
-    names:     every tensor of the state, in flatten order (the snapshot's record order).
+    names:     every tensor of the plan, in record order (what `write` takes names from).
     tensors:   name -> tensor; a `subset` keeps only the names one writer handles.
+    parent:    the commit the records are written against (deltas, unchanged records).
+    settings:  the `commit.*` values the encoding uses.
     quantized: name -> QuantizedTensor for the tensors stored quantized; others are exact.
     domains:   name -> "log" / "linear" for compressed optimizer moments.
     moments:   name -> {"partner", "ratio_bound"} for compressed Adam first moments.
-    config / quality: the QuantConfig (as a dict) and the quality record the commit records.
     """
 
     names: list[str]
     tensors: dict[str, torch.Tensor]
-    skeleton: dict
-    quantized: dict[str, QuantizedTensor]
-    domains: dict[str, str]
-    moments: dict[str, dict]
-    config: dict | None
-    quality: dict | None
     parent: ParentInfo
     settings: CommitSettings
+    quantized: dict[str, QuantizedTensor] = field(default_factory=dict)
+    domains: dict[str, str] = field(default_factory=dict)
+    moments: dict[str, dict] = field(default_factory=dict)
 
-    def subset(self, names: Iterable[str]) -> CommitPlan:
+    def subset(self, names: Iterable[str]) -> WritePlan:
         """The same plan carrying only `names`' tensors: what one writer needs to be sent."""
         keep = set(names)
         unknown = keep - set(self.names)
@@ -208,10 +209,42 @@ class CommitPlan:
             self, tensors={n: t for n, t in self.tensors.items() if n in keep},
             quantized={n: q for n, q in self.quantized.items() if n in keep})
 
-    def against(self, parent: ParentInfo) -> CommitPlan:
+    def against(self, parent: ParentInfo) -> WritePlan:
         """The plan written against another parent (the branch moved since it was made): the
         quantization stays (the parent's centroids were only a warm start), deltas follow."""
         return dataclasses.replace(self, parent=parent)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What `publish` records besides the records themselves (plain values).
+
+    names:    the snapshot's record order (a state's flatten order).
+    skeleton: the state's structure around its tensors.
+    config / quality: the QuantConfig (as a dict) and the quality record the commit records.
+    parent:   the commit the new one follows (None: the branch is unborn): the value the
+              ref's compare-and-swap expects.
+    """
+
+    names: list[str]
+    skeleton: dict
+    config: dict | None = None
+    quality: dict | None = None
+    parent: str | None = None
+
+
+@dataclass
+class CommitPlan:
+    """A whole commit's plan: what to write (`write`, the half shipped to writers) and what
+    to publish (`manifest`).  Picklable."""
+
+    write: WritePlan
+    manifest: Manifest
+
+    def against(self, parent: ParentInfo) -> CommitPlan:
+        """Both halves against another parent: deltas follow it, and the commit follows it."""
+        return CommitPlan(self.write.against(parent),
+                          dataclasses.replace(self.manifest, parent=parent.commit))
 
 
 def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
@@ -244,12 +277,14 @@ def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
                                              how.moment_cap)
         if quality is not None and report:
             quality = dict(quality, **report)
+    names = list(flat.tensors)
     return CommitPlan(
-        names=list(flat.tensors), tensors=dict(flat.tensors), skeleton=flat.skeleton,
-        quantized={n: q for n, q in qmap.items() if q is not None}, domains=domains,
-        moments=moment_bounds(flat.tensors, domains),
-        config=config.to_dict() if config is not None else None, quality=quality,
-        parent=parent, settings=settings)
+        WritePlan(names=names, tensors=dict(flat.tensors), parent=parent, settings=settings,
+                  quantized={n: q for n, q in qmap.items() if q is not None}, domains=domains,
+                  moments=moment_bounds(flat.tensors, domains)),
+        Manifest(names=list(names), skeleton=flat.skeleton,
+                 config=config.to_dict() if config is not None else None, quality=quality,
+                 parent=parent.commit))
 
 
 def parent_centroids(parent: ParentInfo, read_quantized: ReadQuantized) -> dict[str, torch.Tensor]:
@@ -450,7 +485,7 @@ def _default_policy() -> QuantPolicy:
 Bases = dict[str, tuple[Any, torch.dtype, tuple[int, ...]]]
 
 
-def write(plan: CommitPlan, names: Iterable[str], *, blobs: BlobSink,
+def write(plan: WritePlan, names: Iterable[str], *, blobs: BlobSink,
           read_quantized: ReadQuantized, bases: Bases | None = None,
           progress: Progress | None = None) -> list[TensorRecord]:
     """Encode and store `names` (tensors of `plan`); returns their records, in plan order.
@@ -493,7 +528,7 @@ def _reported(names: list[str], tensors: Mapping[str, torch.Tensor], progress: P
         progress.advance(_nbytes(tensors[name]), 1)
 
 
-def _write_all(plan: CommitPlan, todo: list[str], writer: ChunkWriter, read_quantized: ReadQuantized,
+def _write_all(plan: WritePlan, todo: list[str], writer: ChunkWriter, read_quantized: ReadQuantized,
                bases: Bases | None, progress: Progress) -> list[TensorRecord]:
     s = plan.settings
     exact, raw = tensor_codec(s.lossless_codec), tensor_codec("raw/1")
@@ -551,32 +586,32 @@ class CommitInfo:
     time: str | None = None  # ISO 8601; None: now
 
 
-def snapshot_of(plan: CommitPlan, records: Iterable[TensorRecord]) -> Snapshot:
-    """The snapshot `publish` writes for `plan`: `records` (from every writer, in any order and
-    with repeats) in the plan's order, with its skeleton.  `IncompleteCommitError` unless
-    they cover the plan's names exactly, one record each."""
+def snapshot_of(manifest: Manifest, records: Iterable[TensorRecord]) -> Snapshot:
+    """The snapshot `publish` writes for `manifest`: `records` (from every writer, in any order
+    and with repeats) in the manifest's order, with its skeleton.  `IncompleteCommitError`
+    unless they cover the manifest's names exactly, one record each."""
     by_name: dict[str, TensorRecord] = {}
     for rec in records:
         seen = by_name.setdefault(rec.name, rec)
         if seen != rec:
             raise IncompleteCommitError(f"two different records for tensor {rec.name!r}")
-    missing = [n for n in plan.names if n not in by_name]
-    extra = sorted(set(by_name) - set(plan.names))
+    missing = [n for n in manifest.names if n not in by_name]
+    extra = sorted(set(by_name) - set(manifest.names))
     if missing or extra:
         raise IncompleteCommitError(
             f"records do not match the plan: missing {missing[:5]}, not planned {extra[:5]}")
-    return Snapshot([by_name[n] for n in plan.names], plan.skeleton)
+    return Snapshot([by_name[n] for n in manifest.names], manifest.skeleton)
 
 
-def publish(plan: CommitPlan, records: Iterable[TensorRecord], info: CommitInfo, *,
+def publish(manifest: Manifest, records: Iterable[TensorRecord], info: CommitInfo, *,
             blobs: BlobSink, refs: RefSink, ref: str) -> tuple[str, str]:
-    """Write the snapshot and the commit object, then move `ref` from the plan's parent to the
-    commit (compare-and-swap: `RefConflictError` if it moved).  Returns (commit id, snapshot id).
+    """Write the snapshot and the commit object, then move `ref` from the manifest's parent to
+    the commit (compare-and-swap: `RefConflictError` if it moved).  Returns (commit id, snapshot id).
 
     `records` as for `snapshot_of`; every chunk they name must be stored (MissingChunkError;
     nothing is published).  Call it under the write lock, as gc takes it too.
     """
-    snap = snapshot_of(plan, records)
+    snap = snapshot_of(manifest, records)
     ordered = snap.tensors
     for rec in ordered:
         for oid in rec.chunks:
@@ -584,13 +619,13 @@ def publish(plan: CommitPlan, records: Iterable[TensorRecord], info: CommitInfo,
                 raise MissingChunkError(oid)
     # Both objects read back by the reader's parsers first: nothing it refuses is published.
     snap_data = checked_encoding(snap)
-    parent = plan.parent.commit
+    parent = manifest.parent
     commit = Commit(
         parents=[parent] if parent else [], snapshot=object_id(snap_data),
         message=info.message,
         time=info.time or datetime.now(timezone.utc).isoformat(timespec="microseconds"),
         author=info.author, step=info.step, metrics=dict(info.metrics),
-        provenance=info.provenance, quant=plan.config, quality=plan.quality,
+        provenance=info.provenance, quant=manifest.config, quality=manifest.quality,
         chain_depth=max((r.depth for r in ordered), default=0),
     )
     # Both objects in one transaction (one fsync), then the ref: the commit point.

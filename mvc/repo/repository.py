@@ -309,7 +309,7 @@ class Repo:
         info = tx.info(message, step=step, metrics=clean_metrics)
         bases: pipeline.Bases = {}
         landed = tx.commit(plan, info, bases=bases, progress=progress)
-        self._remember_levels(landed.commit, landed.snapshot, plan.quantized, bases)
+        self._remember_levels(landed.commit, landed.snapshot, plan.write.quantized, bases)
         return landed.commit
 
     def commit_transaction(self) -> CommitTransaction:

@@ -80,7 +80,7 @@ class CommitTransaction:
             message=message, author=author(self.user_name, self.user_email), step=step,
             metrics=dict(metrics or {}), provenance=code_provenance(os.getcwd()))
 
-    def write(self, plan: pipeline.CommitPlan, names: Iterable[str], *,
+    def write(self, plan: pipeline.WritePlan, names: Iterable[str], *,
               bases: pipeline.Bases | None = None,
               progress: Progress | None = None) -> list[TensorRecord]:
         """`pipeline.write` into this repository's blob store (no lock: idempotent)."""
@@ -98,18 +98,19 @@ class CommitTransaction:
         is written against the records read then: deltas are made against them."""
         with self.maintenance.write_lock(self.lock_timeout):
             ref, parent = self.target()
-            if plan.quantized or parent != plan.parent.commit:
-                plan = plan.against(self.parent(parent, bool(plan.quantized)))
-            records = self.write(plan, plan.names, bases=bases, progress=progress)
-            cid, sid = pipeline.publish(plan, records, info, blobs=self.blobs, refs=self.refs,
-                                        ref=ref)
+            lossy = bool(plan.write.quantized)
+            if lossy or parent != plan.manifest.parent:
+                plan = plan.against(self.parent(parent, lossy))
+            records = self.write(plan.write, plan.write.names, bases=bases, progress=progress)
+            cid, sid = pipeline.publish(plan.manifest, records, info, blobs=self.blobs,
+                                        refs=self.refs, ref=ref)
         return Published(cid, sid)
 
-    def publish(self, plan: pipeline.CommitPlan, records: Iterable[TensorRecord],
+    def publish(self, manifest: pipeline.Manifest, records: Iterable[TensorRecord],
                 info: pipeline.CommitInfo, *, ref: str, again: bool = False,
                 landed: Callable[[Published], None] | None = None) -> Published:
         """Publish records written earlier (by any number of writers) under the write lock:
-        `ref` moves from the plan's parent to the new commit, or `RefConflictError`.
+        `ref` moves from the manifest's parent to the new commit, or `RefConflictError`.
 
         `again`: the parent may be an earlier attempt of this very commit (its outcome was
         lost): when `ref` is still at it and its snapshot is exactly the one this would
@@ -117,25 +118,25 @@ class CommitTransaction:
         the moment the commit point has passed, before anything else can fail."""
         records = list(records)
         with self.maintenance.write_lock(self.lock_timeout):
-            head = plan.parent.commit
-            sid = self._same_as(head, ref, plan, records) if again else None
+            head = manifest.parent
+            sid = self._same_as(head, ref, manifest, records) if again else None
             if head is not None and sid is not None:
                 out = Published(head, sid, reused=True)
             else:
-                out = Published(*pipeline.publish(plan, records, info, blobs=self.blobs,
+                out = Published(*pipeline.publish(manifest, records, info, blobs=self.blobs,
                                                   refs=self.refs, ref=ref))
             if landed is not None:
                 landed(out)
         return out
 
-    def _same_as(self, head: str | None, ref: str, plan: pipeline.CommitPlan,
+    def _same_as(self, head: str | None, ref: str, manifest: pipeline.Manifest,
                  records: list[TensorRecord]) -> str | None:
         """`head`'s snapshot id when `ref` is still at `head` and that snapshot is exactly the
         one `publish` would write; else None (call under the write lock)."""
         if head is None or self.refs.read_ref(ref) != head:
             return None   # publish then refuses, or makes the commit, with its own checks
         try:
-            snap = pipeline.snapshot_of(plan, records)
+            snap = pipeline.snapshot_of(manifest, records)
         except pipeline.IncompleteCommitError:
             return None
         sid = self.odb.read_commit(head).snapshot

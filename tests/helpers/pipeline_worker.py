@@ -18,7 +18,7 @@ def main(job: str, out: str) -> None:
     with open(job, "rb") as fh:
         path, plan, names = pickle.load(fh)
     with Repo(path) as repo:
-        records = pipeline.write(plan, names, blobs=repo.store,
+        records = pipeline.write(plan, names, blobs=repo.store.blobs,
                                  read_quantized=repo.reader.read_quantized)
     with open(out, "wb") as fh:
         pickle.dump(records, fh)

@@ -77,7 +77,7 @@ def write_in_processes(tmp: Path, repo: Repo, plan: pipeline.CommitPlan, shares:
     for i, names in enumerate(shares):
         job, out = tmp / f"job{i}.pkl", tmp / f"records{i}.pkl"
         with open(job, "wb") as fh:  # each writer is sent only the tensors it writes
-            pickle.dump((str(repo.path), plan.subset(names), names), fh)
+            pickle.dump((str(repo.path), plan.write.subset(names), names), fh)
         procs.append(subprocess.Popen([sys.executable, str(HELPERS / "pipeline_worker.py"), str(job),
                                        str(out)], env=env, stderr=subprocess.PIPE, text=True))
         outs.append(out)
@@ -93,31 +93,31 @@ def write_in_processes(tmp: Path, repo: Repo, plan: pipeline.CommitPlan, shares:
 
 def publish(repo: Repo, plan, records, message: str) -> tuple[str, str]:
     info = pipeline.CommitInfo(message=message, author="test <t@example.com>")
-    with repo.store.write_lock(10.0):
-        return pipeline.publish(plan, records, info, blobs=repo.store, refs=repo.store,
-                                ref=R.HEADS + "main")
+    with repo.store.maintenance.write_lock(10.0):
+        return pipeline.publish(plan.manifest, records, info, blobs=repo.store.blobs,
+                                refs=repo.store.refs, ref=R.HEADS + "main")
 
 
 def halves(plan: pipeline.CommitPlan) -> list[list[str]]:
     # Interleaved, so each writer gets quantized and exact tensors alike.
-    return [plan.names[0::2], plan.names[1::2]]
+    return [plan.write.names[0::2], plan.write.names[1::2]]
 
 
 def test_lossless_writes_from_two_processes_then_one_publish_restore_exactly(tmp_path):
     repo = open_repo(tmp_path / "r", "lossless")
     state = trained_state(3)
     plan = make_plan(repo, state, pipeline.Quantization("lossless"))
-    assert not plan.quantized and len(plan.names) >= 8
+    assert not plan.write.quantized and len(plan.manifest.names) >= 8
     records = write_in_processes(tmp_path, repo, plan, halves(plan))
-    assert sorted(r.name for r in records) == sorted(plan.names)
+    assert sorted(r.name for r in records) == sorted(plan.manifest.names)
     cid, _ = publish(repo, plan, records, "two writers")
     assert repo.head() == cid and repo.fsck().ok
     assert_same(repo.read_state(cid), state)
     # A second commit on top (two writers in this process): the parent is the first.
     state2 = trained_state(5)
     plan2 = make_plan(repo, state2, pipeline.Quantization("lossless"))
-    kw = {"blobs": repo.store, "read_quantized": reader(repo)}
-    records2 = [r for names in halves(plan2) for r in pipeline.write(plan2, names, **kw)]
+    kw = {"blobs": repo.store.blobs, "read_quantized": reader(repo)}
+    records2 = [r for names in halves(plan2) for r in pipeline.write(plan2.write, names, **kw)]
     cid2, _ = publish(repo, plan2, records2, "2")
     assert repo.read_commit(cid2).parents == [cid]
     assert_same(repo.read_state(cid2), state2)
@@ -132,7 +132,7 @@ def test_lossy_writes_from_two_processes_equal_the_single_process_commit(tmp_pat
     split.commit(states[0], "c0")  # the same parent, made the ordinary way
     plan = make_plan(split, states[1], pipeline.Quantization("fixed", config=FIXED,
                                                             optimizer="compressed"))
-    assert plan.quantized and plan.domains and plan.moments  # weights and Adam moments
+    assert plan.write.quantized and plan.write.domains and plan.write.moments  # weights and Adam moments
     records = write_in_processes(tmp_path, split, plan, halves(plan))
     assert any(lossy.is_delta(r) for r in records)  # deltas against the parent were written
     cid, sid = publish(split, plan, records, "c1")
@@ -150,27 +150,30 @@ def test_plan_is_picklable_and_subsets_carry_only_their_tensors(tmp_path):
     plan = make_plan(repo, trained_state(4), pipeline.Quantization("fixed", config=FIXED,
                                                                   optimizer="compressed"))
     back = pickle.loads(pickle.dumps(plan))
-    assert back.names == plan.names and back.parent == plan.parent and back.config == plan.config
-    assert set(back.quantized) == set(plan.quantized)
-    part = plan.subset(plan.names[:3])
-    assert set(part.tensors) == set(plan.names[:3]) and part.names == plan.names
+    assert back.manifest.names == plan.manifest.names and back.write.parent == plan.write.parent \
+        and back.manifest.config == plan.manifest.config
+    assert set(back.write.quantized) == set(plan.write.quantized)
+    names = plan.write.names
+    part = plan.write.subset(names[:3])
+    assert set(part.tensors) == set(names[:3]) and part.names == names
     with pytest.raises(mvc.errors.UsageError):
-        pipeline.write(part, plan.names[3:4], blobs=repo.store, read_quantized=reader(repo))
+        pipeline.write(part, names[3:4], blobs=repo.store.blobs, read_quantized=reader(repo))
 
 
 def test_overlapping_writes_agree_and_publish_checks_what_it_is_given(tmp_path):
     repo = open_repo(tmp_path / "r", "fixed")
     repo.commit(trained_state(2), "c0")
     plan = make_plan(repo, trained_state(4), pipeline.Quantization("fixed", config=FIXED))
-    kw = {"blobs": repo.store, "read_quantized": reader(repo)}
-    a = pipeline.write(plan, plan.names, **kw)
-    b = pipeline.write(plan, plan.names[::-1][:5], **kw)  # idempotent: the same records again
-    assert b == [r for r in a if r.name in set(plan.names[::-1][:5])]
+    kw = {"blobs": repo.store.blobs, "read_quantized": reader(repo)}
+    names = plan.write.names
+    a = pipeline.write(plan.write, names, **kw)
+    b = pipeline.write(plan.write, names[::-1][:5], **kw)  # idempotent: the same records again
+    assert b == [r for r in a if r.name in set(names[::-1][:5])]
     with pytest.raises(pipeline.IncompleteCommitError) as ei:
         publish(repo, plan, a[1:], "missing one")
     assert ei.value.exit_code == 117
     other = pipeline.write(make_plan(repo, trained_state(9), pipeline.Quantization(
-        "fixed", config=FIXED)), plan.names[-1:], **kw)
+        "fixed", config=FIXED)).write, names[-1:], **kw)
     if other[0] != a[-1]:
         with pytest.raises(pipeline.IncompleteCommitError):
             publish(repo, plan, a + other, "two different records for one name")

@@ -104,7 +104,7 @@ def _written(repo: Repo, state: dict):
     settings = repo.commit_settings()
     plan = pipeline.plan(flatten(state), pipeline.Quantization(), pipeline.ParentInfo(),
                          read_quantized=repo.reader.read_quantized, settings=settings)
-    return plan, pipeline.write(plan, plan.names, blobs=repo.store,
+    return plan, pipeline.write(plan.write, plan.write.names, blobs=repo.store,
                                 read_quantized=repo.reader.read_quantized)
 
 
@@ -114,7 +114,7 @@ def test_publish_refuses_a_record_the_reader_would_refuse(repo):
     records = [dataclasses.replace(r, shape=list(BAD)) if r.name == "e" else r for r in records]
     before = set(repo.store.iter_ids())
     with pytest.raises(UnpublishableObjectError, match="2\\^48"):
-        pipeline.publish(plan, records, pipeline.CommitInfo("x", "me"), blobs=repo.store,
+        pipeline.publish(plan.manifest, records, pipeline.CommitInfo("x", "me"), blobs=repo.store,
                          refs=repo.store, ref="refs/heads/main")
     assert repo.head() is None and set(repo.store.iter_ids()) == before
 
@@ -123,7 +123,7 @@ def test_publish_refuses_a_commit_the_reader_would_refuse(repo):
     # mvc.dcp hands publish a CommitInfo of its own: the step is checked there too.
     plan, records = _written(repo, {"w": torch.ones(3)})
     with pytest.raises(UnpublishableObjectError, match="step"):
-        pipeline.publish(plan, records, pipeline.CommitInfo("x", "me", step=2**63),
+        pipeline.publish(plan.manifest, records, pipeline.CommitInfo("x", "me", step=2**63),
                          blobs=repo.store, refs=repo.store, ref="refs/heads/main")
     assert repo.head() is None
 
@@ -137,7 +137,7 @@ def _publish_unchecked(repo: Repo, state: dict, parent: str, *, shape_of_e=BAD,
     if "e" in state:
         records = [dataclasses.replace(r, shape=list(shape_of_e)) if r.name == "e" else r
                    for r in records]
-    snap = Snapshot(records, plan.skeleton).encode()
+    snap = Snapshot(records, plan.manifest.skeleton).encode()
     commit = Commit(parents=[parent], snapshot=object_id(snap), message="bad",
                     time=datetime.now(timezone.utc).isoformat(), author="old mvc", step=step)
     sid, cid = repo.store.put_many([snap, commit.encode()])
