@@ -223,14 +223,3 @@ class LmdbBlobStore(BlobStore):
     def object_bytes(self) -> int:
         """Sum of stored object lengths (a counter kept in meta; recounted if unreadable)."""
         return read_object_bytes(self._conn.handle())
-
-    def _corrupt_for_test(self, oid: str, byte_index: int) -> None:
-        """Flip one byte of a stored value, keeping its key (tests only)."""
-        key = _key(oid)
-        h = self._conn.handle()
-
-        def fn(txn: Any) -> None:
-            value = bytearray(txn.get(key, db=h.dbs["objects"]))
-            value[byte_index] ^= 0xFF
-            txn.put(key, bytes(value), db=h.dbs["objects"])
-        h.write(fn)

@@ -59,10 +59,10 @@ class LmdbStore(ComposedStore):
         """Bind to the ``.mvc`` directory `path`; the environment opens on first use."""
         self.path = os.path.realpath(os.fspath(path))
         self._conn = LmdbConnection(self.path, self.INITIAL_MAP_SIZE, check_format)
-        self._lmdb_blobs = LmdbBlobStore(self._conn, self.BATCH_BYTES, self.BATCH_ITEMS)
         self._lmdb_maintenance = LmdbMaintenance(
             self._conn, FileLock(os.path.join(self.path, LOCK_FILE)))
-        super().__init__(self._lmdb_blobs, LmdbRefStore(self._conn), self._lmdb_maintenance)
+        super().__init__(LmdbBlobStore(self._conn, self.BATCH_BYTES, self.BATCH_ITEMS),
+                         LmdbRefStore(self._conn), self._lmdb_maintenance)
 
     # ------------------------------------------------------------ lifecycle
     @classmethod
@@ -104,7 +104,3 @@ class LmdbStore(ComposedStore):
     def compact_copy(self, dest_dir: str | os.PathLike[str]) -> None:
         """Write a compacted, consistent copy of the environment into the empty `dest_dir`."""
         self._lmdb_maintenance.compact_copy(dest_dir)
-
-    def _corrupt_for_test(self, oid: str, byte_index: int) -> None:
-        """Flip one byte of a stored value, keeping its key (tests only)."""
-        self._lmdb_blobs._corrupt_for_test(oid, byte_index)

@@ -146,13 +146,6 @@ class MemoryBlobStore(_Closable, BlobStore):
         with self._mutex:
             self._objects = dict(self._objects)
 
-    def _corrupt_for_test(self, oid: str, byte_index: int) -> None:
-        """Flip one byte of a stored value in place, keeping its key (tests only)."""
-        with self._mutex:
-            blob = bytearray(self._objects[oid])
-            blob[byte_index] ^= 0xFF
-            self._objects[oid] = bytes(blob)
-
 
 class MemoryRefStore(_Closable, TransactionalRefStore):
     """Refs and reflog in dicts; a batch of updates is applied to a copy and swapped in."""
@@ -269,8 +262,3 @@ class MemoryStore(ComposedStore):
     def __init__(self) -> None:
         blobs = MemoryBlobStore()
         super().__init__(blobs, MemoryRefStore(), MemoryMaintenance(blobs))
-        self._memory_blobs = blobs
-
-    def _corrupt_for_test(self, oid: str, byte_index: int) -> None:
-        """Flip one byte of a stored value in place, keeping its key (tests only)."""
-        self._memory_blobs._corrupt_for_test(oid, byte_index)

@@ -542,11 +542,3 @@ class RemoteBlobStore(BlobStore):
             self._cache.clear()
             self._cache_bytes = 0
         self.storage.close()
-
-    def _corrupt_for_test(self, oid: str, byte_index: int) -> None:
-        """Flip one byte of a loose object (tests of integrity checking)."""
-        got = self.storage.get(loose_key(oid))
-        assert got is not None
-        data = bytearray(got.data)
-        data[byte_index] ^= 0xFF
-        self.storage.put(loose_key(oid), bytes(data))
