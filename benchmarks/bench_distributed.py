@@ -92,16 +92,16 @@ def rank_main(rank: int, root: Path, hidden: int, reps: int, n_eval: int) -> Non
             if rank == 0:
                 t = time.perf_counter()
                 res = mvc.search.find_config(tensors, previous=previous, evaluate=evaluate)
-                runs["one"].append((time.perf_counter() - t, len(res.quality["trials"]),
+                runs["one"].append((time.perf_counter() - t, len(res.quality.trials or []),
                                     res.config.to_dict() if res.config else None))
             dist.barrier()
             if rank == 0:
                 t = time.perf_counter()
                 with mvc.search.ranks():
                     res = mvc.search.find_config(tensors, previous=previous, evaluate=evaluate)
-                runs["two"].append((time.perf_counter() - t, res.quality["rounds"],
+                runs["two"].append((time.perf_counter() - t, res.quality.rounds,
                                     res.config.to_dict() if res.config else None,
-                                    len(res.quality["trials"])))
+                                    len(res.quality.trials or [])))
                 dist.broadcast_object_list(["next"], src=0)
             else:
                 mvc.search.serve_trials(tensors, evaluate=evaluate)

@@ -1,15 +1,17 @@
 """log, show, diff, stats."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
 from mvc.cli.format import echo, echo_json, human_bytes, message_lines, ratio, table
 from mvc.cli.graph import GraphRow, draw
 from mvc.errors import UsageError
+from mvc.search.record import QualityRecord
 
 if TYPE_CHECKING:
     from mvc.repo.objects import Commit
@@ -40,103 +42,103 @@ def describe_quant(q: dict) -> str:
     return out
 
 
-def describe_quality(q: dict) -> str:
+def _record(q: QualityRecord | Mapping[str, Any]) -> QualityRecord:
+    return q if isinstance(q, QualityRecord) else QualityRecord.from_json(q)
+
+
+def _or(x: Any, default: Any) -> Any:
+    return default if x is None else x
+
+
+def describe_quality(q: QualityRecord | Mapping[str, Any]) -> str:
     """One line: which metric vouched for the commit, baseline, measured value, bound."""
-    metric = q.get("metric", "?")
-    parts = [metric]
+    r = _record(q)
+    parts = [_or(r.metric, "?")]
     # A proxy's or fidelity gate's value is not a relative loss change: no baseline, no %.
-    relative = _gate_name(q) in ("metric", "per-example-ucb")
-    if relative and q.get("baseline") is not None and q.get("value") is not None:
-        parts.append(f"baseline {q['baseline']:.6g} -> {q['value']:.6g}")
-    if relative and q.get("degradation") is not None:
-        parts.append(f"degradation {q['degradation']:+.3%} (bound {q.get('epsilon', 0):.2%})")
-    elif q.get("value") is not None:
-        parts.append(f"value {q['value']:.4g}")
-    if q.get("evaluations") is not None:
-        parts.append(f"{q['evaluations']} evaluations ({q.get('mode', '?')})")
-    if q.get("stored"):
-        parts.append(q["stored"])
+    relative = r.gate_name in ("metric", "per-example-ucb")
+    if relative and r.baseline is not None and r.value is not None:
+        parts.append(f"baseline {r.baseline:.6g} -> {r.value:.6g}")
+    if relative and r.degradation is not None:
+        parts.append(f"degradation {r.degradation:+.3%} (bound {_or(r.epsilon, 0):.2%})")
+    elif r.value is not None:
+        parts.append(f"value {r.value:.4g}")
+    if r.evaluations is not None:
+        parts.append(f"{r.evaluations} evaluations ({_or(r.mode, '?')})")
+    if r.stored:
+        parts.append(r.stored)
     return "; ".join(parts)
 
 
-def _gate_name(q: dict) -> str:
-    """The gate of a quality record; records written before issue 15 are inferred."""
-    gate = q.get("gate")
-    if gate:
-        return str(gate)
-    if q.get("metric") == "rel_l2_weights":
-        return "none"  # commit.mode = fixed: measured, never checked against a bound
-    return "proxy" if str(q.get("metric", "")).startswith("proxy") else "metric"
+def _pct(x: float | None) -> str:
+    return f"{x:+.2%}"  # None raises, as it always did: such a record names no measurement
 
 
-def _pct(x: float) -> str:
-    return f"{x:+.2%}"
-
-
-def describe_gate(q: dict) -> str:
+def describe_gate(q: QualityRecord | Mapping[str, Any]) -> str:
     """One line: which gate vouched for the commit, in its own units, and the tensor cap."""
-    gate = _gate_name(q)
-    eps = q.get("epsilon")
+    r = _record(q)
+    gate = r.gate_name
+    eps = r.epsilon
     if gate == "none":
-        main = f"none (fixed config; relative L2 error of the weights {q.get('value', 0):.4g}"
-        if q.get("max_distortion") is not None:
-            main += f", worst tensor {q['max_distortion']:.3g} ({q.get('worst_tensor')})"
+        main = f"none (fixed config; relative L2 error of the weights {_or(r.value, 0):.4g}"
+        if r.max_distortion is not None:
+            main += f", worst tensor {r.max_distortion:.3g} ({r.worst_tensor})"
         main += ")"
-    elif q.get("value") is None:
+    elif r.value is None:
         main = f"{gate}: no configuration passed"
     elif gate == "fidelity":
-        mean = q.get("fidelity", q["value"])
-        ucb, conf = q.get("fidelity_ucb"), q.get("confidence")
+        mean = _or(r.fidelity, r.value)
+        ucb, conf = r.fidelity_ucb, r.confidence
         if ucb is not None and conf is not None:  # gated on the upper confidence bound
-            main = (f"fidelity ({q.get('fidelity_metric')}): {conf:.0%} upper bound {ucb:.4g} "
-                    f"{q.get('units', '')} <= {q.get('threshold', eps):g} (mean {mean:.4g}), "
+            main = (f"fidelity ({r.fidelity_metric}): {conf:.0%} upper bound {ucb:.4g} "
+                    f"{_or(r.units, '')} <= {_or(r.threshold, eps):g} (mean {mean:.4g}), "
                     "agreement with the exact checkpoint")
         else:
-            main = (f"fidelity ({q.get('fidelity_metric')}): {mean:.4g} "
-                    f"{q.get('units', '')} <= {q.get('threshold', eps):g}, agreement with the "
+            main = (f"fidelity ({r.fidelity_metric}): {mean:.4g} "
+                    f"{_or(r.units, '')} <= {_or(r.threshold, eps):g}, agreement with the "
                     "exact checkpoint")
     elif gate == "per-example-ucb":
-        ucb = q.get("ucb")
-        main = (f"per-example-ucb: {q.get('confidence', 0.95):.0%} upper bound "
+        ucb = r.ucb
+        main = (f"per-example-ucb: {_or(r.confidence, 0.95):.0%} upper bound "
                 f"{_pct(ucb) if ucb is not None else '?'} <= {eps:.2%} (mean "
-                f"{_pct(q['degradation'])}, {q.get('examples', '?')} examples)")
+                f"{_pct(r.degradation)}, {_or(r.examples, '?')} examples)")
     elif gate == "proxy":
-        main = (f"proxy: weighted relative L2 reconstruction error {q['value']:.4g} <= "
+        main = (f"proxy: weighted relative L2 reconstruction error {r.value:.4g} <= "
                 f"{eps:g} (not a loss bound)")
     else:
-        main = (f"metric: relative degradation {_pct(q['degradation'])} <= {eps:.2%} "
+        main = (f"metric: relative degradation {_pct(r.degradation)} <= {eps:.2%} "
                 "(one measurement, no noise bound)")
-    cap = q.get("tensor_cap")
+    cap = r.tensor_cap
     if cap is not None:
-        worst = q.get("max_distortion")
+        worst = r.max_distortion
         main += f"; tensor cap {cap:g}"
         if worst is not None:
-            main += f" (worst {worst:.3g}, {q.get('worst_tensor')})"
+            main += f" (worst {worst:.3g}, {r.worst_tensor})"
     elif gate != "none":
         main += "; no tensor cap"
-    if q.get("suspicious"):
+    if r.suspicious:
         main += "; SUSPICIOUS: measured better than the original beyond noise"
-    if q.get("mode") == "fixed" and gate != "none":
+    if r.mode == "fixed" and gate != "none":
         main = "fixed config, measured (not chosen) by the " + main
-    if q.get("outside"):  # a fixed config stored although outside its bounds (fixed_gate warn)
-        main += "; OUTSIDE: " + "; ".join(q["outside"]) + " (stored as configured)"
+    if r.outside:  # a fixed config stored although outside its bounds (fixed_gate warn)
+        main += "; OUTSIDE: " + "; ".join(r.outside) + " (stored as configured)"
     return main
 
 
-def short_gate(q: dict) -> str:
+def short_gate(q: QualityRecord | Mapping[str, Any]) -> str:
     """The gate's measurement and bound, for `mvc log`."""
-    gate = _gate_name(q)
-    eps = q.get("epsilon", 0)
+    r = _record(q)
+    gate = r.gate_name
+    eps = _or(r.epsilon, 0)
     if gate == "fidelity":
-        if q.get("fidelity_ucb") is not None and q.get("confidence") is not None:
-            return (f"fidelity {q.get('fidelity_metric')} ucb {q['fidelity_ucb']:.3g} "
+        if r.fidelity_ucb is not None and r.confidence is not None:
+            return (f"fidelity {r.fidelity_metric} ucb {r.fidelity_ucb:.3g} "
                     f"(bound {eps:g})")
-        return f"fidelity {q.get('fidelity_metric')} {q['degradation']:.3g} (bound {eps:g})"
-    if gate == "per-example-ucb" and q.get("ucb") is not None:
-        return f"quality ucb {_pct(q['ucb'])} (bound {eps:.2%})"
+        return f"fidelity {r.fidelity_metric} {r.degradation:.3g} (bound {eps:g})"
+    if gate == "per-example-ucb" and r.ucb is not None:
+        return f"quality ucb {_pct(r.ucb)} (bound {eps:.2%})"
     if gate == "proxy":
-        return f"proxy rel-L2 {q['degradation']:.3g} (bound {eps:g})"
-    return f"quality {_pct(q['degradation'])} (bound {eps:.2%})"
+        return f"proxy rel-L2 {r.degradation:.3g} (bound {eps:g})"
+    return f"quality {_pct(r.degradation)} (bound {eps:.2%})"
 
 
 def storage_line(c: Commit, raw: int, stored: int) -> str:
@@ -144,17 +146,17 @@ def storage_line(c: Commit, raw: int, stored: int) -> str:
     e.g. '12.1 MiB -> 0.4 MiB (30.25x); lossy: 16 bins, prune 0.2, gate quality +0.40%
     (bound 1.00%)' or '...; lossless: no feasible configuration'."""
     sizes = f"{human_bytes(raw)} -> {human_bytes(stored)} ({ratio(raw / stored) if stored else '-'})"
-    q = c.quality or {}
+    r = QualityRecord.from_json(c.quality or {})
     if not c.quant:
         # No quantization: asked for (commit.mode lossless, --lossless), or the search found
         # no configuration within the bound; the pipeline records the latter in `stored`.
-        return f"{sizes}; {q.get('stored') or 'lossless'}"
+        return f"{sizes}; {r.stored or 'lossless'}"
     how = f"lossy: {c.quant.get('bins')} bins, prune {c.quant.get('prune', 0):g}"
-    if _gate_name(q) == "none":
-        return f"{sizes}; {how}, no gate (fixed config, relative L2 error {q.get('value', 0):.3g})"
-    if q.get("degradation") is None:
-        return f"{sizes}; {how}, gate {describe_gate(q)}"
-    return f"{sizes}; {how}, gate {short_gate(q)}"
+    if r.gate_name == "none":
+        return f"{sizes}; {how}, no gate (fixed config, relative L2 error {_or(r.value, 0):.3g})"
+    if r.degradation is None:
+        return f"{sizes}; {how}, gate {describe_gate(r)}"
+    return f"{sizes}; {how}, gate {short_gate(r)}"
 
 
 def commit_dict(c: Commit) -> dict:
@@ -202,7 +204,7 @@ def log(rev: str, oneline: bool, graph: bool, max_count: int | None, all_refs: b
         extra += [f"{k}={v:g}" for k, v in c.metrics.items()]
         if c.quant:
             extra.append(describe_quant(c.quant))
-        if c.quality and c.quality.get("degradation") is not None:
+        if c.quality and QualityRecord.from_json(c.quality).degradation is not None:
             extra.append(short_gate(c.quality))
         if extra:
             echo(f"{pad}Info:   {', '.join(extra)}")
@@ -292,8 +294,9 @@ def show(rev: str, stat_only: bool, as_json: bool) -> None:
     if c.quant:
         echo(f"Quant:   {describe_quant(c.quant)}")
     if c.quality:
-        echo(f"Quality: {describe_quality(c.quality)}")
-        echo(f"Gate:    {describe_gate(c.quality)}")
+        record = QualityRecord.from_json(c.quality)
+        echo(f"Quality: {describe_quality(record)}")
+        echo(f"Gate:    {describe_gate(record)}")
     echo()
     for line in message_lines(c.message):
         echo(f"    {line}", multiline=True)

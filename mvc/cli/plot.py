@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mvc.errors import UsageError
+from mvc.search.record import QualityRecord
 
 if TYPE_CHECKING:
     from mvc.repo.repository import Repo
@@ -88,11 +89,11 @@ def _degradation(ax: Any, commits: list) -> None:
     """Each commit's measured degradation (points) and its bound ε (a step line), labelled."""
     pts, bounds = [], []
     for i, c in enumerate(commits):
-        q = c.quality or {}
-        if q.get("degradation") is not None:
-            pts.append((i, float(q["degradation"])))
-        if q.get("epsilon") is not None:
-            bounds.append((i, float(q["epsilon"])))
+        q = QualityRecord.from_json(c.quality or {})
+        if q.degradation is not None:
+            pts.append((i, float(q.degradation)))
+        if q.epsilon is not None:
+            bounds.append((i, float(q.epsilon)))
     if bounds:
         ax.step([i for i, _ in bounds], [e for _, e in bounds], where="mid", color="tab:red",
                 linestyle="--")

@@ -61,6 +61,7 @@ from mvc.quant import QuantConfig, QuantPolicy
 from mvc.search import SearchSpace, serve_trials
 from mvc.search.parallel import Ranks
 from mvc.search.parallel import ranks as search_ranks
+from mvc.search.record import QualityRecord
 from mvc.search.space import short
 from mvc.state import flatten, unflatten
 
@@ -295,38 +296,37 @@ class Tracker:
             kw["space"] = self.space
         cid = self.repo.commit(state, message, step=step, metrics=metrics, **kw)
         c = self.repo.read_commit(cid)
-        record = c.quality
+        record = QualityRecord.from_json(c.quality or {})
         self.previous = QuantConfig.from_dict(c.quant) if c.quant else None
         restored, self._restored_from = self._restored_from, None
-        if (not c.quant and record and str(record.get("stored", "")).startswith("lossless")
-                and record.get("mode") != "nothing-to-quantize"):
+        if not c.quant and c.quality and record.lossless_fallback:
             self._warn_lossless(cid, record, restored)
         self.history.append({
             "commit": cid, "step": step, "background": background, "blocking_s": blocking,
             "job_s": time.perf_counter() - t0,
-            "evaluations": (record or {}).get("evaluations"), "mode": (record or {}).get("mode"),
-            "degradation": (record or {}).get("degradation"), "config": short(self.previous),
-            "quality": record,
+            "evaluations": record.evaluations, "mode": record.mode,
+            "degradation": record.degradation, "config": short(self.previous),
+            "quality": c.quality,
         })
         return cid
 
-    def _warn_lossless(self, cid: str, record: Mapping[str, Any], restored: str | None) -> None:
+    def _warn_lossless(self, cid: str, record: QualityRecord, restored: str | None) -> None:
         """Say so when the search found no configuration within the bound: the commit is
         stored exactly (full size), which must never pass silently."""
-        closest = record.get("closest") or {}
-        deg, cfg = closest.get("degradation"), closest.get("config") or {}
-        if isinstance(deg, (int, float)):
+        deg, cfg = record.closest_degradation, record.closest_config
+        if deg is not None:
             measured = (f"the closest trial, {cfg.get('bins')} bins / prune {cfg.get('prune')}, "
                         f"measured {deg:+.3g}")
-            if closest.get("refused"):
-                measured += f" and was refused by {closest['refused']}"
+            if record.closest_refused:
+                measured += f" and was refused by {record.closest_refused}"
         else:
             measured = "no trial measured"
         after = f" (the first since restore({restored!r}))" if restored else ""
         warnings.warn(MvcWarning(
             f"Tracker: commit {cid[:12]}{after} was stored losslessly: no quantization config kept "
-            f"{record.get('metric', 'the quality metric')} within epsilon {record.get('epsilon')} "
-            f"({measured}); check the quality function and epsilon (mvc show {cid[:12]})"), stacklevel=3)
+            f"{record.metric if record.metric is not None else 'the quality metric'} within epsilon "
+            f"{record.epsilon} ({measured}); check the quality function and epsilon "
+            f"(mvc show {cid[:12]})"), stacklevel=3)
 
     def _metric_name(self) -> str | None:
         if self.quality is None:

@@ -12,6 +12,7 @@ from mvc.errors import UsageError
 from mvc.quant import QuantConfig, QuantPolicy
 from mvc.repo import pipeline
 from mvc.repo.config import Config
+from mvc.search.plan import Quantization
 from mvc.search.space import SearchSpace
 
 
@@ -28,7 +29,7 @@ def commit_settings(config: Config) -> pipeline.CommitSettings:
 
 def quantization(config: Config, lossless: bool | None, quant: QuantConfig | None,
                  policy: QuantPolicy | None, quality: Callable[[Any], float] | None,
-                 epsilon: float | None, space: SearchSpace | None) -> pipeline.Quantization:
+                 epsilon: float | None, space: SearchSpace | None) -> Quantization:
     """How this commit stores tensors, from its arguments and `commit.*` config."""
     if quant is not None and not isinstance(quant, QuantConfig):
         raise UsageError(f"quant must be a mvc.quant.QuantConfig, got {type(quant).__name__}")
@@ -42,7 +43,7 @@ def quantization(config: Config, lossless: bool | None, quant: QuantConfig | Non
                              "quant= or lossless=True")
     mode = config.get("commit.mode")
     if lossless or (quant is None and space is None and mode == "lossless"):
-        return pipeline.Quantization("lossless", policy=policy)
+        return Quantization("lossless", policy=policy)
     optimizer = str(config.get("commit.optimizer"))
     if quant is None and space is None and mode == "fixed":
         configured = config.get("commit.quant")
@@ -60,14 +61,14 @@ def quantization(config: Config, lossless: bool | None, quant: QuantConfig | Non
         # under 1% held-out loss while still compressing (docs/quality.md, bench_nohook),
         # so lossy commits are opt-in: a quality function, an explicit bound on the proxy
         # (epsilon= / --epsilon / quality.epsilon), a search space, or a fixed config.
-        return pipeline.Quantization("lossless", policy=policy)
-    if quant is not None:  # measured by the gates, not searched (pipeline.gate_fixed)
-        return pipeline.Quantization("fixed", config=quant, policy=policy, optimizer=optimizer,
+        return Quantization("lossless", policy=policy)
+    if quant is not None:  # measured by the gates, not searched (mvc.search.plan.gate_fixed)
+        return Quantization("fixed", config=quant, policy=policy, optimizer=optimizer,
                                      quality=quality, epsilon=epsilon,
                                      tensor_cap=config.get("quality.tensor_cap"),
                                      fixed_rule=str(config.get("commit.fixed_gate")),
                                      moment_cap=config.get("quality.moment_cap"))
-    return pipeline.Quantization("search", space=space, quality=quality, epsilon=epsilon,
+    return Quantization("search", space=space, quality=quality, epsilon=epsilon,
                                  policy=policy, optimizer=optimizer,
                                  tensor_cap=config.get("quality.tensor_cap"),
                                  moment_cap=config.get("quality.moment_cap"))

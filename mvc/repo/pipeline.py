@@ -1,8 +1,9 @@
 """The commit pipeline in three stages: plan -> write -> publish.
 
-    plan     flatten the state and decide, per tensor, how it is stored: an exact codec, or
+    plan     decide, per tensor of the flattened state, how it is stored: an exact codec, or
              quantized (a fixed config, the config search, optimizer-moment compression,
-             first-moment bounds).  No store writes.
+             first-moment bounds: `mvc.search.plan_quantization`, given the parent's config
+             and centroids).  No store writes.
     write    encode the tensors a caller names and store their payload chunks; returns the
              `TensorRecord`s.  Chunks are content-addressed, so writing is idempotent: any
              number of processes may write disjoint or even overlapping names of one plan at
@@ -32,7 +33,7 @@ for the one compare-and-swap and plain configuration values (`CommitSettings`).
 from __future__ import annotations
 
 import dataclasses
-import warnings
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -40,20 +41,16 @@ from typing import Any, Protocol
 
 import torch
 
-import mvc.search
 from mvc.codecs.base import BytesLike, tensor_codec
-from mvc.errors import InternalError, MvcError, MvcWarning, UsageError
+from mvc.errors import InternalError, UsageError
 from mvc.native.parallel import pmap
 from mvc.progress import Progress, phase
-from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy, quantize_state
-from mvc.quant.optimizer import moment_ratio_bound, quantize_optimizer_state, zeroed_moment
+from mvc.quant import QuantizedTensor
 from mvc.repo import lossy
 from mvc.repo.objects import (Commit, Snapshot, TensorRecord, check_tensor_shape,
                               checked_encoding)
 from mvc.repo.tensors import ChunkWriter
-from mvc.search import default_policy
-from mvc.search.measure import DEFAULT_MOMENT_CAP, measure, moment_distortion
-from mvc.search.space import SearchSpace
+from mvc.search.plan import Quantization, plan_quantization
 from mvc.state import FlatState, unflatten
 from mvc.store import ObjectMissingError, object_id
 from mvc.store.writeback import BackgroundWriter
@@ -108,53 +105,6 @@ class CommitSettings:
     delta_max_ratio: float = 1.0
     chain_budget: float = 8.0
     raw_below: int = RAW_BELOW_BYTES
-
-
-#: What a fixed-config commit outside its gate's bound or the tensor cap does (see
-#: `Quantization`): the first is the default of `commit.fixed_gate`.
-FIXED_RULES = ("warn", "refuse")
-
-
-class FixedConfigRefusedError(UsageError):
-    """A fixed-config commit measured outside its quality bound or the tensor cap while
-    commit.fixed_gate = refuse; nothing was stored."""
-
-    exit_code = 190
-
-
-@dataclass(frozen=True)
-class Quantization:
-    """How a commit stores its tensors: `mode` "lossless", "fixed" (`config`) or "search"
-    (`space`, judged by `quality(candidate_state) -> loss` within `epsilon`, or by the proxy;
-    every trial keeps each quantized tensor's relative L2 error within `tensor_cap`, None: the
-    search's default); `optimizer` "exact" or "compressed" (Adam moments, ExCP-style).
-
-    A "fixed" commit is measured by the same gates (`quality`, `epsilon`, `tensor_cap`) but
-    not searched; `fixed_rule` says what a measurement outside its bound does: "warn"
-    (store as configured, record it, warn) or "refuse" (`FixedConfigRefusedError`)."""
-
-    mode: str = "lossless"
-    config: QuantConfig | None = None
-    space: SearchSpace | None = None
-    quality: Callable[[Any], float] | None = None
-    epsilon: float | None = None
-    policy: QuantPolicy | None = None
-    optimizer: str = "exact"
-    tensor_cap: float | None = None
-    fixed_rule: str = "warn"
-    moment_cap: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("lossless", "fixed", "search"):
-            raise UsageError(f"commit mode must be lossless, fixed or search, got {self.mode!r}")
-        if self.mode == "fixed" and not isinstance(self.config, QuantConfig):
-            raise UsageError("a fixed-config commit needs a mvc.quant.QuantConfig")
-        if self.fixed_rule not in FIXED_RULES:
-            raise UsageError(f"commit.fixed_gate must be one of {', '.join(FIXED_RULES)}, "
-                             f"got {self.fixed_rule!r}")
-        if self.optimizer not in ("exact", "compressed"):
-            raise UsageError(f"commit.optimizer must be 'exact' or 'compressed', "
-                             f"got {self.optimizer!r}")
 
 
 @dataclass(frozen=True)
@@ -250,7 +200,8 @@ class CommitPlan:
 def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
          read_quantized: ReadQuantized, settings: CommitSettings,
          grads: Mapping[str, torch.Tensor] | None = None) -> CommitPlan:
-    """Decide how each tensor of `flat` is stored (see `Quantization`); no store writes.
+    """Decide how each tensor of `flat` is stored (`mvc.search.plan_quantization`, see
+    `mvc.search.Quantization`); no store writes.
 
     `parent`: the commit the plan is written against; its centroids warm-start k-means
     (levels, and so deltas, stay stable) and its recorded config starts the search's
@@ -259,31 +210,16 @@ def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
     """
     for name, t in flat.tensors.items():  # before any work: what no reader takes back
         check_tensor_shape(name, t.shape)
-    config: QuantConfig | None = None
-    qmap: dict[str, QuantizedTensor | None] = {}
-    quality: dict | None = None
-    init: dict[str, torch.Tensor] = {}
-    if how.mode != "lossless":
-        init = parent_centroids(parent, read_quantized)
-        if how.mode == "fixed":
-            config = how.config
-            qmap, quality = quantize_fixed(flat.tensors, how.config, how.policy, grads, init)
-            quality = gate_fixed(flat, qmap, quality, how)
-        else:
-            config, qmap, quality = search(flat, how, parent, grads, init)
-    domains: dict[str, str] = {}
-    if config:
-        domains, report = compress_optimizer(flat.tensors, qmap, init, how.optimizer,
-                                             how.moment_cap)
-        if quality is not None and report:
-            quality = dict(quality, **report)
+    init = parent_centroids(parent, read_quantized) if how.mode != "lossless" else {}
+    q = plan_quantization(flat.tensors, how, to_state=functools.partial(unflatten, flat.skeleton),
+                          previous=parent.quant, init=init, grads=grads)
     names = list(flat.tensors)
     return CommitPlan(
         WritePlan(names=names, tensors=dict(flat.tensors), parent=parent, settings=settings,
-                  quantized={n: q for n, q in qmap.items() if q is not None}, domains=domains,
-                  moments=moment_bounds(flat.tensors, domains)),
+                  quantized=q.quantized, domains=q.domains, moments=q.moments),
         Manifest(names=list(names), skeleton=flat.skeleton,
-                 config=config.to_dict() if config is not None else None, quality=quality,
+                 config=q.config.to_dict() if q.config is not None else None,
+                 quality=q.quality.to_json() if q.quality is not None else None,
                  parent=parent.commit))
 
 
@@ -295,187 +231,6 @@ def parent_centroids(parent: ParentInfo, read_quantized: ReadQuantized) -> dict[
     # one tensor per pool thread: a parent's levels decode (or load from the level cache) apiece
     got = pmap(lambda item: read_quantized(snap, item[1]).centroids, recs)
     return {name: c for (name, _), c in zip(recs, got)}
-
-
-def quantize_fixed(tensors: Mapping[str, torch.Tensor], config: QuantConfig | None,
-                   policy: QuantPolicy | None, grads: Mapping[str, torch.Tensor] | None,
-                   init: Mapping[str, torch.Tensor] | None = None
-                   ) -> tuple[dict[str, QuantizedTensor | None], dict]:
-    """(name -> QuantizedTensor or None, quality record) for one config."""
-    assert config is not None
-    qmap = quantize_state(tensors, config, policy or _default_policy(), grads,
-                          nonfinite="lossless", init=init)
-    err = ref = 0.0
-    for name, q in qmap.items():
-        if q is not None:
-            w = tensors[name].detach()
-            err += float(torch.linalg.vector_norm((q.dequantize() - w).float())) ** 2
-            ref += float(torch.linalg.vector_norm(w.float())) ** 2
-    rel = (err / ref) ** 0.5 if ref > 0 else 0.0
-    # No gate chose a fixed config: `gate_fixed` measures it (worst tensor, quality).
-    quality = {"metric": "rel_l2_weights", "value": rel, "baseline": 0.0, "bound": None,
-               "quantized_tensors": sum(q is not None for q in qmap.values()), "gate": "none"}
-    return qmap, quality
-
-
-def gate_fixed(flat: FlatState, qmap: Mapping[str, QuantizedTensor | None], record: dict,
-               how: Quantization) -> dict:
-    """Measure a fixed config with the search's gates and apply `how.fixed_rule`.
-
-    The record keeps `value` = the weights' relative L2 error when no quality function
-    is given (gate "none"); with one, the gate it selects measures the config once
-    (`value`, `degradation`, `ucb` / `fidelity`, `within_bound`) and the weights' error
-    moves to `rel_l2_weights`.  `within_cap` says whether every quantized tensor kept
-    its relative L2 error within `how.tensor_cap`; `outside` lists what did not."""
-    cap = mvc.search.DEFAULT_TENSOR_CAP if how.tensor_cap is None else how.tensor_cap
-    evaluate = None
-    if how.quality is not None:
-        quality, skeleton = how.quality, flat.skeleton
-
-        def evaluate(candidate: dict[str, torch.Tensor]) -> Any:
-            return quality(unflatten(skeleton, candidate))
-    epsilon = mvc.search.DEFAULT_EPSILON if how.epsilon is None else how.epsilon
-    m = measure(flat.tensors, qmap, evaluate=evaluate, epsilon=epsilon, tensor_cap=cap)
-    rec = dict(record, mode="fixed", **{k: v for k, v in m.items() if k != "quality_value"})
-    if evaluate is not None:
-        rec.update(metric=f"fixed-config:{m['gate']}", value=m["quality_value"],
-                   rel_l2_weights=record["value"])
-    outside = []
-    if not m["within_cap"]:
-        outside.append(f"tensor {m['worst_tensor']} has relative L2 error "
-                       f"{m['max_distortion']:.4g} > quality.tensor_cap {cap:g}")
-    if evaluate is not None and not m["within_bound"]:
-        outside.append(f"the {m['gate']} gate measured it outside its bound "
-                       f"({_measured(m)})")
-    if outside:
-        rec["outside"] = outside
-        what = "; ".join(outside)
-        if how.fixed_rule == "refuse":
-            raise FixedConfigRefusedError(
-                f"fixed config refused: {what}; nothing stored (commit.fixed_gate = refuse; "
-                "'warn' stores it as configured)")
-        warnings.warn(MvcWarning(f"fixed config stored as configured, but {what} "
-                                 "(commit.fixed_gate = refuse refuses such a commit)"),
-                      stacklevel=4)
-    return rec
-
-
-def _measured(m: Mapping[str, Any]) -> str:
-    def num(x: Any) -> str:
-        return "inf" if x is None else f"{x:.4g}"
-    if m["gate"] == "fidelity":
-        if m.get("confidence") is not None and m.get("fidelity_ucb") is not None:
-            return f"upper bound {num(m['fidelity_ucb'])} > {m['epsilon']:g}"
-        return f"{num(m.get('fidelity'))} > {m['epsilon']:g}"
-    if m["gate"] == "per-example-ucb":
-        return f"upper bound {num(m.get('ucb'))} > {m['epsilon']:g}"
-    return f"relative degradation {num(m.get('degradation'))} > {m['epsilon']:g}"
-
-
-def search(flat: FlatState, how: Quantization, parent: ParentInfo,
-           grads: Mapping[str, torch.Tensor] | None, init: Mapping[str, torch.Tensor]
-           ) -> tuple[QuantConfig | None, dict[str, QuantizedTensor | None], dict]:
-    """The commit hook: the most compressive config of `how.space` within `how.epsilon`,
-    starting from the parent's config (Inshrinkerator §5)."""
-    previous = None
-    if parent.quant:
-        try:
-            previous = QuantConfig.from_dict(parent.quant)
-        except MvcError:  # written by another version: start afresh
-            previous = None
-    evaluate = None
-    quality = how.quality
-    if quality is not None:
-        skeleton = flat.skeleton
-
-        def evaluate(candidate: dict[str, torch.Tensor]) -> float:
-            return quality(unflatten(skeleton, candidate))
-    # Through the package, not a name bound at import: callers (tests, a Tracker) may wrap it.
-    result = mvc.search.find_config(
-        flat.tensors, evaluate=evaluate, epsilon=how.epsilon, previous=previous, grads=grads,
-        policy=how.policy or _default_policy(), space=how.space,
-        metric_name=getattr(quality, "__name__", None) if quality else None,
-        init=init, tensor_cap=how.tensor_cap)
-    if result.config is None:
-        return None, {}, dict(result.quality, stored="lossless: no feasible configuration")
-    return result.config, dict(result.qmap), result.quality
-
-
-#: Guard rail on compressed first moments (linear domain): a restored m may not be further
-#: from m than zeros are (relative L2 error 1): never worse than dropping the momentum.
-#: The default scheme (85% pruned, 2 levels) measures 0.55-1.0 on bench_e2e's models by
-#: design, and 1.15 on the CNN's largest layer after 200 steps (docs/quality.md): such a
-#: moment is stored as zeros (all pruned), which is exactly at the cap and costs nothing.
-FIRST_MOMENT_CAP = 1.0
-
-
-def compress_optimizer(tensors: Mapping[str, torch.Tensor],
-                       qmap: dict[str, QuantizedTensor | None],
-                       init: Mapping[str, torch.Tensor], policy: str,
-                       moment_cap: float | None = None) -> tuple[dict[str, str], dict]:
-    """Add optimizer moments to `qmap` when `policy` is "compressed".
-
-    Returns (name -> domain, record fields).  Guard rail: each compressed moment's error
-    in the quantity Adam uses (`mvc.search.measure.moment_distortion`) must stay within
-    its cap -- FIRST_MOMENT_CAP for first moments, `moment_cap` (config
-    `quality.moment_cap`; None: the default) for second moments' sqrt(v); a second moment
-    over its cap is stored exactly instead (`moments_exact`), a first moment over it as
-    zeros (`moments_zeroed`: no worse than the cap, at no cost).  The record carries
-    `moment_cap` and the worst error per domain (`moment_distortion`).
-    `init`: the parent's centroids by name, to warm-start the moments' k-means.
-    """
-    if policy == "exact":
-        return {}, {}
-    cap_v = DEFAULT_MOMENT_CAP if moment_cap is None else moment_cap
-    caps = {"linear": FIRST_MOMENT_CAP, "log": cap_v}
-    domains: dict[str, str] = {}
-    worst: dict[str, float] = {}
-    exact: list[str] = []
-    zeroed: list[str] = []
-    moments = quantize_optimizer_state(tensors, qmap, init=init)
-    # measured one moment per pool thread (a pass each; results do not depend on the split)
-    dist = dict(zip(moments, pmap(lambda n: moment_distortion(moments[n].q, moments[n].domain,
-                                                               tensors[n]), list(moments))))
-    for name, oq in moments.items():
-        d = dist[name]
-        q = oq.q
-        if not d <= caps[oq.domain] and oq.domain == "linear":
-            t = tensors[name]
-            q = zeroed_moment(t, q.bins)
-            d = moment_distortion(q, oq.domain, t)
-            zeroed.append(name)
-        worst[oq.domain] = max(worst.get(oq.domain, 0.0), d)
-        if not d <= caps[oq.domain]:
-            exact.append(name)
-            continue
-        qmap[name] = q
-        domains[name] = oq.domain
-    if not worst:
-        return domains, {}
-    report: dict[str, Any] = {
-        "moment_cap": {"linear": FIRST_MOMENT_CAP, "log": cap_v},
-        "moment_distortion": {k: (round(v, 6) if v < float("inf") else None)
-                              for k, v in worst.items()}}
-    if exact:
-        report["moments_exact"] = sorted(exact)
-    if zeroed:
-        report["moments_zeroed"] = sorted(set(zeroed) - set(exact))
-    return domains, report
-
-
-def moment_bounds(tensors: Mapping[str, torch.Tensor], domains: Mapping[str, str]
-                  ) -> dict[str, dict]:
-    """Extra record meta for compressed first moments: their second-moment partner and
-    the largest |m| / sqrt(v) of the exact state, so restore can keep Adam's step bounded."""
-    pairs = [n for n, domain in domains.items() if domain == "linear" and n.endswith("exp_avg")
-             and n + "_sq" in tensors and tensors[n].shape == tensors[n + "_sq"].shape]
-    bounds = pmap(lambda n: moment_ratio_bound(tensors[n], tensors[n + "_sq"]), pairs)
-    return {n: {"partner": n + "_sq", "ratio_bound": b} for n, b in zip(pairs, bounds)}
-
-
-def _default_policy() -> QuantPolicy:
-    # Weights only: optimizer state has its own path (`commit.optimizer`).
-    return default_policy()
 
 
 # ---------------------------------------------------------------------------- write

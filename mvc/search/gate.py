@@ -56,7 +56,7 @@ on a pretrained character transformer the damaging configs (held-out loss +1.2% 
 from +21% to +5% held-out loss without removing it, while it would refuse configs the
 CNN tolerates: the default stays 0.5, a guard rail against destroyed tensors, not a
 quality gate.  It applies to the tensors the search quantizes (the model's); optimizer
-moments have their own cap (`quality.moment_cap`, mvc.repo.pipeline.compress_optimizer).
+moments have their own cap (`quality.moment_cap`, mvc.search.plan.compress_optimizer).
 """
 from __future__ import annotations
 

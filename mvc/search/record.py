@@ -168,7 +168,8 @@ class QualityRecord:
     def updated(self, **fields: Any) -> QualityRecord:
         """This record with typed `fields` replaced (None: written as null)."""
         nulls = self.nulls | {k for k, v in fields.items() if v is None}
-        return dataclasses.replace(self, **fields, nulls=nulls)
+        extra = {k: v for k, v in self.extra.items() if k not in fields}
+        return dataclasses.replace(self, **fields, extra=extra, nulls=nulls)
 
     # ------------------------------------------------------------------ readers
     @property

@@ -30,7 +30,7 @@ def state() -> dict[str, torch.Tensor]:
 
 
 def summary(res: mvc.search.SearchResult) -> dict:
-    q = res.quality
+    q = res.quality.to_json()
     return {"config": res.config.to_dict() if res.config else None, "trials": len(q["trials"]),
             "rounds": q.get("rounds"), "ranks": q.get("ranks"), "mode": q["mode"],
             "log": q["trials"]}

@@ -17,6 +17,7 @@ from mvc.quant import QuantConfig
 from mvc.repo import lossy, pipeline
 from mvc.repo import refs as R
 from mvc.repo.repository import Repo
+from mvc.search.plan import Quantization
 from mvc.state import flatten
 from mvc.store import RefConflictError
 
@@ -63,7 +64,7 @@ def parent_of(repo: Repo) -> pipeline.ParentInfo:
     return pipeline.ParentInfo.of(head, c, c.snapshot, repo.read_snapshot(c.snapshot))
 
 
-def make_plan(repo: Repo, state, how: pipeline.Quantization) -> pipeline.CommitPlan:
+def make_plan(repo: Repo, state, how: Quantization) -> pipeline.CommitPlan:
     return pipeline.plan(flatten(state), how, parent_of(repo), read_quantized=reader(repo),
                          settings=settings(repo))
 
@@ -106,7 +107,7 @@ def halves(plan: pipeline.CommitPlan) -> list[list[str]]:
 def test_lossless_writes_from_two_processes_then_one_publish_restore_exactly(tmp_path):
     repo = open_repo(tmp_path / "r", "lossless")
     state = trained_state(3)
-    plan = make_plan(repo, state, pipeline.Quantization("lossless"))
+    plan = make_plan(repo, state, Quantization("lossless"))
     assert not plan.write.quantized and len(plan.manifest.names) >= 8
     records = write_in_processes(tmp_path, repo, plan, halves(plan))
     assert sorted(r.name for r in records) == sorted(plan.manifest.names)
@@ -115,7 +116,7 @@ def test_lossless_writes_from_two_processes_then_one_publish_restore_exactly(tmp
     assert_same(repo.read_state(cid), state)
     # A second commit on top (two writers in this process): the parent is the first.
     state2 = trained_state(5)
-    plan2 = make_plan(repo, state2, pipeline.Quantization("lossless"))
+    plan2 = make_plan(repo, state2, Quantization("lossless"))
     kw = {"blobs": repo.store.blobs, "read_quantized": reader(repo)}
     records2 = [r for names in halves(plan2) for r in pipeline.write(plan2.write, names, **kw)]
     cid2, _ = publish(repo, plan2, records2, "2")
@@ -130,7 +131,7 @@ def test_lossy_writes_from_two_processes_equal_the_single_process_commit(tmp_pat
         single.commit(s, f"c{i}")
     split = open_repo(tmp_path / "split", "fixed")
     split.commit(states[0], "c0")  # the same parent, made the ordinary way
-    plan = make_plan(split, states[1], pipeline.Quantization("fixed", config=FIXED,
+    plan = make_plan(split, states[1], Quantization("fixed", config=FIXED,
                                                             optimizer="compressed"))
     assert plan.write.quantized and plan.write.domains and plan.write.moments  # weights and Adam moments
     records = write_in_processes(tmp_path, split, plan, halves(plan))
@@ -147,7 +148,7 @@ def test_lossy_writes_from_two_processes_equal_the_single_process_commit(tmp_pat
 def test_plan_is_picklable_and_subsets_carry_only_their_tensors(tmp_path):
     repo = open_repo(tmp_path / "r", "fixed")
     repo.commit(trained_state(2), "c0")
-    plan = make_plan(repo, trained_state(4), pipeline.Quantization("fixed", config=FIXED,
+    plan = make_plan(repo, trained_state(4), Quantization("fixed", config=FIXED,
                                                                   optimizer="compressed"))
     back = pickle.loads(pickle.dumps(plan))
     assert back.manifest.names == plan.manifest.names and back.write.parent == plan.write.parent \
@@ -163,7 +164,7 @@ def test_plan_is_picklable_and_subsets_carry_only_their_tensors(tmp_path):
 def test_overlapping_writes_agree_and_publish_checks_what_it_is_given(tmp_path):
     repo = open_repo(tmp_path / "r", "fixed")
     repo.commit(trained_state(2), "c0")
-    plan = make_plan(repo, trained_state(4), pipeline.Quantization("fixed", config=FIXED))
+    plan = make_plan(repo, trained_state(4), Quantization("fixed", config=FIXED))
     kw = {"blobs": repo.store.blobs, "read_quantized": reader(repo)}
     names = plan.write.names
     a = pipeline.write(plan.write, names, **kw)
@@ -172,7 +173,7 @@ def test_overlapping_writes_agree_and_publish_checks_what_it_is_given(tmp_path):
     with pytest.raises(pipeline.IncompleteCommitError) as ei:
         publish(repo, plan, a[1:], "missing one")
     assert ei.value.exit_code == 117
-    other = pipeline.write(make_plan(repo, trained_state(9), pipeline.Quantization(
+    other = pipeline.write(make_plan(repo, trained_state(9), Quantization(
         "fixed", config=FIXED)).write, names[-1:], **kw)
     if other[0] != a[-1]:
         with pytest.raises(pipeline.IncompleteCommitError):

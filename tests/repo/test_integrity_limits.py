@@ -21,6 +21,7 @@ from mvc.repo.objects import (MAX_NUMEL, Commit, MalformedObjectError, Snapshot,
                               UnpublishableObjectError, UnstorableTensorError, check_tensor_shape,
                               checked_encoding, shape_problem)
 from mvc.repo.repository import Repo
+from mvc.search.plan import Quantization
 from mvc.state import flatten
 from mvc.store import RefUpdate, object_id
 
@@ -102,7 +103,7 @@ def test_step_outside_what_the_reader_accepts_is_refused(repo):
 
 def _written(repo: Repo, state: dict):
     settings = repo.commit_settings()
-    plan = pipeline.plan(flatten(state), pipeline.Quantization(), pipeline.ParentInfo(),
+    plan = pipeline.plan(flatten(state), Quantization(), pipeline.ParentInfo(),
                          read_quantized=repo.reader.read_quantized, settings=settings)
     return plan, pipeline.write(plan.write, plan.write.names, blobs=repo.store,
                                 read_quantized=repo.reader.read_quantized)

@@ -15,7 +15,7 @@ import torch
 from mvc.cli.commands_history import describe_gate
 from mvc.errors import MvcWarning
 from mvc.quant import QuantConfig
-from mvc.repo.pipeline import FixedConfigRefusedError
+from mvc.search.plan import FixedConfigRefusedError
 from mvc.repo.repository import Repo
 
 HARSH = QuantConfig(bins=4, prune=0.3)

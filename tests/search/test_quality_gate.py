@@ -157,11 +157,11 @@ def test_noisy_scalar_metric_accepts_a_damaging_config_the_per_example_gate_refu
     flat = {"model/fc.weight": w}
     weak = find_config(flat, evaluate=scalar, epsilon=eps, space=SPACE)
     assert weak.config == AGGRESSIVE                  # the scalar gate certifies the damage
-    assert weak.quality["gate"] == "metric" and weak.quality["degradation"] <= eps
-    assert weak.quality["max_distortion"] <= DEFAULT_TENSOR_CAP   # the cap does not catch it
+    assert weak.quality.to_json()["gate"] == "metric" and weak.quality.to_json()["degradation"] <= eps
+    assert weak.quality.to_json()["max_distortion"] <= DEFAULT_TENSOR_CAP   # the cap does not catch it
 
     strong = find_config(flat, evaluate=per_example, epsilon=eps, space=SPACE)
-    q = strong.quality
+    q = strong.quality.to_json()
     assert strong.config != AGGRESSIVE and q["gate"] == "per-example-ucb"
     tried = {(t["config"]["bins"], t["config"]["prune"]): t for t in q["trials"]}
     refused = tried[(6, 0.5)]
@@ -181,9 +181,9 @@ def test_per_example_record_flags_a_suspicious_winner(linear):
         exact = torch.equal(t["model/fc.weight"], w)
         return losses(t["model/fc.weight"], idx) * (1.0 if exact else 0.5)
     res = find_config({"model/fc.weight": w}, evaluate=too_good, epsilon=0.01, space=SPACE)
-    assert res.config is not None and res.quality["suspicious"] is True
-    assert res.quality["suspicious_trials"] == len(res.quality["trials"])
-    assert all(t["suspicious"] for t in res.quality["trials"])
+    assert res.config is not None and res.quality.to_json()["suspicious"] is True
+    assert res.quality.to_json()["suspicious_trials"] == len(res.quality.to_json()["trials"])
+    assert all(t["suspicious"] for t in res.quality.to_json()["trials"])
 
 
 # ------------------------------------------------------------------ the distortion cap
@@ -193,10 +193,10 @@ def test_distortion_cap_refuses_what_a_loose_metric_accepts():
     flat = {"model/fc.weight": w}
     loose = find_config(flat, evaluate=lambda t: 1.0, tensor_cap=math.inf)
     assert (loose.config.bins, loose.config.prune) == (4, 0.5)   # everything passes
-    assert loose.quality["max_distortion"] > DEFAULT_TENSOR_CAP and loose.quality["tensor_cap"] is None
+    assert loose.quality.to_json()["max_distortion"] > DEFAULT_TENSOR_CAP and loose.quality.to_json()["tensor_cap"] is None
 
     capped = find_config(flat, evaluate=lambda t: 1.0)
-    q = capped.quality
+    q = capped.quality.to_json()
     assert q["tensor_cap"] == DEFAULT_TENSOR_CAP and q["max_distortion"] <= DEFAULT_TENSOR_CAP
     assert q["worst_tensor"] == "model/fc.weight"
     measured = tensor_distortion(capped.qmap["model/fc.weight"], w.reshape(-1))
@@ -208,7 +208,7 @@ def test_distortion_cap_refuses_what_a_loose_metric_accepts():
 
     # the proxy gate is capped too; a cap nothing meets stores losslessly
     none = find_config(flat, tensor_cap=1e-4)
-    assert none.config is None and none.quality["gate"] == "proxy"
+    assert none.config is None and none.quality.to_json()["gate"] == "proxy"
     for bad in (0.0, -1.0, float("nan"), "0.3", True):
         with pytest.raises(SearchError):
             find_config(flat, tensor_cap=bad)
@@ -266,7 +266,7 @@ def test_fidelity_gate_accepts_within_its_threshold(classifier, metric):
     assert fid.threshold == (thr or DEFAULT_THRESHOLDS[metric]) and fid.confidence == 0.95
     calls.clear()
     res = find_config(flat, evaluate=fid)
-    q = res.quality
+    q = res.quality.to_json()
     assert res.config is not None and q["gate"] == "fidelity" and q["fidelity_metric"] == metric
     assert q["metric"] == "fidelity:" + metric and q["threshold"] == q["epsilon"] == fid.threshold
     # the reference outputs come from the exact state, once per search
@@ -293,12 +293,12 @@ def test_fidelity_gate_refuses_beyond_its_threshold(classifier, metric):
     harsh = SearchSpace(bins=(4,), prune=(0.5,), prune_metric=("magnitude",), protect=(0.0005,))
     loose = find_config(flat, evaluate=fidelity(outputs_fn, x, metric, threshold=1.0),
                         space=harsh, tensor_cap=math.inf)
-    value = loose.quality["fidelity"]
+    value = loose.quality.to_json()["fidelity"]
     assert loose.config is not None and value > DEFAULT_THRESHOLDS[metric]
     strict = find_config(flat, evaluate=fidelity(outputs_fn, x, metric), space=harsh,
                          tensor_cap=math.inf)
-    assert strict.config is None and strict.quality["gate"] == "fidelity"
-    (trial,) = strict.quality["trials"]
+    assert strict.config is None and strict.quality.to_json()["gate"] == "fidelity"
+    (trial,) = strict.quality.to_json()["trials"]
     assert trial["value"] == pytest.approx(value) and not trial["feasible"]
     # the gate is absolute: a threshold of 0 refuses any change at all
     zero = find_config(flat, evaluate=fidelity(outputs_fn, x, metric, threshold=0.0),
@@ -314,27 +314,27 @@ def test_fidelity_confidence_bound_refuses_what_the_mean_alone_accepts(classifie
     _, flat, x, outputs_fn, _ = classifier
     one = SearchSpace(bins=(6,), prune=(0.2,), prune_metric=("magnitude",), protect=(0.0005,))
     probe = find_config(flat, evaluate=fidelity(outputs_fn, x, metric, threshold=1.0),
-                        space=one, tensor_cap=math.inf).quality
+                        space=one, tensor_cap=math.inf).quality.to_json()
     mean, ucb = probe["fidelity"], probe["fidelity_ucb"]
     assert 0 < mean < ucb
     thr = (mean + ucb) / 2
     bounded = find_config(flat, evaluate=fidelity(outputs_fn, x, metric, threshold=thr),
                           space=one, tensor_cap=math.inf)
-    assert bounded.config is None and bounded.quality["trials"][0]["ucb"] == pytest.approx(ucb)
+    assert bounded.config is None and bounded.quality.to_json()["trials"][0]["ucb"] == pytest.approx(ucb)
     mean_only = find_config(flat, evaluate=fidelity(outputs_fn, x, metric, threshold=thr,
                                                     confidence=None),
                             space=one, tensor_cap=math.inf)
-    q = mean_only.quality
+    q = mean_only.quality.to_json()
     assert mean_only.config is not None and q["confidence"] is None
     assert q["fidelity"] == pytest.approx(mean) and q["fidelity_ucb"] == pytest.approx(ucb)
     # a stricter confidence widens the bound
     strict = find_config(flat, evaluate=fidelity(outputs_fn, x, metric, threshold=1.0,
                                                  confidence=0.99), space=one,
-                         tensor_cap=math.inf).quality
+                         tensor_cap=math.inf).quality.to_json()
     assert strict["fidelity_ucb"] > ucb and strict["confidence"] == 0.99
     # one example: no spread to bound, the gate reads the mean
     single = find_config(flat, evaluate=fidelity(outputs_fn, x[:1], metric, threshold=1.0),
-                         space=one, tensor_cap=math.inf).quality
+                         space=one, tensor_cap=math.inf).quality.to_json()
     assert single["fidelity_ucb"] is None and single["fidelity"] is not None
 
 
@@ -370,7 +370,7 @@ def test_non_finite_candidate_outputs_are_infeasible(classifier):
         exact = all(torch.equal(state[k], v) for k, v in flat.items())
         return out if exact else out * math.nan
     res = find_config(flat, evaluate=fidelity(broken, x))
-    assert res.config is None and all(t["value"] is None for t in res.quality["trials"])
+    assert res.config is None and all(t["value"] is None for t in res.quality.to_json()["trials"])
 
 
 # ------------------------------------------------------------------ through the repository
@@ -552,10 +552,10 @@ def test_a_suspicious_improvement_does_not_switch_the_prune_metric(linear):
             return base
         return base * 0.5 if torch.equal(cand, sens_w) else base  # sensitivity "wins" big
     res = find_config(flat, evaluate=evaluate, grads=grads, previous=prev, epsilon=0.01)
-    trials = res.quality["trials"]
+    trials = res.quality.to_json()["trials"]
     assert trials[0]["config"]["metric"] == "sensitivity" and trials[0]["suspicious"]
-    assert res.quality["mode"] == "neighbourhood"
-    assert res.config.prune_metric == "magnitude" and not res.quality.get("suspicious")
+    assert res.quality.to_json()["mode"] == "neighbourhood"
+    assert res.config.prune_metric == "magnitude" and not res.quality.to_json().get("suspicious")
 
 
 def test_a_fixed_config_commit_says_no_gate_vouched_and_records_its_worst_tensor(tmp_path):

@@ -64,15 +64,15 @@ def test_exhaustive_search_honours_epsilon_and_reuses_the_winner(trained):
     model, data, flat, ema = trained
     evaluate = evaluator(model, data)
     res = find_config(flat, evaluate=evaluate, epsilon=0.01, grads=ema)
-    assert res.config is not None and res.quality["mode"] == "exhaustive"
+    assert res.config is not None and res.quality.to_json()["mode"] == "exhaustive"
     base = evaluate(flat)
     value = evaluate(restored(flat, res.qmap))
     assert (value - base) / base <= 0.01
-    assert res.quality["baseline"] == base and res.quality["value"] == value
-    assert res.quality["degradation"] <= 0.01 and res.quality["epsilon"] == 0.01
-    assert res.evaluations == res.quality["evaluations"] == len(res.quality["trials"]) + 1
-    assert res.quality["metric"].startswith("quality:")
-    json.dumps(res.quality, allow_nan=False)
+    assert res.quality.to_json()["baseline"] == base and res.quality.to_json()["value"] == value
+    assert res.quality.to_json()["degradation"] <= 0.01 and res.quality.to_json()["epsilon"] == 0.01
+    assert res.evaluations == res.quality.to_json()["evaluations"] == len(res.quality.to_json()["trials"]) + 1
+    assert res.quality.to_json()["metric"].startswith("quality:")
+    json.dumps(res.quality.to_json(), allow_nan=False)
     # the qmap is exactly what quantize_state gives for the chosen config
     again = quantize_state(flat, res.config, default_policy(), ema, nonfinite="lossless")
     assert set(again) == set(res.qmap)
@@ -91,7 +91,7 @@ def test_search_is_deterministic(trained):
     model, data, flat, ema = trained
     a = find_config(flat, evaluate=evaluator(model, data), grads=ema)
     b = find_config(flat, evaluate=evaluator(model, data), grads=ema)
-    assert a.config == b.config and a.quality == b.quality
+    assert a.config == b.config and a.quality.to_json() == b.quality.to_json()
     assert all(torch.equal(a.qmap[k].levels, b.qmap[k].levels) for k in a.qmap if a.qmap[k] is not None)
 
 
@@ -101,15 +101,15 @@ def test_neighbourhood_search_is_cheap_and_never_more_aggressive(trained):
     first = find_config(flat, evaluate=evaluate, grads=ema)
     prev = QuantConfig(bins=16, prune=0.1, prune_metric="magnitude", protect=0.005)
     nxt = find_config(flat, evaluate=evaluate, grads=ema, previous=prev)
-    assert nxt.quality["mode"] in ("neighbourhood", "fallback-exhaustive")
-    if nxt.quality["mode"] == "neighbourhood":
+    assert nxt.quality.to_json()["mode"] in ("neighbourhood", "fallback-exhaustive")
+    if nxt.quality.to_json()["mode"] == "neighbourhood":
         c = nxt.config
         assert c.bins >= prev.bins and c.prune <= prev.prune and c.protect >= prev.protect
         assert nxt.evaluations < first.evaluations
-    assert nxt.quality["degradation"] <= 0.01
+    assert nxt.quality.to_json()["degradation"] <= 0.01
     # from its own previous winner the steady state costs at most baseline + 2 trials
     steady = find_config(flat, evaluate=evaluate, grads=ema, previous=first.config)
-    assert steady.quality["mode"] == "neighbourhood" and steady.evaluations <= 3
+    assert steady.quality.to_json()["mode"] == "neighbourhood" and steady.evaluations <= 3
     assert steady.config.bins == first.config.bins
 
 
@@ -124,9 +124,9 @@ def test_fallback_to_exhaustive_when_the_neighbourhood_fails(trained):
         return base_eval(t) + (1.0 if pruned > 0.01 else 0.0)
     prev = QuantConfig(bins=8, prune=0.2, protect=0.0005)
     res = find_config(flat, evaluate=evaluate, previous=prev)
-    assert res.quality["mode"] == "fallback-exhaustive"
+    assert res.quality.to_json()["mode"] == "fallback-exhaustive"
     assert res.config is not None and res.config.prune == 0.0
-    assert res.quality["degradation"] <= 0.01 and len(calls) == res.evaluations
+    assert res.quality.to_json()["degradation"] <= 0.01 and len(calls) == res.evaluations
 
 
 def test_nothing_feasible_means_lossless(trained):
@@ -137,34 +137,34 @@ def test_nothing_feasible_means_lossless(trained):
         return base_eval(t) + (0.0 if torch.equal(t["model/0.weight"], flat["model/0.weight"]) else 1.0)
     res = find_config(flat, evaluate=evaluate)
     assert res.config is None and all(q is None for q in res.qmap.values())
-    assert res.quality["value"] is None and res.quality["evaluations"] == res.evaluations >= 2
-    json.dumps(res.quality, allow_nan=False)
+    assert res.quality.to_json()["value"] is None and res.quality.to_json()["evaluations"] == res.evaluations >= 2
+    json.dumps(res.quality.to_json(), allow_nan=False)
 
 
 def test_nothing_to_quantize(trained):
     _, _, flat, _ = trained
     res = find_config(flat, evaluate=lambda t: 1.0, policy=QuantPolicy(min_numel=10**9))
     assert res.config is None and res.evaluations == 0
-    assert res.quality["mode"] == "nothing-to-quantize"
+    assert res.quality.to_json()["mode"] == "nothing-to-quantize"
 
 
 def test_proxy_mode(trained):
     _, _, flat, ema = trained
     res = find_config(flat)
-    assert res.quality["metric"] == "proxy:magnitude_weighted_rel_l2"
-    assert res.quality["epsilon"] == PROXY_EPSILON and res.quality["value"] <= PROXY_EPSILON
+    assert res.quality.to_json()["metric"] == "proxy:magnitude_weighted_rel_l2"
+    assert res.quality.to_json()["epsilon"] == PROXY_EPSILON and res.quality.to_json()["value"] <= PROXY_EPSILON
     assert res.evaluations == 0  # the proxy is not a quality-function call
     with_g = find_config(flat, grads=ema)
-    assert with_g.quality["metric"] == "proxy:max(magnitude,grad)_weighted_rel_l2"
+    assert with_g.quality.to_json()["metric"] == "proxy:max(magnitude,grad)_weighted_rel_l2"
 
 
 def test_sensitivity_metric_needs_gradients(trained):
     model, data, flat, ema = trained
     evaluate = evaluator(model, data)
     no_g = find_config(flat, evaluate=evaluate)
-    assert all(t["config"]["metric"] == "magnitude" for t in no_g.quality["trials"])
+    assert all(t["config"]["metric"] == "magnitude" for t in no_g.quality.to_json()["trials"])
     with_g = find_config(flat, evaluate=evaluate, grads=ema)
-    assert any(t["config"]["metric"] == "sensitivity" for t in with_g.quality["trials"])
+    assert any(t["config"]["metric"] == "sensitivity" for t in with_g.quality.to_json()["trials"])
 
 
 def test_custom_space_and_errors(trained):
