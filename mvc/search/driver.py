@@ -30,9 +30,7 @@ import torch
 
 from mvc.errors import InternalError
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy
-from mvc.quant.error import level_histogram
 from mvc.quant.optimizer import OPTIMIZER_STATE_PATTERNS
-from mvc.quant.partition import Thresholds
 from mvc.search.fidelity import FidelityJudge, FidelityOutputs
 from mvc.search.gate import (
     DEFAULT_CONFIDENCE,
@@ -48,9 +46,11 @@ from mvc.search.measure import choose_judge
 from mvc.search.neighbourhood import Outcome, neighbourhood, neighbourhood_search
 from mvc.search.parallel import ParallelSearchError, Ranks, active, default_ranks
 from mvc.search.prepared import Prepared
-from mvc.search.quality import DEFAULT_EPSILON, PROXY_EPSILON, proxy_error, proxy_name
-from mvc.search.record import QualityRecord
+from mvc.search.quality import DEFAULT_EPSILON, PROXY_EPSILON, proxy_name
+from mvc.search.quality import finite as _finite
 from mvc.search.space import Point, SearchError, SearchSpace, short
+from mvc.search.trials import Measure, PieceKey, Pieces, TrialSource, quantize_config
+from mvc.search.trials import worst as worst_of
 
 Evaluate = Callable[[dict[str, torch.Tensor]], Any]
 #: Tensors of the optimizer state (``.../state/<param index>/...``) stay out of the search.
@@ -70,17 +70,16 @@ class SearchResult:
                  quantize: store losslessly).
     qmap:        the winning trial's quantization by tensor name (None = lossless);
                  all None when config is None.
-    quality:     the quality record (metric, baseline, value, degradation, epsilon,
+    quality:     JSON-ready record (metric, baseline, value, degradation, epsilon,
                  evaluations, mode, bits_per_param, trials; the gate that vouched
                  and its bound: gate, ucb / fidelity, tensor_cap, max_distortion,
-                 worst_tensor — see `mvc.search.gate`); `.to_json()` is what a
-                 commit stores.
+                 worst_tensor — see `mvc.search.gate`).
     evaluations: quality-function calls made, the baseline included.
     """
 
     config: QuantConfig | None
     qmap: dict[str, QuantizedTensor | None]
-    quality: QualityRecord
+    quality: dict[str, Any]
     evaluations: int
 
 
@@ -93,7 +92,7 @@ class _Trial:
     worst: float              # the largest per-tensor relative L2 error
     worst_name: str | None
     qmap: dict[str, QuantizedTensor | None] | None = field(default=None, repr=False)
-    keys: dict[tuple, QuantizedTensor] = field(default_factory=dict, repr=False)
+    keys: dict[PieceKey, Pieces] = field(default_factory=dict, repr=False)
 
     @property
     def value(self) -> float:
@@ -104,18 +103,16 @@ class _Trial:
         return self.verdict.degradation
 
 
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
 def _json_info(info: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _finite(v) if isinstance(v, float) else v for k, v in info.items()}
 
 
 class _Runner:
-    """Runs trials: quantize (with reuse), score, log; keeps the best trials' levels."""
+    """Runs trials: quantize (with reuse), score, log; keeps the best trials' levels.
+    `prep` is where the trials come from: this process's whole tensors (`Prepared`) or,
+    e.g., a sharded save's collective trials (`mvc.search.trials`)."""
 
-    def __init__(self, prep: Prepared, space: SearchSpace, evaluate: Evaluate | None,
+    def __init__(self, prep: TrialSource, space: SearchSpace, evaluate: Evaluate | None,
                  epsilon: float, seed: int, init: Mapping[str, torch.Tensor] | None = None,
                  tensor_cap: float = DEFAULT_TENSOR_CAP,
                  confidence: float = DEFAULT_CONFIDENCE) -> None:
@@ -130,8 +127,7 @@ class _Runner:
         self.memo: dict[Point, _Trial] = {}
         self.best: dict[str, Point] = {}          # requested metric -> cheapest feasible point
         self.log: list[dict[str, Any]] = []
-        self._last: dict[tuple, QuantizedTensor] = {}
-        self._dist: dict[tuple, float] = {}       # quantization key -> relative L2 error
+        self._last: dict[PieceKey, Pieces] = {}
         self.par: Ranks | None = None             # leading a parallel search over these
         self.rounds = 0                           # parallel rounds (batches of trials)
 
@@ -162,59 +158,27 @@ class _Runner:
         return self.evaluate(candidate)
 
     # -------------------------------------------------------------- quantization
-    def quantize(self, config: QuantConfig) -> tuple[dict[str, QuantizedTensor | None], dict]:
-        p = self.prep
-        qmap: dict[str, QuantizedTensor | None] = {n: None for n in p.tensors}
-        keys: dict[tuple, QuantizedTensor] = {}
+    def quantize(self, config: QuantConfig
+                 ) -> tuple[dict[str, QuantizedTensor | None], dict[PieceKey, Pieces]]:
+        # A tensor quantized by the last trial or kept by a best trial, under the same
+        # (bins, thresholds), is not quantized again.
         reuse = dict(self._last)
         for point in self.best.values():
             reuse.update(self.memo[point].keys)
-        for ltype, names in p.groups.items():
-            thr = p.thresholds(config, ltype)
-            bins = config.for_layer_type(ltype).bins
-            for name in names:
-                has_sens = name in p.sens_sketches
-                tthr = thr
-                if not has_sens and thr.protect_sensitivity is not None:
-                    tthr = Thresholds(thr.prune, thr.prune_metric, thr.protect_magnitude, None)
-                key = (name, bins, tthr)
-                q = reuse.get(key)
-                if q is None:
-                    # the proxy's own sums (with its gradient) serve the guard rail too
-                    q, self._dist[key] = p.quantize(name, bins, tthr, seed=self.seed,
-                                                    sigma=config.sigma, init=self.init.get(name),
-                                                    weigh=self.evaluate is None)
-                qmap[name] = keys[key] = q
+        qmap, keys = quantize_config(self.prep, config, seed=self.seed, init=self.init,
+                                     weigh=self.evaluate is None, reuse=reuse)
         self._last = keys
         return qmap, keys
 
     # -------------------------------------------------------------- scoring
-    def score(self, qmap: Mapping[str, QuantizedTensor | None]) -> Verdict:
+    def score(self, qmap: Mapping[str, QuantizedTensor | None], m: Measure) -> Verdict:
         if self.evaluate is None:
-            value, self.metric = proxy_error(self.prep.tensors, qmap, self.prep.grads)
-            return self.judge.verdict(value, "the proxy")
+            assert m.proxy is not None and m.metric is not None
+            self.metric = m.metric
+            return self.judge.verdict(m.proxy, "the proxy")
         cand = {n: (q.dequantize() if q is not None else t)
                 for n, t, q in ((n, t, qmap[n]) for n, t in self.prep.tensors.items())}
         return self.judge.verdict(self._call(cand), "the quality function")
-
-    def worst(self, keys: Mapping[tuple, QuantizedTensor]) -> tuple[float, str | None]:
-        """(largest per-tensor relative L2 error, its tensor) of a trial's quantization."""
-        return max(((self._dist[k], k[0]) for k in keys), default=(0.0, None),
-                   key=lambda dn: (dn[0], dn[1] or ""))
-
-    @staticmethod
-    def bits(qmap: Mapping[str, QuantizedTensor | None]) -> float:
-        """Measured bits per quantized parameter: level entropy plus protected values."""
-        total_bits, n = 0.0, 0
-        for q in qmap.values():
-            if q is None or q.levels.numel() == 0:
-                continue
-            cnt = level_histogram(q)  # one native count per quantization, kept while it lives
-            p = cnt[cnt > 0].to(torch.float64) / q.levels.numel()
-            total_bits += float(-(p * p.log2()).sum()) * q.levels.numel()
-            total_bits += q.protected.numel() * q.protected.element_size() * 8
-            n += q.levels.numel()
-        return total_bits / n if n else 0.0
 
     # -------------------------------------------------------------- trials
     def trial(self, metric: str, idx: tuple[int, ...]) -> _Trial:
@@ -232,10 +196,11 @@ class _Runner:
     def _evaluate(self, point: Point) -> tuple[_Trial, dict[str, Any]]:
         config = self.space.config(point, self.prep.embeddings)
         qmap, keys = self.quantize(config)
-        verdict = self.score(qmap)
-        worst, worst_name = self.worst(keys)
+        m = self.prep.measure(qmap, keys, proxy=self.evaluate is None)
+        verdict = self.score(qmap, m)
+        worst, worst_name = worst_of(m.distortion)
         capped = not worst <= self.tensor_cap
-        tr = _Trial(config, verdict, verdict.feasible and not capped, self.bits(qmap),
+        tr = _Trial(config, verdict, verdict.feasible and not capped, m.bits,
                     worst, worst_name, qmap, keys)
         entry = {"config": short(config), "value": _finite(verdict.value),
                  "degradation": _finite(verdict.degradation), "feasible": tr.feasible,
@@ -347,7 +312,7 @@ def _feasible(run: _Runner, metric: str, idx: tuple[int, ...]) -> bool:
     return run.trial(metric, idx).feasible
 
 
-def _metrics(space: SearchSpace, prep: Prepared) -> list[str]:
+def _metrics(space: SearchSpace, prep: TrialSource) -> list[str]:
     return [m for m in space.prune_metric if m != "sensitivity" or prep.has_sensitivity]
 
 
@@ -386,9 +351,7 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
     policy = policy or default_policy()
     if epsilon is None:
         epsilon = DEFAULT_EPSILON if evaluate is not None else PROXY_EPSILON
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon >= 0 \
-            or not math.isfinite(epsilon):
-        raise SearchError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
+    _check_epsilon(epsilon)
     cap = check_tensor_cap(DEFAULT_TENSOR_CAP if tensor_cap is None else tensor_cap)
     if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) \
             or not 0.5 <= confidence < 1.0:
@@ -412,6 +375,33 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
         return _find(run, previous, radius, metric_name)
     finally:
         par.send(("done", None))
+
+
+def search_trials(source: TrialSource, *, space: SearchSpace | None = None,
+                  epsilon: float | None = None, seed: int = 0,
+                  init: Mapping[str, torch.Tensor] | None = None,
+                  tensor_cap: float | None = None) -> SearchResult:
+    """`find_config`'s search over the trials `source` runs (`mvc.search.trials`), gated by
+    the proxy: a first-commit search (no neighbourhood), no quality function.  A sharded
+    save's source runs collective trials: every process of its group calls this alike and
+    gets the same config and record, with its own part of the quantization (`qmap`, by
+    `source.tensors`' names).
+
+    epsilon:    bound on the proxy (None: PROXY_EPSILON).
+    init:       warm-start centroids by tensor name (`source.names`).
+    space, seed, tensor_cap: as for `find_config`.
+    """
+    epsilon = PROXY_EPSILON if epsilon is None else epsilon
+    _check_epsilon(epsilon)
+    cap = check_tensor_cap(DEFAULT_TENSOR_CAP if tensor_cap is None else tensor_cap)
+    run = _Runner(source, space or SearchSpace(), None, float(epsilon), seed, init, cap)
+    return _find(run, None, 1, None)
+
+
+def _check_epsilon(epsilon: Any) -> None:
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon >= 0 \
+            or not math.isfinite(epsilon):
+        raise SearchError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
 
 
 def serve_trials(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | None = None,
@@ -515,35 +505,27 @@ def _lookahead(run: _Runner, p: tuple[int, ...], current: str, other: str | None
     return outcome
 
 
-def _record(run: _Runner, winner: Point | None, mode: str) -> QualityRecord:
+def _record(run: _Runner, winner: Point | None, mode: str) -> dict[str, Any]:
     tr = run.memo.get(winner) if winner is not None else None
-    closest = None
-    if tr is None and run.log:  # what came closest: a lossless fallback names it
-        closest = min(run.log, key=lambda e: (e.get("degradation") is None, e.get("degradation") or 0.0))
+    rec: dict[str, Any] = {
+        "metric": run.metric, "baseline": run.baseline,
+        "value": _finite(tr.value) if tr else None,
+        "degradation": _finite(tr.degradation) if tr else None,
+        "epsilon": run.epsilon, "evaluations": run.evaluations, "mode": mode,
+        "bits_per_param": round(tr.bits, 4) if tr else None,
+    }
     # Which gate vouched for the winner (or refused every trial), with its bound, and the
     # guard rail every trial had to pass.
-    rec = QualityRecord(
-        metric=run.metric, baseline=run.baseline,
-        value=_finite(tr.value) if tr else None,
-        degradation=_finite(tr.degradation) if tr else None,
-        epsilon=run.epsilon, evaluations=run.evaluations, mode=mode,
-        bits_per_param=round(tr.bits, 4) if tr else None,
-        gate=run.judge.gate if run.started else None,
-        suspicious_trials=sum(t.verdict.suspicious for t in run.memo.values())
-        if run.started else None,
-        tensor_cap=_finite(run.tensor_cap),
-        max_distortion=_finite(round(tr.worst, 6)) if tr else None,
-        worst_tensor=tr.worst_name if tr else None,
-        trials=run.log, closest=closest,
-        ranks=run.par.size if run.par is not None else None,
-        rounds=run.rounds if run.par is not None else None,
-        nulls=_SEARCH_FIELDS)
-    if run.started:  # the gate's own fields (its bound, its confidence, ...)
-        rec = rec.merged(_json_info(run.judge.record(tr.verdict if tr else None)))
+    rec["gate"] = run.judge.gate if run.started else None
+    if run.started:
+        rec.update(_json_info(run.judge.record(tr.verdict if tr else None)))
+        rec["suspicious_trials"] = sum(t.verdict.suspicious for t in run.memo.values())
+    rec["tensor_cap"] = _finite(run.tensor_cap)
+    rec["max_distortion"] = _finite(round(tr.worst, 6)) if tr else None
+    rec["worst_tensor"] = tr.worst_name if tr else None
+    rec["trials"] = run.log
+    if tr is None and run.log:  # what came closest: a lossless fallback names it
+        rec["closest"] = min(run.log, key=lambda e: (e.get("degradation") is None, e.get("degradation") or 0.0))
+    if run.par is not None:
+        rec["ranks"], rec["rounds"] = run.par.size, run.rounds
     return rec
-
-
-#: What every search record writes, as null when it has no value.
-_SEARCH_FIELDS = frozenset({"metric", "baseline", "value", "degradation", "epsilon", "evaluations",
-                            "mode", "bits_per_param", "gate", "tensor_cap", "max_distortion",
-                            "worst_tensor", "trials"})

@@ -1,6 +1,7 @@
 """The search's per-call preparation: which tensors it quantizes, their value and
 sensitivity sketches and the per-layer-type merges every trial reads its thresholds off,
-and the quantization of one tensor for a trial (`Prepared.quantize`)."""
+the quantization of one tensor for a trial (`Prepared.quantize`) and a trial's
+measurements (`Prepared.measure`): the `TrialSource` of a search over whole tensors."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -9,15 +10,18 @@ import torch
 
 from mvc.quant import (AssignStats, LogSketch, QuantConfig, QuantizedTensor, QuantPolicy,
                        quantize_prepared)
-from mvc.quant.error import cached_error_sums, relative_error, seed_error_stats
+from mvc.quant.error import cached_error_sums, level_histogram, relative_error, seed_error_stats
 from mvc.quant.errors import NonFiniteTensorError
 from mvc.quant.importance import sensitivity
 from mvc.quant.partition import Thresholds, layer_type, thresholds
+from mvc.search.quality import proxy_error
+from mvc.search.trials import Measure, PieceKey, Pieces, entropy_bits
 
 
 class Prepared:
     """Per-search shared work: which tensors, their sketches, per-layer-type merges; and the
-    quantization of one tensor for a trial, with what the search reads off it."""
+    quantization of one tensor for a trial, with what the search reads off it (a
+    `mvc.search.trials.TrialSource` over this process's whole tensors)."""
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor],
                  policy: QuantPolicy, alpha: float) -> None:
@@ -61,11 +65,18 @@ class Prepared:
         return thresholds(self.mag[ltype], sens, prune=lq.prune, prune_metric=lq.prune_metric,
                           protect=lq.protect)
 
+    def tensor_thresholds(self, name: str, thr: Thresholds) -> Thresholds:
+        """`thr` for tensor `name`: without a sensitivity sketch of its own it protects by
+        magnitude alone."""
+        if name in self.sens_sketches or thr.protect_sensitivity is None:
+            return thr
+        return Thresholds(thr.prune, thr.prune_metric, thr.protect_magnitude, None)
+
     def quantize(self, name: str, bins: int, thr: Thresholds, *, seed: int, sigma: float,
-                 init: torch.Tensor | None, weigh: bool) -> tuple[QuantizedTensor, float]:
-        """(quantization of tensor `name`, its relative L2 error).  The assignment pass also
-        measures the error sums and level counts (`AssignStats`) and leaves them where the
-        proxy and the bit count look them up: gradient-weighted when `weigh` (a proxy
+                 init: torch.Tensor | None, weigh: bool) -> Pieces:
+        """{name: quantization of tensor `name`}.  The assignment pass also measures the
+        error sums and level counts (`AssignStats`) and leaves them where the proxy, the
+        guard rail and the bit count look them up: gradient-weighted when `weigh` (a proxy
         search) and the tensor has a gradient of its shape."""
         t = self.tensors[name]
         sens = sensitivity(t, self.grads[name], name=name) if (
@@ -78,5 +89,28 @@ class Prepared:
         q = quantize_prepared(t, x, self.sketches[name], sens, thr, bins, seed=seed, sigma=sigma,
                               init=init, stats=stats)
         seed_error_stats(q, t, g, stats.sums, stats.counts)
-        return q, relative_error(cached_error_sums(q, t, g))
+        return {name: q}
+
+    def measure(self, qmap: Mapping[str, QuantizedTensor | None],
+                pieces: Mapping[PieceKey, Pieces], proxy: bool) -> Measure:
+        """The proxy (when asked for), each tensor's relative L2 error and the bits, all
+        from the sums and counts the quantizations' assignment passes left."""
+        value, metric = proxy_error(self.tensors, qmap, self.grads) if proxy else (None, None)
+        # Sums taken with a gradient serve this lookup without one: the same cached pass.
+        distortion = {name: relative_error(cached_error_sums(got[name], self.tensors[name]))
+                      for (name, _, _), got in pieces.items()}
+        return Measure(value, metric, distortion, _bits(qmap))
+
+
+def _bits(qmap: Mapping[str, QuantizedTensor | None]) -> float:
+    """Measured bits per quantized parameter: level entropy plus protected values."""
+    total_bits, n = 0.0, 0
+    for q in qmap.values():
+        if q is None or q.levels.numel() == 0:
+            continue
+        # one native count per quantization, kept while it lives
+        total_bits += entropy_bits(level_histogram(q), q.levels.numel())
+        total_bits += q.protected.numel() * q.protected.element_size() * 8
+        n += q.levels.numel()
+    return total_bits / n if n else 0.0
 

@@ -110,9 +110,14 @@ def proxy_name(with_grads: bool) -> str:
     return PROXY_MAX if with_grads else PROXY_MAGNITUDE
 
 
+def finite(x: float) -> float | None:
+    """x, or None when it is not finite (a record is JSON: no inf, no NaN)."""
+    return x if math.isfinite(x) else None
 
 
-def _ratio(num: float, den: float) -> float:
+def rel_l2(num: float, den: float) -> float:
+    """sqrt(num / den): a (weighted) relative L2 error from its sums, sum s (q - w)^2 and
+    sum s w^2; 0 for 0 / 0, inf when the weights have no scale but the error is not 0."""
     if den <= 0.0 or not math.isfinite(den):
         # all-zero weights (or gradients): no scale to be relative to
         return 0.0 if num == 0.0 else math.inf
@@ -133,7 +138,7 @@ def _weighted(tensors: Mapping[str, torch.Tensor], qmap: Mapping[str, QuantizedT
         # cache recognises them by identity.
         s = cached_error_sums(q, tensors[n], grads[n] if grads is not None else None)
         num, den, gnum, gden = num + s[2], den + s[3], gnum + s[4], gden + s[5]
-    return _ratio(num, den), (_ratio(gnum, gden) if grads is not None else None)
+    return rel_l2(num, den), (rel_l2(gnum, gden) if grads is not None else None)
 
 
 def proxy_error(tensors: Mapping[str, torch.Tensor], qmap: Mapping[str, QuantizedTensor | None],

@@ -1,0 +1,146 @@
+"""Where a search's trials come from: the `TrialSource` protocol the search reads.
+
+A trial quantizes every searched tensor by one config and measures the result: the
+proxy, each tensor's relative L2 error (the tensor cap) and the bits per parameter.
+The search (`mvc.search.driver`) decides everything else -- which trials, in which
+order, which quantization a trial can reuse, the gate, the record -- so every caller
+gets the same search from its own source:
+
+* `mvc.search.prepared.Prepared`: this process's whole tensors (`find_config`, and every
+  replica of a parallel search, `mvc.search.parallel`);
+* `mvc.dcp.lossy.ShardedTrials`: a sharded save, where each rank quantizes its own shards
+  and a trial's sums are added up over the ranks (a *collective* trial), so every rank
+  measures the same numbers and the search walks the same trials on every rank.
+
+A source quantizes one tensor at a time (`quantize`); what it returns for a tensor is
+this process's part of that tensor's quantization (`Pieces`).  The search keeps the
+pieces of the trials it may reuse, keyed by (tensor, bins, thresholds): a tensor's
+quantization depends on nothing else within one search, so a later trial with the same
+key reuses it.  `measure` then measures the whole trial; a collective source must make
+it the one step every process takes together.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from mvc.quant import QuantConfig, QuantizedTensor
+from mvc.quant.partition import Thresholds
+
+#: This process's part of one tensor's quantization, by the name the process knows it
+#: under: a whole tensor's is {its name: its quantization}; a sharded tensor's, this
+#: rank's shards (possibly none).
+Pieces = Mapping[str, QuantizedTensor]
+#: What a trial's quantization of one tensor depends on: (tensor name, bins, thresholds).
+PieceKey = tuple[str, int, Thresholds]
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A trial's measurements, over every process's pieces.
+
+    proxy:      the proxy's value (None when not asked for: a quality function judges).
+    metric:     the proxy's metric name (None with `proxy`).
+    distortion: each quantized tensor's relative L2 error.
+    bits:       measured bits per quantized parameter (level entropy plus protected values).
+    """
+
+    proxy: float | None
+    metric: str | None
+    distortion: dict[str, float]
+    bits: float
+
+
+class TrialSource(Protocol):
+    """What the search reads off the tensors it searches a config for."""
+
+    @property
+    def tensors(self) -> Mapping[str, torch.Tensor]:
+        """This process's tensors: a trial's quantization map has their names (a quality
+        function, where there is one, sees them)."""
+        ...
+
+    @property
+    def names(self) -> list[str]:
+        """The tensors a trial quantizes (whole-tensor names), in `groups` order."""
+        ...
+
+    @property
+    def groups(self) -> Mapping[str, list[str]]:
+        """Layer type -> its quantized tensors."""
+        ...
+
+    @property
+    def embeddings(self) -> bool:
+        """Some quantized tensor is an embedding (the cube has an embedding-bins axis)."""
+        ...
+
+    @property
+    def embedding_share(self) -> float:
+        """The embeddings' share of the quantized parameters (the cost model's weight)."""
+        ...
+
+    @property
+    def has_sensitivity(self) -> bool:
+        """Every quantized tensor has a sensitivity (gradient): sensitivity pruning is searched."""
+        ...
+
+    def thresholds(self, config: QuantConfig, ltype: str) -> Thresholds:
+        """The prune / protect thresholds of layer type `ltype` under `config`."""
+        ...
+
+    def tensor_thresholds(self, name: str, thr: Thresholds) -> Thresholds:
+        """The layer type's thresholds `thr` as tensor `name` applies them."""
+        ...
+
+    def quantize(self, name: str, bins: int, thr: Thresholds, *, seed: int, sigma: float,
+                 init: torch.Tensor | None, weigh: bool) -> Pieces:
+        """This process's part of tensor `name`'s quantization; `weigh`: a proxy search
+        (its sums may be gradient-weighted)."""
+        ...
+
+    def measure(self, qmap: Mapping[str, QuantizedTensor | None],
+                pieces: Mapping[PieceKey, Pieces], proxy: bool) -> Measure:
+        """The trial's measurements: `qmap` is its quantization by `tensors`' names (None:
+        exact), `pieces` the same by key; `proxy`: whether to compute the proxy."""
+        ...
+
+
+def quantize_config(source: TrialSource, config: QuantConfig, *, seed: int,
+                    init: Mapping[str, torch.Tensor], weigh: bool,
+                    reuse: Mapping[PieceKey, Pieces] | None = None
+                    ) -> tuple[dict[str, QuantizedTensor | None], dict[PieceKey, Pieces]]:
+    """(quantization by `source.tensors`' names, None for the exact ones; the same by
+    key) of every searched tensor by `config`; a key found in `reuse` is not
+    quantized again.  `init`: warm-start centroids by tensor name."""
+    qmap: dict[str, QuantizedTensor | None] = {n: None for n in source.tensors}
+    keys: dict[PieceKey, Pieces] = {}
+    reuse = reuse or {}
+    for ltype, names in source.groups.items():
+        thr = source.thresholds(config, ltype)
+        bins = config.for_layer_type(ltype).bins
+        for name in names:
+            key = (name, bins, source.tensor_thresholds(name, thr))
+            got = reuse.get(key)
+            if got is None:
+                got = source.quantize(name, bins, key[2], seed=seed, sigma=config.sigma,
+                                      init=init.get(name), weigh=weigh)
+            qmap.update(got)
+            keys[key] = got
+    return qmap, keys
+
+
+def worst(distortion: Mapping[str, float]) -> tuple[float, str | None]:
+    """(largest relative L2 error, its tensor); (0.0, None) for no tensor.  A tie goes to
+    the later name, so the answer does not depend on the mapping's order."""
+    return max(((d, n) for n, d in distortion.items()), default=(0.0, None),
+               key=lambda dn: (dn[0], dn[1] or ""))
+
+
+def entropy_bits(counts: torch.Tensor, numel: int) -> float:
+    """Bits of `numel` level indices whose levels occur `counts` times, at their entropy."""
+    p = counts[counts > 0].to(torch.float64) / numel
+    return float(-(p * p.log2()).sum()) * numel
