@@ -48,6 +48,7 @@ from mvc.search.parallel import ParallelSearchError, Ranks, active, default_rank
 from mvc.search.prepared import Prepared
 from mvc.search.quality import DEFAULT_EPSILON, PROXY_EPSILON, proxy_name
 from mvc.search.quality import finite as _finite
+from mvc.search.record import QualityRecord
 from mvc.search.space import Point, SearchError, SearchSpace, short
 from mvc.search.trials import Measure, PieceKey, Pieces, TrialSource, quantize_config
 from mvc.search.trials import worst as worst_of
@@ -70,16 +71,17 @@ class SearchResult:
                  quantize: store losslessly).
     qmap:        the winning trial's quantization by tensor name (None = lossless);
                  all None when config is None.
-    quality:     JSON-ready record (metric, baseline, value, degradation, epsilon,
+    quality:     the quality record (metric, baseline, value, degradation, epsilon,
                  evaluations, mode, bits_per_param, trials; the gate that vouched
                  and its bound: gate, ucb / fidelity, tensor_cap, max_distortion,
-                 worst_tensor — see `mvc.search.gate`).
+                 worst_tensor — see `mvc.search.gate`); `.to_json()` is what a
+                 commit stores.
     evaluations: quality-function calls made, the baseline included.
     """
 
     config: QuantConfig | None
     qmap: dict[str, QuantizedTensor | None]
-    quality: dict[str, Any]
+    quality: QualityRecord
     evaluations: int
 
 
@@ -505,27 +507,35 @@ def _lookahead(run: _Runner, p: tuple[int, ...], current: str, other: str | None
     return outcome
 
 
-def _record(run: _Runner, winner: Point | None, mode: str) -> dict[str, Any]:
+def _record(run: _Runner, winner: Point | None, mode: str) -> QualityRecord:
     tr = run.memo.get(winner) if winner is not None else None
-    rec: dict[str, Any] = {
-        "metric": run.metric, "baseline": run.baseline,
-        "value": _finite(tr.value) if tr else None,
-        "degradation": _finite(tr.degradation) if tr else None,
-        "epsilon": run.epsilon, "evaluations": run.evaluations, "mode": mode,
-        "bits_per_param": round(tr.bits, 4) if tr else None,
-    }
+    closest = None
+    if tr is None and run.log:  # what came closest: a lossless fallback names it
+        closest = min(run.log, key=lambda e: (e.get("degradation") is None, e.get("degradation") or 0.0))
     # Which gate vouched for the winner (or refused every trial), with its bound, and the
     # guard rail every trial had to pass.
-    rec["gate"] = run.judge.gate if run.started else None
-    if run.started:
-        rec.update(_json_info(run.judge.record(tr.verdict if tr else None)))
-        rec["suspicious_trials"] = sum(t.verdict.suspicious for t in run.memo.values())
-    rec["tensor_cap"] = _finite(run.tensor_cap)
-    rec["max_distortion"] = _finite(round(tr.worst, 6)) if tr else None
-    rec["worst_tensor"] = tr.worst_name if tr else None
-    rec["trials"] = run.log
-    if tr is None and run.log:  # what came closest: a lossless fallback names it
-        rec["closest"] = min(run.log, key=lambda e: (e.get("degradation") is None, e.get("degradation") or 0.0))
-    if run.par is not None:
-        rec["ranks"], rec["rounds"] = run.par.size, run.rounds
+    rec = QualityRecord(
+        metric=run.metric, baseline=run.baseline,
+        value=_finite(tr.value) if tr else None,
+        degradation=_finite(tr.degradation) if tr else None,
+        epsilon=run.epsilon, evaluations=run.evaluations, mode=mode,
+        bits_per_param=round(tr.bits, 4) if tr else None,
+        gate=run.judge.gate if run.started else None,
+        suspicious_trials=sum(t.verdict.suspicious for t in run.memo.values())
+        if run.started else None,
+        tensor_cap=_finite(run.tensor_cap),
+        max_distortion=_finite(round(tr.worst, 6)) if tr else None,
+        worst_tensor=tr.worst_name if tr else None,
+        trials=run.log, closest=closest,
+        ranks=run.par.size if run.par is not None else None,
+        rounds=run.rounds if run.par is not None else None,
+        nulls=_SEARCH_FIELDS)
+    if run.started:  # the gate's own fields (its bound, its confidence, ...)
+        rec = rec.merged(_json_info(run.judge.record(tr.verdict if tr else None)))
     return rec
+
+
+#: What every search record writes, as null when it has no value.
+_SEARCH_FIELDS = frozenset({"metric", "baseline", "value", "degradation", "epsilon", "evaluations",
+                            "mode", "bits_per_param", "gate", "tensor_cap", "max_distortion",
+                            "worst_tensor", "trials"})
