@@ -10,6 +10,7 @@ import click
 
 from mvc.cli.format import echo, echo_json, human_bytes, message_lines, ratio, table
 from mvc.cli.graph import GraphRow, draw
+from mvc import layer_types
 from mvc.errors import UsageError
 from mvc.search.record import QualityRecord
 
@@ -219,24 +220,21 @@ def log(rev: str, oneline: bool, graph: bool, max_count: int | None, all_refs: b
 
 _OPTIMIZER_KEYS = {"exp_avg", "exp_avg_sq", "momentum_buffer", "max_exp_avg_sq", "step", "sum"}
 
+#: How `mvc show` names the quantizer's layer types (`mvc.layer_types.LAYER_TYPES`).
+_LABELS = {"linear": "linear weight", "conv": "conv weight", "attention": "attention weight"}
+
 
 def layer_type(name: str, shape: list[int]) -> str:
     """The kind of tensor a flattened name and shape suggest, for `mvc show`'s summary:
-    optimizer moments by their key, then embeddings, conv / linear weights, norms, biases."""
-    parts = [p for p in name.replace("/", ".").split(".") if p]
+    optimizer state by its key, anything else by the quantizer's layer type
+    (`mvc.layer_types`), reading the name's "/" (a nesting level) as a component separator."""
+    dotted = name.replace("/", ".")
+    parts = [p for p in dotted.split(".") if p]
     last = parts[-1] if parts else name
-    lower = name.lower()
-    if last in _OPTIMIZER_KEYS or "optimizer" in lower:
+    if last in _OPTIMIZER_KEYS or "optimizer" in name.lower():
         return f"optimizer {last}"
-    if last == "bias":
-        return "bias"
-    if any(k in lower for k in ("norm", ".ln", "ln_", "/ln")) or last in ("running_mean", "running_var"):
-        return "norm"
-    if "embed" in lower or "wte" in lower or "wpe" in lower:
-        return "embedding"
-    if last == "weight":
-        return {4: "conv weight", 3: "conv weight", 2: "linear weight"}.get(len(shape), f"weight {len(shape)}-D")
-    return f"other {len(shape)}-D"
+    kind = layer_types.layer_type(dotted, shape)
+    return f"other {len(shape)}-D" if kind == "other" else _LABELS.get(kind, kind)
 
 
 def _type_summary(tensors: list) -> str:

@@ -36,7 +36,8 @@ import torch.distributed as dist
 from mvc.errors import MvcError
 from mvc.quant import LogSketch, QuantConfig, QuantizedTensor, QuantPolicy, quantize_prepared
 from mvc.quant.errors import NonFiniteTensorError
-from mvc.quant.partition import layer_type, thresholds
+from mvc.layer_types import layer_type
+from mvc.quant.partition import thresholds
 from mvc.repo.commitopts import quantization
 from mvc.repo.repository import Repo
 from mvc.search import default_policy

@@ -11,6 +11,7 @@ NaN/Inf policy: tensors holding NaN or +-Inf are never binned; `quantize` raises
 `NonFiniteTensorError` naming the tensor, and the repository keeps such a tensor
 lossless or refuses it (`quantize_state(..., nonfinite="lossless")` maps it to None).
 """
+from mvc.layer_types import LAYER_TYPES, layer_type
 from mvc.quant._kernels import AssignStats
 from mvc.quant.assign import assign, level_dtype
 from mvc.quant.config import LayerQuant, QuantConfig, QuantPolicy
@@ -18,7 +19,7 @@ from mvc.quant.errors import (NonFiniteTensorError, QuantConfigError, QuantError
                               QuantizedPartsError, QuantStateError)
 from mvc.quant.importance import magnitude, sensitivity
 from mvc.quant.kmeans import approx_kmeans, weighted_kmeans_1d
-from mvc.quant.partition import LAYER_TYPES, Thresholds, layer_type, masks, thresholds
+from mvc.quant.partition import Thresholds, masks, thresholds
 from mvc.quant.sketch import LogSketch
 from mvc.quant.state import dequantize_state, quantize_state
 from mvc.quant.tensor import QuantizedTensor, quantize, quantize_prepared

@@ -16,9 +16,10 @@ from typing import Any, Mapping
 
 import torch
 
+from mvc.layer_types import layer_type
 from mvc.quant.errors import QuantConfigError
 from mvc.quant.importance import check_metric
-from mvc.quant.partition import check_fraction, layer_type
+from mvc.quant.partition import check_fraction
 from mvc.quant.sketch import check_alpha
 
 MAX_BINS = 1 << 20

@@ -1,4 +1,5 @@
-"""Prune / protect partitioning (Inshrinkerator §4.2-4.3) and layer-type inference.
+"""Prune / protect partitioning (Inshrinkerator §4.2-4.3), one fraction per layer type
+(`mvc.layer_types`).
 
 Thresholds are quantiles of importance sketches, so they can be computed over the union
 of every tensor of a layer type by merging per-tensor sketches (§4.2: one fraction per
@@ -20,53 +21,13 @@ only magnitude is involved).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
 from mvc.quant.errors import QuantConfigError
 from mvc.quant.importance import check_metric
 from mvc.quant.sketch import LogSketch
-
-LAYER_TYPES = ("embedding", "linear", "conv", "attention", "norm", "bias", "other")
-
-
-def _words(*alts: str) -> re.Pattern[str]:
-    # whole name components only: "key" must not match "monkey"
-    return re.compile(r"(?:^|[._])(?:" + "|".join(alts) + r")(?:\d*)(?=[._]|$)", re.I)
-
-
-_NORM = _words(r"\w*norm\w*", r"ln(?:_\w+)?", "bn", "gn", "running_mean", "running_var",
-               "num_batches_tracked")
-_EMBED = _words("emb", r"\w*embed\w*", r"\w*_emb", r"emb_\w*", "wte", "wpe", "shared")
-_ATTN = _words(r"\w*attn", r"\w*attention", "[qkvo]_proj", "out_proj", "in_proj\\w*", "qkv",
-               "query", "key", "value", "w[qkvo]")
-_CONV = _words(r"\w*conv\w*")
-
-
-def layer_type(name: str, shape: Sequence[int]) -> str:
-    """Infer a tensor's layer type from its state-dict name and shape.
-
-    One of LAYER_TYPES.  Names win where they are explicit (bias, norm, conv,
-    embedding, attention); otherwise rank decides: >= 3-D is a convolution, 2-D a
-    linear layer, anything else "other".
-    """
-    leaf = name.rsplit(".", 1)[-1].lower()
-    ndim = len(tuple(shape))
-    if leaf == "bias" or leaf.endswith("_bias") or (leaf.startswith("bias") and ndim <= 1):
-        return "bias"
-    if ndim <= 1:
-        return "norm" if _NORM.search(name) else "other"
-    if _CONV.search(name) and ndim >= 3:
-        return "conv"
-    if _EMBED.search(name) and ndim <= 3:
-        return "embedding"
-    if _ATTN.search(name):
-        return "attention"
-    return "conv" if ndim >= 3 else "linear"
-
 
 def check_fraction(value: float, what: str) -> float:
     """Validate a fraction in [0, 1]."""

@@ -16,10 +16,11 @@ from typing import Literal, Mapping
 
 import torch
 
+from mvc.layer_types import layer_type
 from mvc.quant.config import QuantConfig, QuantPolicy
 from mvc.quant.errors import NonFiniteTensorError, QuantConfigError, QuantStateError
 from mvc.quant.importance import sensitivity
-from mvc.quant.partition import Thresholds, layer_type, thresholds
+from mvc.quant.partition import Thresholds, thresholds
 from mvc.quant.sketch import LogSketch
 from mvc.quant.tensor import QuantizedTensor, quantize_prepared
 

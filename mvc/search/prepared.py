@@ -13,7 +13,8 @@ from mvc.quant import (AssignStats, LogSketch, QuantConfig, QuantizedTensor, Qua
 from mvc.quant.error import cached_error_sums, level_histogram, relative_error, seed_error_stats
 from mvc.quant.errors import NonFiniteTensorError
 from mvc.quant.importance import sensitivity
-from mvc.quant.partition import Thresholds, layer_type, thresholds
+from mvc.layer_types import layer_type
+from mvc.quant.partition import Thresholds, thresholds
 from mvc.search.quality import proxy_error
 from mvc.search.trials import Measure, PieceKey, Pieces, entropy_bits
 
