@@ -120,6 +120,29 @@ def test_search_results_carry_the_record():
     _same(none.quality.to_json())
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_records_a_sharded_save_writes_round_trip(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from mvc.dcp import MvcStorageWriter
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
+    msd, osd = get_state_dict(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    Repo.init(tmp_path / "repo").close()
+    got = []
+    for options in ({"epsilon": 0.05}, {"quant": QuantConfig(bins=8)}, {"epsilon": 1e-9}):
+        w = MvcStorageWriter(tmp_path / "repo", message="sharded", **options)
+        dcp.save({"model": msd, "optim": osd}, storage_writer=w)   # one process: no group
+        with Repo(tmp_path / "repo") as repo:
+            got.append(repo.read_commit(w.commit_id).quality)
+    for q in got:
+        _same(q)
+        assert QualityRecord.from_json(q).sharded
+    assert QualityRecord.from_json(got[2]).lossless_fallback
+
+
 #: Records as the sharded (DCP) save and older versions wrote them.
 WRITTEN = [
     {"metric": "proxy:magnitude_weighted_rel_l2", "value": 0.01, "baseline": 0.0, "bound": None,
