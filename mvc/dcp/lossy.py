@@ -10,22 +10,28 @@ the process group before it is used, and every rank then decides the same thing:
   tensor's merged sketch with the same seed and the same warm start (the parent's
   centroids, as one rank found them), so every shard of a tensor gets the same
   centroids, and the shards together are quantized as the gathered tensor would be.
-* **the search** (``commit.mode = search``): the guided exhaustive search over the config
-  cube (`mvc.search.guided`, Inshrinkerator Alg. 4) with the proxy gate.  A trial's
-  proxy, sqrt(sum |w| (q - w)^2 / sum |w| w^2), and each tensor's relative L2 error (the
-  tensor cap) are sums over parameters: each rank sums over its shards, one all-reduce
-  adds them, and every rank sees the same verdict.  The search is deterministic given the
-  verdicts, so every rank walks the same trials in the same order and picks the same
-  config.  A user quality function cannot run here (no rank holds the model), so the
-  gate is always the proxy; the search starts afresh each save (no neighbourhood search).
-* **fixed** (``commit.mode = fixed`` or `quant=`): the one config, with the sketches above.
+* **the search** (``commit.mode = search``): `mvc.search.search_trials`, the search
+  `find_config` runs (the guided exhaustive search, Inshrinkerator Alg. 4, the probe of
+  an inferred winner, the tensor cap, the record), over *collective trials*
+  (`ShardedTrials`).  A trial's proxy, sqrt(sum |w| (q - w)^2 / sum |w| w^2), each
+  tensor's relative L2 error (the tensor cap) and its level counts (the bits) are sums
+  over parameters: each rank sums over its shards, an all-reduce adds them, and every rank
+  sees the same verdict.  The search is deterministic given the verdicts, so every rank
+  walks the same trials in the same order, reuses the same quantizations and picks the
+  same config.  A user quality function cannot run here (no rank holds the model), so
+  the gate is always the proxy; the search starts afresh each save (no neighbourhood
+  search).
+* **fixed** (``commit.mode = fixed`` or `quant=`): the one config, one collective trial
+  measures it.
 
 Without a process group (one process) the collectives are the identity.  Gradients are
 not known to a StorageWriter: pruning and protection use magnitude only.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,16 +41,20 @@ import torch.distributed as dist
 
 from mvc.errors import MvcError
 from mvc.quant import LogSketch, QuantConfig, QuantizedTensor, QuantPolicy, quantize_prepared
+from mvc.quant.error import level_histogram
 from mvc.quant.errors import NonFiniteTensorError
 from mvc.layer_types import layer_type
-from mvc.quant.partition import thresholds
+from mvc.quant.partition import Thresholds, thresholds
 from mvc.repo.commitopts import quantization
 from mvc.repo.repository import Repo
 from mvc.search import default_policy
+from mvc.search.driver import search_trials
 from mvc.search.gate import DEFAULT_TENSOR_CAP
-from mvc.search.guided import MonotoneOracle, guided_search
-from mvc.search.quality import PROXY_EPSILON, PROXY_MAGNITUDE
-from mvc.search.space import SearchSpace, short
+from mvc.search.quality import PROXY_EPSILON, PROXY_MAGNITUDE, finite, rel_l2
+from mvc.search.record import NOTHING_TO_QUANTIZE, QualityRecord
+from mvc.search.space import SearchSpace
+from mvc.search.trials import Measure, PieceKey, Pieces, entropy_bits, quantize_config
+from mvc.search.trials import worst as worst_of
 
 MAGNITUDE = "magnitude"
 
@@ -120,9 +130,26 @@ def all_sum(values: list[float]) -> list[float]:
     return t.tolist()
 
 
-# ------------------------------------------------------------------ shared preparation
-class Prepared:
-    """The agreed sketches: per tensor (merged over its shards) and per layer type."""
+# ------------------------------------------------------------------ the collective trials
+@dataclass(frozen=True)
+class _ShardSums:
+    """What a trial reads off one shard's quantization: sum |w| e^2, sum |w| w^2, sum e^2,
+    sum w^2 (e = restored - w, float64), the level counts, the protected values' bits."""
+
+    wnum: float
+    wden: float
+    e2: float
+    w2: float
+    counts: torch.Tensor
+    protected_bits: int
+
+
+class ShardedTrials:
+    """A sharded save's `mvc.search.trials.TrialSource`: the agreed sketches (per tensor,
+    merged over its shards, and per layer type), this rank's shards quantized by them, and
+    a trial's sums added up over the ranks, so every rank measures the same trial."""
+
+    has_sensitivity = False   # no gradient reaches a storage writer: magnitude only
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], shards: Mapping[str, dict],
                  how: How, init: Mapping[str, torch.Tensor]) -> None:
@@ -142,6 +169,7 @@ class Prepared:
         _raise_if_failed(error, [e for e, _ in gathered])
         merged: dict[str, LogSketch | None] = {}
         self.shapes: dict[str, list[int]] = {}
+        #: warm-start centroids by tensor, as one rank found them (every rank uses these)
         self.init: dict[str, torch.Tensor] = {}
         for _, rank in gathered:
             for g, (sk, shape, c) in rank.items():
@@ -153,6 +181,9 @@ class Prepared:
                 if c is not None and g not in self.init:
                     self.init[g] = c
         self._finish(tensors, merged, alpha)
+        self._stats: weakref.WeakKeyDictionary[QuantizedTensor, _ShardSums] = \
+            weakref.WeakKeyDictionary()
+        self._error: BaseException | None = None
 
     def _sketch(self, tensors: Mapping[str, torch.Tensor], shards: Mapping[str, dict],
                 shapes: Mapping[str, list[int]], policy: QuantPolicy, alpha: float,
@@ -184,69 +215,130 @@ class Prepared:
         self.groups: dict[str, list[str]] = {}
         for g in self.sketches:
             self.groups.setdefault(layer_type(g, self.shapes[g]), []).append(g)
+        self.names = [g for names in self.groups.values() for g in names]
         self.mag = {lt: LogSketch(alpha).merge(*(self.sketches[g].abs() for g in names))
                     for lt, names in self.groups.items()}
         total = sum(math.prod(self.shapes[g]) for g in self.sketches)
         emb = sum(math.prod(self.shapes[g]) for g in self.groups.get("embedding", []))
         self.embeddings = "embedding" in self.groups
         self.embedding_share = emb / total if total else 0.0
+        #: this rank's quantized tensors and shards, in their order (the sums add up in it)
         self.local = [n for n in tensors if self.of[n] in self.sketches]
+        self._shards_of: dict[str, list[str]] = {}
+        for n in self.local:
+            self._shards_of.setdefault(self.of[n], []).append(n)
+        #: a trial's sums, per tensor, in this order on every rank
+        self._pos = {g: i for i, g in enumerate(sorted(self.sketches))}
 
-    def quantize(self, config: QuantConfig, seed: int) -> dict[str, QuantizedTensor]:
-        """This rank's tensors and shards quantized by `config` (same centroids everywhere)."""
+    # ------------------------------------------------------------------ TrialSource
+    def thresholds(self, config: QuantConfig, ltype: str) -> Thresholds:
+        """Magnitude thresholds (no sensitivity), whatever metric `config` names."""
+        lq = config.for_layer_type(ltype)
+        return thresholds(self.mag[ltype], None, prune=lq.prune, prune_metric=MAGNITUDE,
+                          protect=lq.protect)
+
+    def tensor_thresholds(self, name: str, thr: Thresholds) -> Thresholds:
+        return thr
+
+    def quantize(self, name: str, bins: int, thr: Thresholds, *, seed: int, sigma: float,
+                 init: torch.Tensor | None, weigh: bool) -> Pieces:
+        """This rank's shards of tensor `name` (maybe none), with the same centroids on every
+        rank.  A failure is kept for the trial's `measure`, which every rank reaches."""
         out: dict[str, QuantizedTensor] = {}
-        thr = {}
-        for lt, mag in self.mag.items():
-            lq = config.for_layer_type(lt)
-            thr[lt] = (thresholds(mag, None, prune=lq.prune, prune_metric=MAGNITUDE,
-                                  protect=lq.protect), lq.bins)
-        for name in self.local:
-            g = self.of[name]
-            t = self.tensors[name]
-            tt, bins = thr[layer_type(g, self.shapes[g])]
-            x = t.detach().reshape(-1).to(torch.float32).contiguous()
-            out[name] = quantize_prepared(t, x, self.sketches[g], None, tt, bins, seed=seed,
-                                          sigma=config.sigma, init=self.init.get(g))
+        if self._error is not None:
+            return out
+        try:
+            for n in self._shards_of.get(name, []):
+                t = self.tensors[n]
+                x = t.detach().reshape(-1).to(torch.float32).contiguous()
+                q = quantize_prepared(t, x, self.sketches[name], None, thr, bins, seed=seed,
+                                      sigma=sigma, init=init)
+                self._stats[q] = _shard_sums(q, t)
+                out[n] = q
+        except Exception as exc:   # the others will be in the trial's all-reduce: tell them there
+            self._error = exc
         return out
 
-    def trial(self, config: QuantConfig, seed: int
-              ) -> tuple[dict[str, QuantizedTensor], float, float, str | None]:
-        """This rank's quantization by `config`, with (the proxy over every rank's shards, the
-        largest per-tensor relative L2 error, its tensor): sums over this rank's shards, added
-        up over the ranks.  Every rank must call it, with the same config."""
-        order = sorted(self.sketches)
-        pos = {g: i for i, g in enumerate(order)}
-        sums = [0.0] * (3 + 2 * len(order))   # the last one counts ranks that failed
-        error: BaseException | None = None
-        qmap: dict[str, QuantizedTensor] = {}
-        try:
-            qmap = self.quantize(config, seed)
-            self._sums(qmap, pos, sums)
-        except Exception as exc:   # the others are in the all-reduce: tell them, then raise
-            error = exc
+    def measure(self, qmap: Mapping[str, QuantizedTensor | None],
+                pieces: Mapping[PieceKey, Pieces], proxy: bool) -> Measure:
+        """The trial's proxy, per-tensor errors and bits over every rank's shards: sums over
+        this rank's, added up over the ranks.  Every rank must call it, with the same trial
+        (it does: the search decides alike everywhere); a rank that failed in the trial
+        raises its error here, the others `PeerFailedError`."""
+        sums = [0.0] * (3 + 2 * len(self._pos))   # the last one counts ranks that failed
+        counts: list[float] = []
+        error = self._error
+        if error is None:
+            try:
+                counts = self._add(pieces, sums)
+            except Exception as exc:
+                error = exc
+        if error is not None:
             sums = [0.0] * len(sums)
             sums[-1] = 1.0
         tot = all_sum(sums)
         _raise_if_failed(error, ["a rank"] if tot[-1] > 0 else [])
-        proxy = _ratio(tot[0], tot[1])
-        worst, worst_name = 0.0, None
-        for g, i in pos.items():
-            d = _ratio(tot[2 + 2 * i], tot[3 + 2 * i])
-            if worst_name is None or d > worst:
-                worst, worst_name = d, g
-        return qmap, proxy, worst, worst_name
+        distortion = {g: rel_l2(tot[2 + 2 * self._pos[g]], tot[3 + 2 * self._pos[g]])
+                      for g, _, _ in pieces}
+        # The level counts in an all-reduce of their own: the sums' all-reduce (and the
+        # order it adds them in) stays what it was before the counts joined.
+        return Measure(rel_l2(tot[0], tot[1]) if proxy else None,
+                       PROXY_MAGNITUDE if proxy else None, distortion,
+                       self._bits(pieces, all_sum(counts)))
 
-    def _sums(self, qmap: Mapping[str, QuantizedTensor], pos: Mapping[str, int],
-              sums: list[float]) -> None:
-        for name, q in qmap.items():
-            w = self.tensors[name].detach().reshape(-1).to(torch.float64)
-            err = q.dequantize().reshape(-1).to(torch.float64) - w
-            e2, w2 = err.square(), w.square()
-            sums[0] += float((w.abs() * e2).sum())
-            sums[1] += float((w.abs() * w2).sum())
-            i = 2 + 2 * pos[self.of[name]]
-            sums[i] += float(e2.sum())
-            sums[i + 1] += float(w2.sum())
+    def _add(self, pieces: Mapping[PieceKey, Pieces], sums: list[float]) -> list[float]:
+        """This rank's sums into `sums`; its level counts and protected bits per tensor (in
+        `_pos` order: bins + 2 counts, then the bits)."""
+        stats = {n: self._stats[q] for got in pieces.values() for n, q in got.items()}
+        for n in self.local:
+            s = stats.get(n)
+            if s is None:
+                continue
+            sums[0] += s.wnum
+            sums[1] += s.wden
+            i = 2 + 2 * self._pos[self.of[n]]
+            sums[i] += s.e2
+            sums[i + 1] += s.w2
+        slot, at = {}, 0
+        for g, bins in sorted((g, b) for g, b, _ in pieces):
+            slot[g], at = at, at + bins + 3
+        counts = [0.0] * at
+        for n in self.local:
+            s = stats.get(n)
+            if s is None:
+                continue
+            i = slot[self.of[n]]
+            for level, c in enumerate(s.counts.tolist()):
+                counts[i + level] += c
+            counts[i + len(s.counts)] += s.protected_bits
+        return counts
+
+    @staticmethod
+    def _bits(pieces: Mapping[PieceKey, Pieces], counts: list[float]) -> float:
+        """Bits per quantized parameter of the whole tensors, from their summed counts."""
+        total_bits, n, at = 0.0, 0, 0
+        for _, bins in sorted((g, b) for g, b, _ in pieces):
+            c = torch.tensor(counts[at:at + bins + 2], dtype=torch.float64)
+            numel = int(c.sum())
+            if numel:
+                total_bits += entropy_bits(c, numel) + counts[at + bins + 2]
+                n += numel
+            at += bins + 3
+        return total_bits / n if n else 0.0
+
+    def check(self) -> None:
+        """Raise the error a quantization outside a trial met (the winner's, recomputed)."""
+        if self._error is not None:
+            raise self._error
+
+
+def _shard_sums(q: QuantizedTensor, t: torch.Tensor) -> _ShardSums:
+    w = t.detach().reshape(-1).to(torch.float64)
+    err = q.dequantize().reshape(-1).to(torch.float64) - w
+    e2, w2 = err.square(), w.square()
+    return _ShardSums(float((w.abs() * e2).sum()), float((w.abs() * w2).sum()),
+                      float(e2.sum()), float(w2.sum()), level_histogram(q),
+                      q.protected.numel() * q.protected.element_size() * 8)
 
 
 def _raise_if_failed(error: BaseException | None, peers: list[Any]) -> None:
@@ -258,74 +350,42 @@ def _raise_if_failed(error: BaseException | None, peers: list[Any]) -> None:
         raise PeerFailedError(f"another rank failed in the sharded save: {failed[0]}")
 
 
-def _ratio(num: float, den: float) -> float:
-    if den <= 0.0 or not math.isfinite(den):
-        return 0.0 if num == 0.0 else math.inf
-    return math.sqrt(num / den)
-
-
 # ------------------------------------------------------------------ the decision
 def choose(tensors: Mapping[str, torch.Tensor], shards: Mapping[str, dict], how: How,
            init: Mapping[str, torch.Tensor]
            ) -> tuple[dict[str, QuantizedTensor], dict | None, dict | None]:
     """(this rank's quantized tensors by record name, the config as a dict, the quality
-    record); every rank of the group must call it, with its own tensors.  Nothing to quantize
-    or nothing feasible: ({}, None, a record saying so) -- stored losslessly."""
-    prep = Prepared(tensors, shards, how, init)
+    record as JSON); every rank of the group must call it, with its own tensors.  Nothing
+    to quantize or nothing feasible: ({}, None, a record saying so) -- stored losslessly."""
+    trials = ShardedTrials(tensors, shards, how, init)
     if how.mode == "fixed":
         assert how.config is not None
         config = QuantConfig.from_dict(how.config)
-        qmap, proxy, worst, worst_name = prep.trial(config, how.seed)
-        quality = {"metric": PROXY_MAGNITUDE, "value": _finite(proxy), "baseline": 0.0,
-                   "bound": None, "gate": "none", "quantized_tensors": len(prep.sketches),
-                   "max_distortion": _finite(worst), "worst_tensor": worst_name,
-                   "sharded": True}
-        return qmap, config.to_dict(), quality
-    return _search(prep, how)
+        qmap, pieces = quantize_config(trials, config, seed=how.seed, init=trials.init,
+                                       weigh=True)
+        m = trials.measure(qmap, pieces, proxy=True)
+        assert m.proxy is not None
+        worst, worst_name = worst_of(m.distortion)
+        quality = QualityRecord(
+            metric=PROXY_MAGNITUDE, value=finite(m.proxy), baseline=0.0, gate="none",
+            quantized_tensors=len(trials.sketches), max_distortion=finite(worst),
+            worst_tensor=worst_name, sharded=True,
+            nulls=frozenset({"value", "bound", "max_distortion", "worst_tensor"}))
+        return _quantized(qmap), config.to_dict(), quality.to_json()
+    # The space's magnitude points only: no rank has a gradient to rank by sensitivity.
+    space = dataclasses.replace(how.space or SearchSpace(), prune_metric=(MAGNITUDE,))
+    res = search_trials(trials, space=space, epsilon=how.epsilon, seed=how.seed,
+                        init=trials.init, tensor_cap=how.tensor_cap)
+    trials.check()
+    record = res.quality.updated(sharded=True)
+    if record.mode == "exhaustive":
+        record = record.updated(mode="exhaustive-sharded")
+    if res.config is None:
+        if record.mode != NOTHING_TO_QUANTIZE:
+            record = record.updated(stored="lossless: no feasible configuration")
+        return {}, None, record.to_json()
+    return _quantized(res.qmap), res.config.to_dict(), record.to_json()
 
 
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
-def _search(prep: Prepared, how: How
-            ) -> tuple[dict[str, QuantizedTensor], dict | None, dict | None]:
-    space = how.space or SearchSpace()
-    emb, share = prep.embeddings, prep.embedding_share
-    log: list[dict[str, Any]] = []
-    trials: dict[tuple[int, ...], tuple[bool, float, float, str | None]] = {}
-    record: dict[str, Any] = {
-        "metric": PROXY_MAGNITUDE, "baseline": 0.0, "epsilon": how.epsilon, "evaluations": 0,
-        "mode": "exhaustive-sharded", "gate": "proxy", "bound": how.epsilon,
-        "tensor_cap": _finite(how.tensor_cap), "sharded": True, "trials": log}
-    if not prep.sketches:
-        record.update(value=None, degradation=None, mode="nothing-to-quantize")
-        return {}, None, record
-
-    def probe(idx: tuple[int, ...]) -> bool:
-        config = space.config((MAGNITUDE, idx), emb)
-        _, proxy, worst, worst_name = prep.trial(config, how.seed)
-        ok = proxy <= how.epsilon and worst <= how.tensor_cap
-        trials[idx] = (ok, proxy, worst, worst_name)
-        log.append({"config": short(config), "value": _finite(proxy),
-                    "degradation": _finite(proxy), "feasible": ok,
-                    "distortion": _finite(round(worst, 6))})
-        return ok
-
-    oracle = MonotoneOracle(probe)
-    winner = None
-    while True:
-        idx = guided_search(space.shape(emb), lambda i: space.cost(i, emb, share), oracle)
-        if idx is None:
-            break
-        if oracle.probe(idx):   # inferred by monotonicity: probed before it is accepted
-            winner = idx
-            break
-    if winner is None:
-        record.update(value=None, degradation=None, stored="lossless: no feasible configuration")
-        return {}, None, record
-    config = space.config((MAGNITUDE, winner), emb)
-    _, proxy, worst, worst_name = trials[winner]
-    record.update(value=_finite(proxy), degradation=_finite(proxy),
-                  max_distortion=_finite(round(worst, 6)), worst_tensor=worst_name)
-    return prep.quantize(config, how.seed), config.to_dict(), record
+def _quantized(qmap: Mapping[str, QuantizedTensor | None]) -> dict[str, QuantizedTensor]:
+    return {n: q for n, q in qmap.items() if q is not None}

@@ -1,0 +1,72 @@
+"""The sharded save's search is `mvc.search`'s (issue 26): in one process (the collectives
+are the identity) `mvc.dcp.lossy.choose` walks the trials `find_config` walks on the same
+tensors, magnitude pruning only, and records what its search records."""
+from __future__ import annotations
+
+import torch
+
+from mvc.dcp import lossy
+from mvc.quant import QuantConfig, QuantPolicy
+from mvc.search import SearchSpace, find_config
+
+POLICY = QuantPolicy(min_numel=0)
+
+
+def _state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return {"model/0.weight": torch.randn(128, 64, generator=g) * 0.1,
+            "model/2.weight": torch.randn(64, 128, generator=g) * 0.05,
+            "model/tok_emb.weight": torch.randn(300, 32, generator=g),
+            "model/4.bias": torch.randn(10, generator=g)}
+
+
+def _halves(t: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, dict]]:
+    """Every tensor as two row shards, both held by this process."""
+    tensors, shards = {}, {}
+    for name, v in t.items():
+        n = v.shape[0] // 2
+        for lo, hi in ((0, n), (n, v.shape[0])):
+            rec = f"{name}@{lo}"
+            tensors[rec] = v[lo:hi].clone()
+            shards[rec] = {"of": name, "shape": list(v.shape), "offsets": [lo] + [0] * (v.dim() - 1)}
+    return tensors, shards
+
+
+def test_sharded_search_walks_the_trials_find_config_walks():
+    t = _state()
+    how = lossy.How("search", space=SearchSpace(), epsilon=0.05, tensor_cap=0.5, policy=POLICY)
+    qmap, config, quality = lossy.choose(t, {}, how, {})
+    want = find_config(t, policy=POLICY, space=SearchSpace(prune_metric=("magnitude",)),
+                       epsilon=0.05, tensor_cap=0.5)
+    assert want.config is not None and config == want.config.to_dict()
+    mine = [(e["config"], e["feasible"], e["bits"]) for e in quality["trials"]]
+    assert mine == [(e["config"], e["feasible"], e["bits"]) for e in want.quality.trials or []]
+    assert quality["sharded"] is True and quality["mode"] == "exhaustive-sharded"
+    assert quality["gate"] == "proxy" and quality["bits_per_param"] == want.quality.bits_per_param
+    assert sorted(qmap) == sorted(n for n, q in want.qmap.items() if q is not None)
+
+
+def test_shards_in_one_process_choose_what_the_whole_tensors_choose():
+    t = _state()
+    how = lossy.How("search", space=SearchSpace(), epsilon=0.05, tensor_cap=0.5, policy=POLICY)
+    tensors, shards = _halves(t)
+    qmap, config, quality = lossy.choose(tensors, shards, how, {})
+    _, whole, whole_quality = lossy.choose(t, {}, how, {})
+    assert config == whole
+    assert sorted(qmap) == sorted(n for n in tensors if not n.startswith("model/4.bias"))
+    for e, w in zip(quality["trials"], whole_quality["trials"], strict=True):
+        assert e["config"] == w["config"] and e["feasible"] == w["feasible"]
+
+
+def test_nothing_feasible_and_fixed_records():
+    t = _state()
+    how = lossy.How("search", space=SearchSpace(), epsilon=1e-9, tensor_cap=0.5, policy=POLICY)
+    qmap, config, quality = lossy.choose(t, {}, how, {})
+    assert (qmap, config) == ({}, None)
+    assert quality["stored"] == "lossless: no feasible configuration"
+    assert quality["value"] is None and quality["closest"]["feasible"] is False
+    fixed = lossy.How("fixed", config=QuantConfig(bins=8, prune=0.2).to_dict(), policy=POLICY)
+    qmap, config, quality = lossy.choose(t, {}, fixed, {})
+    assert config is not None and config["bins"] == 8
+    assert quality["gate"] == "none" and quality["bound"] is None and quality["sharded"] is True
+    assert quality["quantized_tensors"] == len(qmap) == 3 and quality["worst_tensor"] in qmap
