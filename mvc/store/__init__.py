@@ -3,9 +3,10 @@
 Three contracts (`mvc.store.contracts`): `BlobStore` (immutable objects; what
 object storage can implement), `RefStore` (compare-and-swap per ref, with its
 reflog; `TransactionalRefStore` adds atomic batches) and `StoreMaintenance`
-(local only: write lock, shrink, disk usage, metadata).  `ObjectStore` is
-their union: `LmdbStore` is the on-disk store of a repository, `MemoryStore`
-an in-memory one for tests.  `open_store` opens either from a location.
+(local only: write lock, shrink, disk usage, metadata).  `ObjectStore` is a
+repository's local store, one of each as `blobs`, `refs` and `maintenance`:
+`LmdbStore` is the on-disk one, `MemoryStore` an in-memory one for tests.
+`open_store` opens either from a location.
 """
 from mvc.store.base import (
     ANY,
@@ -34,7 +35,6 @@ from mvc.store.base import (
 )
 from mvc.store.contracts import (
     BlobStore,
-    ComposedStore,
     ObjectStore,
     RefBatchUnsupportedError,
     RefStore,
@@ -65,7 +65,6 @@ __all__ = [
     "SUPPORTED_FORMAT",
     "BlobStore",
     "BufferTooSmallError",
-    "ComposedStore",
     "CorruptRefError",
     "CorruptReflogError",
     "FormatTooNewError",

@@ -1,4 +1,4 @@
-"""The store contracts: blobs, refs, local maintenance, their union, and a composition of parts.
+"""The store contracts (blobs, refs, local maintenance) and the local store composed of them.
 
 * `BlobStore` -- immutable content-addressed objects (put / get / has / list /
   delete).  Every call stands alone (no transaction spans two calls), so object
@@ -12,9 +12,9 @@
 * `StoreMaintenance` -- what only a local store has: the repository write lock,
   shrink, disk usage and small metadata (format version, repository id).
 
-`ObjectStore` is all of them: a repository's local store.  `ComposedStore`
-builds one from three parts and exposes them as `blobs`, `refs` and
-`maintenance`, so a service can be handed just the part it uses.
+`ObjectStore`, a repository's local store, has one of each, as `blobs`,
+`refs` and `maintenance`; it is none of them and forwards nothing, so every
+caller names the part it uses and a service can be handed just that part.
 
 **Asking for a ref batch.**  Code that moves several refs atomically (gc's
 replacement publishing, a branch switch) says so in its signature: it takes a
@@ -43,6 +43,7 @@ from mvc.store.base import (
 )
 
 _P = TypeVar("_P", bound="StorePart")
+_S = TypeVar("_S", bound="ObjectStore")
 
 
 class RefBatchUnsupportedError(UsageError):
@@ -250,34 +251,13 @@ class StoreMaintenance(StorePart):
         return []
 
 
-# ------------------------------------------------------------------- union
-class ObjectStore(BlobStore, TransactionalRefStore, StoreMaintenance):
-    """A repository's local store: blobs, transactional refs and maintenance in one object.
+# ------------------------------------------------------------- local store
+class ObjectStore:
+    """A repository's local store: a blob part, a transactional ref part and a maintenance part.
 
-    `blobs`, `refs` and `maintenance` name the parts (the store itself unless
-    it is composed of separate parts), for services that need only one.
-    """
-
-    @property
-    def blobs(self) -> BlobStore:
-        """The blob part."""
-        return self
-
-    @property
-    def refs(self) -> TransactionalRefStore:
-        """The ref part (transactional: a local store can batch ref moves)."""
-        return self
-
-    @property
-    def maintenance(self) -> StoreMaintenance:
-        """The maintenance part."""
-        return self
-
-
-class ComposedStore(ObjectStore):
-    """An `ObjectStore` made of three parts; every method is the owning part's.
-
-    Closing the composition closes every part.
+    A composition, not a union: callers name the part they use
+    (``store.blobs.put``, ``store.refs.read_ref``, ``store.maintenance.write_lock``)
+    and services are handed only that part.  Closing the store closes every part.
     """
 
     def __init__(self, blobs: BlobStore, refs: TransactionalRefStore,
@@ -288,94 +268,26 @@ class ComposedStore(ObjectStore):
 
     @property
     def blobs(self) -> BlobStore:
+        """The blob part."""
         return self._blobs
 
     @property
     def refs(self) -> TransactionalRefStore:
+        """The ref part (transactional: a local store can batch ref moves)."""
         return self._refs
 
     @property
     def maintenance(self) -> StoreMaintenance:
+        """The maintenance part."""
         return self._maintenance
-
-    # --- blobs
-    def put(self, data: BytesLike) -> str:
-        return self._blobs.put(data)
-
-    def put_many(self, items: Iterable[BytesLike]) -> list[str]:
-        return self._blobs.put_many(items)
-
-    def get(self, oid: str) -> bytes:
-        return self._blobs.get(oid)
-
-    def get_into(self, oid: str, out: memoryview) -> int:
-        return self._blobs.get_into(oid, out)
-
-    def has(self, oid: str) -> bool:
-        return self._blobs.has(oid)
-
-    def size(self, oid: str) -> int:
-        return self._blobs.size(oid)
-
-    def iter_ids(self) -> Iterator[str]:
-        return self._blobs.iter_ids()
-
-    def ids_with_prefix(self, prefix: str) -> list[str]:
-        return self._blobs.ids_with_prefix(prefix)
-
-    def delete(self, oids: Iterable[str]) -> int:
-        return self._blobs.delete(oids)
-
-    def verify(self, oid: str) -> None:
-        self._blobs.verify(oid)
-
-    def object_bytes(self) -> int:
-        return self._blobs.object_bytes()
-
-    # --- refs
-    def read_ref(self, name: str) -> str | None:
-        return self._refs.read_ref(name)
-
-    def iter_refs(self, prefix: str = "", *,
-                  on_corrupt: OnCorrupt | None = None) -> Iterator[tuple[str, str]]:
-        return self._refs.iter_refs(prefix, on_corrupt=on_corrupt)
-
-    def update_ref(self, name: str, old: RefExpect, new: str | None,
-                   reason: str) -> None:
-        self._refs.update_ref(name, old, new, reason)
-
-    def update_refs(self, updates: Sequence[RefUpdate], reason: str) -> None:
-        self._refs.update_refs(updates, reason)
-
-    def reflog(self, name: str, *, on_corrupt: OnCorrupt | None = None) -> list[ReflogEntry]:
-        return self._refs.reflog(name, on_corrupt=on_corrupt)
-
-    def reflog_names(self, *, on_corrupt: OnCorrupt | None = None) -> list[str]:
-        return self._refs.reflog_names(on_corrupt=on_corrupt)
-
-    def delete_reflog(self, name: str) -> None:
-        self._refs.delete_reflog(name)
-
-    # --- maintenance
-    def write_lock(self, timeout: float = 60.0) -> AbstractContextManager[None]:
-        return self._maintenance.write_lock(timeout)
-
-    def disk_usage(self) -> int:
-        return self._maintenance.disk_usage()
-
-    def shrink(self, timeout: float = 60.0) -> tuple[int, int]:
-        return self._maintenance.shrink(timeout)
-
-    def get_meta(self, key: str) -> bytes | None:
-        return self._maintenance.get_meta(key)
-
-    def set_meta(self, key: str, value: bytes) -> None:
-        self._maintenance.set_meta(key, value)
-
-    def check_meta(self, repair: bool = True) -> list[str]:
-        return self._maintenance.check_meta(repair)
 
     def close(self) -> None:
         """Close every part (each close is idempotent)."""
         for part in (self._maintenance, self._refs, self._blobs):
             part.close()
+
+    def __enter__(self: _S) -> _S:  # noqa: PYI019 - typing.Self needs Python 3.11
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -26,7 +26,7 @@ from mvc.store.base import (
     StoreExistsError,
     StoreNotFoundError,
 )
-from mvc.store.contracts import ComposedStore
+from mvc.store.contracts import ObjectStore
 from mvc.store.lmdb_blobs import LmdbBlobStore
 from mvc.store.lmdb_env import (
     DATA_FILE,
@@ -45,7 +45,7 @@ from mvc.store.lock import FileLock
 __all__ = ["REPO_ID_KEY", "SUPPORTED_FORMAT", "LmdbStore"]
 
 
-class LmdbStore(ComposedStore):
+class LmdbStore(ObjectStore):
     """Objects, refs, reflog and metadata in one LMDB environment under a ``.mvc`` directory."""
 
     #: First map size; tests lower it to exercise growth.

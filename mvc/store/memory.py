@@ -1,6 +1,6 @@
 """In-memory stores, for tests and throwaway repositories.
 
-`MemoryStore` is a full `ObjectStore` composed of three parts that also work
+`MemoryStore` is an `ObjectStore` composed of three parts that also work
 alone: `MemoryBlobStore`, `MemoryRefStore` (transactional) and
 `MemoryMaintenance`.  Same semantics as the LMDB store (verify on read, CAS
 refs, reflog); each part is guarded by its own mutex, and the write lock only
@@ -33,7 +33,7 @@ from mvc.store.base import (
 )
 from mvc.store.contracts import (
     BlobStore,
-    ComposedStore,
+    ObjectStore,
     StoreMaintenance,
     TransactionalRefStore,
 )
@@ -256,7 +256,7 @@ class MemoryMaintenance(_Closable, StoreMaintenance):
             return before, self.disk_usage()
 
 
-class MemoryStore(ComposedStore):
+class MemoryStore(ObjectStore):
     """Objects, refs, reflog and metadata held in Python dicts (`memory:` in `open_store`)."""
 
     def __init__(self) -> None:

@@ -680,6 +680,8 @@ class ObjectStoreTests(BlobStoreTests, RefStoreTests, TransactionalRefTests, Mai
         assert isinstance(self.store.blobs, BlobStore)
         assert isinstance(self.store.refs, TransactionalRefStore)
         assert isinstance(self.store.maintenance, StoreMaintenance)
+        # a composition of its parts, not a union of them: callers name the part they use
+        assert not isinstance(self.store, (BlobStore, RefStore, StoreMaintenance))
         oid = self.store.blobs.put(b"through the part")
         assert self.blobs.get(oid) == b"through the part" and self.blobs.object_bytes() == 16
         self.store.refs.update_ref("refs/heads/p", None, oid, "part")

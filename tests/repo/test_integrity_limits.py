@@ -69,7 +69,7 @@ def test_commit_refuses_a_tensor_past_the_limits_and_stores_nothing(repo):
     with pytest.raises(UnstorableTensorError, match=r"tensor 'e'.*2\^48") as info:
         repo.commit({"w": torch.ones(3), "e": torch.empty(BAD)}, "x")
     assert info.value.exit_code == 173 and isinstance(info.value, UsageError)
-    assert repo.head() is None and list(repo.store.iter_ids()) == []
+    assert repo.head() is None and list(repo.store.blobs.iter_ids()) == []
 
 
 @pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
@@ -87,7 +87,7 @@ def test_cli_commit_of_such_a_file_fails_and_main_does_not_move(tmp_path, suffix
     assert code == 173, err  # before: 14 "snapshot is malformed", with main moved to it
     assert "'e'" in err and "2^48" in err and "Traceback" not in err
     with Repo(tmp_path) as repo:
-        assert repo.head() is None and list(repo.store.iter_ids()) == []
+        assert repo.head() is None and list(repo.store.blobs.iter_ids()) == []
     assert run(tmp_path, "fsck")[0] == 0 and run(tmp_path, "gc")[0] == 0
 
 
@@ -105,7 +105,7 @@ def _written(repo: Repo, state: dict):
     settings = repo.commit_settings()
     plan = pipeline.plan(flatten(state), Quantization(), pipeline.ParentInfo(),
                          read_quantized=repo.reader.read_quantized, settings=settings)
-    return plan, pipeline.write(plan.write, plan.write.names, blobs=repo.store,
+    return plan, pipeline.write(plan.write, plan.write.names, blobs=repo.store.blobs,
                                 read_quantized=repo.reader.read_quantized)
 
 
@@ -113,11 +113,11 @@ def test_publish_refuses_a_record_the_reader_would_refuse(repo):
     plan, records = _written(repo, {"w": torch.ones(3), "e": torch.empty(0, 3)})
     # What a writer bypassing the plan's check (another process, a bug) might hand publish.
     records = [dataclasses.replace(r, shape=list(BAD)) if r.name == "e" else r for r in records]
-    before = set(repo.store.iter_ids())
+    before = set(repo.store.blobs.iter_ids())
     with pytest.raises(UnpublishableObjectError, match="2\\^48"):
-        pipeline.publish(plan.manifest, records, pipeline.CommitInfo("x", "me"), blobs=repo.store,
-                         refs=repo.store, ref="refs/heads/main")
-    assert repo.head() is None and set(repo.store.iter_ids()) == before
+        pipeline.publish(plan.manifest, records, pipeline.CommitInfo("x", "me"), blobs=repo.store.blobs,
+                         refs=repo.store.refs, ref="refs/heads/main")
+    assert repo.head() is None and set(repo.store.blobs.iter_ids()) == before
 
 
 def test_publish_refuses_a_commit_the_reader_would_refuse(repo):
@@ -125,7 +125,7 @@ def test_publish_refuses_a_commit_the_reader_would_refuse(repo):
     plan, records = _written(repo, {"w": torch.ones(3)})
     with pytest.raises(UnpublishableObjectError, match="step"):
         pipeline.publish(plan.manifest, records, pipeline.CommitInfo("x", "me", step=2**63),
-                         blobs=repo.store, refs=repo.store, ref="refs/heads/main")
+                         blobs=repo.store.blobs, refs=repo.store.refs, ref="refs/heads/main")
     assert repo.head() is None
 
 
@@ -141,13 +141,13 @@ def _publish_unchecked(repo: Repo, state: dict, parent: str, *, shape_of_e=BAD,
     snap = Snapshot(records, plan.manifest.skeleton).encode()
     commit = Commit(parents=[parent], snapshot=object_id(snap), message="bad",
                     time=datetime.now(timezone.utc).isoformat(), author="old mvc", step=step)
-    sid, cid = repo.store.put_many([snap, commit.encode()])
-    repo.store.update_refs([RefUpdate("refs/heads/main", parent, cid)], "commit: bad")
+    sid, cid = repo.store.blobs.put_many([snap, commit.encode()])
+    repo.store.refs.update_refs([RefUpdate("refs/heads/main", parent, cid)], "commit: bad")
     return cid, sid
 
 
 def _unique_chunk(repo: Repo, sid: str, good_sid: str) -> str:
-    data = repo.store.get(sid)
+    data = repo.store.blobs.get(sid)
     good = set(repo.read_snapshot(good_sid).chunk_ids())
     from mvc.repo.objects import ids_named
 
@@ -190,16 +190,16 @@ def test_once_main_moved_off_gc_runs_and_keeps_the_unreadable_commit_unread(brok
         report = repo.gc()
     assert len(report.unreadable_kept) == 1 and bad_snap in report.unreadable_kept[0]
     # Nothing the unreadable commit names is deleted: the reflog still names it.
-    assert all(repo.store.has(o) for o in (bad, bad_snap, chunk))
+    assert all(repo.store.blobs.has(o) for o in (bad, bad_snap, chunk))
     fsck = repo.fsck()
     assert fsck.ok and any("only reflogs reach it" in w for w in fsck.warnings)
     assert torch.equal(repo.checkout("main")["w"], torch.ones(3))
     # History goes on, and gc still frees what nothing reaches.
     repo.commit({"w": torch.zeros(3)}, "next")
-    orphan = repo.store.put(b"not reachable from anything")
+    orphan = repo.store.blobs.put(b"not reachable from anything")
     with pytest.warns(MvcWarning):
         assert repo.gc().removed_objects == 1
-    assert not repo.store.has(orphan) and repo.store.has(chunk)
+    assert not repo.store.blobs.has(orphan) and repo.store.blobs.has(chunk)
 
 
 def test_deleting_the_branch_and_expiring_its_reflog_removes_it(broken):
@@ -209,7 +209,7 @@ def test_deleting_the_branch_and_expiring_its_reflog_removes_it(broken):
     repo.delete_branch("main", force=True)
     report = repo.gc(reflog_expire=0)
     assert report.unreadable_kept == [] and report.expired_reflogs == ["refs/heads/main"]
-    assert not any(repo.store.has(o) for o in (bad, bad_snap, chunk))
+    assert not any(repo.store.blobs.has(o) for o in (bad, bad_snap, chunk))
     repo.rename_branch("rescue", "main")
     fsck = repo.fsck()
     assert fsck.ok and fsck.warnings == []
@@ -233,7 +233,7 @@ def test_a_missing_object_behind_a_reflog_still_stops_gc(broken):
     # Only an intact object is kept unread: one that is gone cannot be told from damage.
     repo, good, bad, bad_snap, chunk = broken
     _move_main_back(repo)
-    repo.store.delete([bad_snap])
+    repo.store.blobs.delete([bad_snap])
     with pytest.raises(UnsafeGcError):
         repo.gc()
     assert not repo.fsck().ok
@@ -252,7 +252,7 @@ def test_an_unreadable_commit_object_keeps_its_snapshot_and_chunks(repo):
     with pytest.warns(MvcWarning):
         report = repo.gc()
     assert len(report.unreadable_kept) == 1
-    assert all(repo.store.has(o) for o in (bad, bad_snap, chunk))
+    assert all(repo.store.blobs.has(o) for o in (bad, bad_snap, chunk))
     assert repo.fsck().ok
 
 
