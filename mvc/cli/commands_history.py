@@ -142,11 +142,20 @@ def short_gate(q: QualityRecord | Mapping[str, Any]) -> str:
     return f"quality {_pct(r.degradation)} (bound {eps:.2%})"
 
 
-def storage_line(c: Commit, raw: int, stored: int) -> str:
+def sizes_text(raw: int, encoded: int, new: int | None) -> str:
+    """'12.1 MiB raw -> 0.4 MiB encoded (30.25x), 0.3 MiB new in store': the two sizes of a
+    commit, labelled (`mvc.repo.inspect`: encoded counts shared chunks, new in store not)."""
+    out = f"{human_bytes(raw)} raw -> {human_bytes(encoded)} encoded ({ratio(raw / encoded) if encoded else '-'})"
+    return out if new is None else f"{out}, {human_bytes(new)} new in store"
+
+
+def storage_line(c: Commit, raw: int, stored: int, new: int | None = None) -> str:
     """What `mvc commit` says after the summary: sizes, ratio, and how the commit was stored,
-    e.g. '12.1 MiB -> 0.4 MiB (30.25x); lossy: 16 bins, prune 0.2, gate quality +0.40%
-    (bound 1.00%)' or '...; lossless: no feasible configuration'."""
-    sizes = f"{human_bytes(raw)} -> {human_bytes(stored)} ({ratio(raw / stored) if stored else '-'})"
+    e.g. '12.1 MiB raw -> 0.4 MiB encoded (30.25x), 0.3 MiB new in store; lossy: 16 bins,
+    prune 0.2, gate quality +0.40% (bound 1.00%)' or '...; lossless: no feasible
+    configuration'. `stored`: the encoded bytes; `new`: the bytes new in store (None: not
+    said)."""
+    sizes = sizes_text(raw, stored, new)
     r = QualityRecord.from_json(c.quality or {})
     if not c.quant:
         # No quantization: asked for (commit.mode lossless, --lossless), or the search found
@@ -238,7 +247,7 @@ def layer_type(name: str, shape: list[int]) -> str:
 
 
 def _type_summary(tensors: list) -> str:
-    """One row per layer type: tensors, raw and stored bytes, ratio, how they are stored."""
+    """One row per layer type: tensors, raw and encoded bytes, ratio, how they are stored."""
     groups: dict[str, list] = {}
     for t in tensors:
         groups.setdefault(layer_type(t.name, t.shape), []).append(t)
@@ -250,7 +259,7 @@ def _type_summary(tensors: list) -> str:
             else f"{lossy} quantized, {len(ts) - lossy} exact"
         rows.append((kind, len(ts), human_bytes(raw), human_bytes(stored),
                      ratio(raw / stored) if stored else "-", how))
-    return table(rows, ["layer type", "tensors", "raw", "stored", "ratio", "stored as"], "lrrrrl")
+    return table(rows, ["layer type", "tensors", "raw", "encoded", "ratio", "stored as"], "lrrrrl")
 
 
 @click.command()
@@ -267,13 +276,19 @@ def show(rev: str, stat_only: bool, as_json: bool) -> None:
         echo_json({**commit_dict(c), "pruned": True, "tensors": None})
         return
     snap = repo.read_snapshot(c.snapshot) if not pruned else None
+    # A tensor's stored_bytes is its encoded size (kept under that name for scripts).
     tensors = [] if snap is None else [{
         "name": t.name, "dtype": t.dtype, "shape": t.shape, "codec": t.codec,
-        "raw_bytes": t.raw_bytes, "stored_bytes": t.stored_bytes, "depth": t.depth,
-        "ratio": (t.raw_bytes / t.stored_bytes) if t.stored_bytes else None,
+        "raw_bytes": t.raw_bytes, "stored_bytes": t.stored_bytes, "encoded_bytes": t.stored_bytes,
+        "depth": t.depth, "ratio": (t.raw_bytes / t.stored_bytes) if t.stored_bytes else None,
     } for t in snap.tensors]
+    from mvc.repo.inspect import commit_sizes  # on use: the CLI starts without the repository code
+
+    sizes = None if snap is None else commit_sizes(repo.odb, c.id)
     if as_json:
-        echo_json({**commit_dict(c), "tensors": tensors})
+        echo_json({**commit_dict(c), "tensors": tensors, **({} if sizes is None else {
+            "raw_bytes": sizes.raw_bytes, "encoded_bytes": sizes.encoded_bytes,
+            "new_bytes": sizes.new_bytes})})
         return
     echo(f"commit {c.id}")
     if c.parents:
@@ -302,22 +317,16 @@ def show(rev: str, stat_only: bool, as_json: bool) -> None:
     if snap is None:
         echo("Pruned:  checkpoint not stored (gc retention policy)")
         return
+    assert sizes is not None  # set with `snap`
     click.echo(_type_summary(snap.tensors))
-    if stat_only:
-        raw, stored = snap.raw_bytes, sum(t.stored_bytes for t in snap.tensors)
+    if not stat_only:
         echo()
-        echo(f"{len(snap.tensors)} tensors, {human_bytes(raw)} raw, {human_bytes(stored)} stored"
-             f" ({ratio(raw / stored) if stored else '-'})")
-        return
+        rows = [(t.name, t.dtype, "x".join(map(str, t.shape)) or "()", t.codec,
+                 human_bytes(t.stored_bytes), ratio(t.raw_bytes / t.stored_bytes)
+                 if t.stored_bytes else "-") for t in snap.tensors]
+        click.echo(table(rows, ["tensor", "dtype", "shape", "codec", "encoded", "ratio"], "lllllr"))
     echo()
-    rows = [(t.name, t.dtype, "x".join(map(str, t.shape)) or "()", t.codec,
-             human_bytes(t.stored_bytes), ratio(t.raw_bytes / t.stored_bytes)
-             if t.stored_bytes else "-") for t in snap.tensors]
-    click.echo(table(rows, ["tensor", "dtype", "shape", "codec", "stored", "ratio"], "lllllr"))
-    raw, stored = snap.raw_bytes, sum(t.stored_bytes for t in snap.tensors)
-    echo()
-    echo(f"{len(snap.tensors)} tensors, {human_bytes(raw)} raw, {human_bytes(stored)} stored"
-         f" ({ratio(raw / stored) if stored else '-'})")
+    echo(f"{len(snap.tensors)} tensors, {sizes_text(sizes.raw_bytes, sizes.encoded_bytes, sizes.new_bytes)}")
 
 
 @click.command()
@@ -382,7 +391,11 @@ def _working_file(repo: Repo, given: str | None) -> Path:
               help="Also draw the history to FILE: bytes, ratio, degradation vs epsilon, branch points "
                    "(needs the plot extra: matplotlib).")
 def stats(as_json: bool, plot_file: str | None) -> None:
-    """Raw checkpoint bytes vs stored bytes, per commit and in total."""
+    """Raw checkpoint bytes vs encoded bytes and bytes new in store, per commit and in total.
+
+    Encoded: what the commit's tensors take, shared chunks included (ratio: raw /
+    encoded). New in store: what it added to the store, each object counted for the
+    first commit that used it (an unchanged re-commit adds a few hundred bytes)."""
     repo = Repo.discover()
     if plot_file is not None:
         from mvc.cli.plot import plot_history
@@ -393,13 +406,14 @@ def stats(as_json: bool, plot_file: str | None) -> None:
     if as_json:
         echo_json(s.to_dict())
         return
-    rows = [(c.id[:12], c.message[:40], "pruned", "-", "-") if c.pruned else
-            (c.id[:12], c.message[:40], human_bytes(c.raw_bytes), human_bytes(c.stored_bytes),
-             ratio(c.ratio)) for c in s.commits]
-    click.echo(table(rows, ["commit", "message", "raw", "stored", "ratio"], "llrrr"))
+    rows = [(c.id[:12], c.message[:40], "pruned", "-", "-", "-") if c.pruned else
+            (c.id[:12], c.message[:40], human_bytes(c.raw_bytes), human_bytes(c.encoded_bytes),
+             ratio(c.encoded_ratio), human_bytes(c.new_bytes)) for c in s.commits]
+    click.echo(table(rows, ["commit", "message", "raw", "encoded", "ratio", "new in store"], "llrrrr"))
     echo()
     echo(f"total: {len(s.commits)} commits, {human_bytes(s.raw_bytes)} raw, "
-         f"{human_bytes(s.stored_bytes)} stored ({ratio(s.ratio)}); "
+         f"{human_bytes(s.encoded_bytes)} encoded, {human_bytes(s.stored_bytes)} new in store "
+         f"({ratio(s.ratio)} overall); "
          f"{human_bytes(s.total_disk_bytes)} on disk ({human_bytes(s.disk_bytes)} store, "
          f"{human_bytes(s.cache_bytes)} level cache)")
     if s.unreachable_objects:

@@ -98,9 +98,10 @@ def commit(message: str, checkpoint: str | None, step: int | None, metrics: tupl
         warnings.warn(MvcWarning(f"commit {cid[:12]} is stored, but {exc}"), stacklevel=1)
     branch = repo.current_branch()
     c = repo.read_commit(cid)
-    snap = repo.read_snapshot(c.snapshot)
-    stored = sum(t.stored_bytes for t in snap.tensors)
-    line = storage_line(c, snap.raw_bytes, stored)
+    from mvc.repo.inspect import commit_sizes
+
+    sizes = commit_sizes(repo.odb, cid)
+    line = storage_line(c, sizes.raw_bytes, sizes.encoded_bytes, new=sizes.new_bytes)
     if not c.quant and c.quality is None and not lossless and repo.config.get("commit.mode") == "search":
         line += " (no quality.hook: lossy commits are opt-in; see docs/quality.md)"
     echo(f"[{branch or 'detached HEAD'} {cid[:12]}] {c.summary}  {line}")

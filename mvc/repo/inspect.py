@@ -2,22 +2,34 @@
 
 Both receive the parts they read (the object database, the tensor reader, the
 store's maintenance part, the cache directory) and ids already resolved; never
-a `Repo`.
+a `Repo`. Only the diffs import torch (when called): stats and sizes read metadata.
+
+Two sizes of a commit, named the same everywhere (`mvc commit`, `show`, `stats`):
+
+* *encoded*: the bytes of its tensor records' payloads (`TensorRecord.stored_bytes`
+  summed), chunks it shares with other commits included -- what restoring it reads;
+* *new in store*: the bytes of the objects it added to the store -- its commit and
+  snapshot objects and the chunks no earlier commit uses (`stats`: each object is
+  charged to the first commit, in time order, that uses it; `commit_sizes`: to the
+  commit unless an ancestor uses it). Re-committing an unchanged checkpoint is a few
+  hundred bytes new in store, whatever its encoded size.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from mvc.repo.levelcache import cache_bytes
 from mvc.repo.objectdb import ObjectDB
 from mvc.repo.pruned import check_not_pruned, pruned_ids
-from mvc.repo.reader import TensorReader
-from mvc.dtypes import dtype_name
 from mvc.store import StoreMaintenance
+
+if TYPE_CHECKING:  # diffs read tensors; stats and sizes read metadata only, without torch
+    import torch
+
+    from mvc.repo.reader import TensorReader
 
 
 @dataclass
@@ -39,16 +51,37 @@ class TensorDiff:
 
 @dataclass
 class CommitStats:
+    """One commit's sizes (see the module docstring for *encoded* and *new in store*)."""
+
     id: str
     message: str
     raw_bytes: int
+    #: New in store: the bytes this commit added (the name scripts have read since the start).
     stored_bytes: int
     #: Pruned by a retention policy: no checkpoint stored (raw_bytes 0).
     pruned: bool = False
+    #: Encoded: its tensor records' payload bytes, shared chunks included.
+    encoded_bytes: int = 0
+
+    @property
+    def new_bytes(self) -> int:
+        """New in store (the same number as `stored_bytes`, under its label)."""
+        return self.stored_bytes
 
     @property
     def ratio(self) -> float:
+        """Raw bytes per byte new in store."""
         return self.raw_bytes / self.stored_bytes if self.stored_bytes else float("inf")
+
+    @property
+    def encoded_ratio(self) -> float:
+        """Raw bytes per encoded byte: the commit's compression."""
+        return self.raw_bytes / self.encoded_bytes if self.encoded_bytes else float("inf")
+
+    def to_dict(self) -> dict:
+        """`stats --json`'s entry: the fields, both ratios, and `new_bytes` (= `stored_bytes`)."""
+        return dict(asdict(self), ratio=self.ratio, new_bytes=self.new_bytes,
+                    encoded_ratio=self.encoded_ratio)
 
 
 @dataclass
@@ -75,16 +108,24 @@ class RepoStats:
 
     @property
     def stored_bytes(self) -> int:
+        """New in store, summed: what the history's commits added to the store."""
         return sum(c.stored_bytes for c in self.commits)
 
     @property
+    def encoded_bytes(self) -> int:
+        """Encoded, summed: shared chunks count once per commit that uses them."""
+        return sum(c.encoded_bytes for c in self.commits)
+
+    @property
     def ratio(self) -> float:
+        """Raw bytes per byte new in store: the history's compression, deduplication included."""
         return self.raw_bytes / self.stored_bytes if self.stored_bytes else float("inf")
 
     def to_dict(self) -> dict:
         return {
-            "commits": [dict(asdict(c), ratio=c.ratio) for c in self.commits],
+            "commits": [c.to_dict() for c in self.commits],
             "raw_bytes": self.raw_bytes, "stored_bytes": self.stored_bytes, "ratio": self.ratio,
+            "new_bytes": self.stored_bytes, "encoded_bytes": self.encoded_bytes,
             "object_bytes": self.object_bytes, "disk_bytes": self.disk_bytes,
             "cache_bytes": self.cache_bytes, "total_disk_bytes": self.total_disk_bytes,
             "unreachable_bytes": self.unreachable_bytes,
@@ -93,6 +134,8 @@ class RepoStats:
 
 
 def _compare(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    import torch
+
     if a.dtype.is_floating_point or a.dtype.is_complex:
         fa, fb = a.double(), b.double()
     else:
@@ -141,6 +184,8 @@ def diff(odb: ObjectDB, reader: TensorReader, cid_a: str, cid_b: str) -> list[Te
 def _measure(d: TensorDiff, ta: torch.Tensor, tb: torch.Tensor) -> None:
     """Fill `d` from two tensors of one shape and dtype: unchanged when bit-identical,
     else changed with the relative L2 and largest absolute difference."""
+    import torch
+
     ta, tb = ta.contiguous(), tb.contiguous()
     if torch.equal(ta.view(-1).view(torch.uint8), tb.view(-1).view(torch.uint8)):
         d.rel_l2, d.max_abs = 0.0, 0.0
@@ -154,6 +199,8 @@ def diff_state(odb: ObjectDB, reader: TensorReader, cid: str, tensors: Mapping[s
     """Per tensor of commit `cid` (side a) and `tensors` (side b: a flattened state, e.g. the
     working checkpoint file), as `diff` reports two commits. A quantized tensor that the
     file holds as committed shows its quantization error: the file is not what was stored."""
+    from mvc.dtypes import dtype_name
+
     check_not_pruned(odb.refs, cid)
     sid = odb.read_commit(cid).snapshot
     snap = odb.read_snapshot(sid)
@@ -200,7 +247,8 @@ def stats(odb: ObjectDB, maintenance: StoreMaintenance, cache_dir: Path) -> Repo
             if oid not in charged:
                 charged.add(oid)
                 added += odb.blobs.size(oid)
-        out.commits.append(CommitStats(c.id, c.summary, snap.raw_bytes, added))
+        out.commits.append(CommitStats(c.id, c.summary, snap.raw_bytes, added,
+                                       encoded_bytes=sum(t.stored_bytes for t in snap.tensors)))
     out.object_bytes = odb.blobs.object_bytes()
     # Damage is fsck's to report; here it only means less is counted as reachable.
     reached = {r.oid for r in odb.reachable(roots, on_damage=lambda d: None)}
@@ -209,5 +257,56 @@ def stats(odb: ObjectDB, maintenance: StoreMaintenance, cache_dir: Path) -> Repo
             out.unreachable_objects += 1
             out.unreachable_bytes += odb.blobs.size(oid)
     out.disk_bytes = maintenance.disk_usage()
-    out.cache_bytes = cache_bytes(cache_dir)
+    out.cache_bytes = _tree_bytes(cache_dir)
     return out
+
+
+@dataclass(frozen=True)
+class CommitSizes:
+    """One commit's sizes as `mvc commit` and `mvc show` name them."""
+
+    #: The checkpoint's tensors, uncompressed.
+    raw_bytes: int
+    #: Its tensor records' payload bytes, shared chunks included.
+    encoded_bytes: int
+    #: The bytes of its objects (commit, snapshot, chunks) no ancestor uses.
+    new_bytes: int
+
+
+def commit_sizes(odb: ObjectDB, cid: str) -> CommitSizes:
+    """Raw, encoded and new-in-store bytes of commit `cid` (not a pruned one).
+
+    New in store counts the commit's objects that none of its ancestors uses: for a
+    commit just made, what it added to the store (unless another branch stored the
+    same bytes first, which `stats` would charge to that branch). The walk stops as
+    soon as every object is found, so re-committing an unchanged checkpoint reads
+    one parent."""
+    c = odb.read_commit(cid)
+    snap = odb.read_snapshot(c.snapshot)
+    mine = {c.id, c.snapshot, *snap.chunk_ids()}
+    left = set(mine) - {c.id}  # no ancestor holds the commit itself
+    if c.parents and left:
+        pruned = pruned_ids(odb.refs)
+        for older in odb.walk_commits(c.parents, order="date"):  # nearest first: an early stop
+            if older.id in pruned:
+                continue  # its snapshot is gone; what kept commits share stays counted where used
+            left.discard(older.snapshot)
+            if left:
+                left -= set(odb.read_snapshot(older.snapshot).chunk_ids())
+            if not left:
+                break
+    new = sum(odb.blobs.size(oid) for oid in mine if oid == c.id or oid in left)
+    return CommitSizes(snap.raw_bytes, sum(t.stored_bytes for t in snap.tensors), new)
+
+
+def _tree_bytes(directory: Path) -> int:
+    """Bytes every file under `directory` occupies (`.mvc/cache/`: the level cache and
+    anything beside it); here rather than imported from the level cache, which needs torch."""
+    total = 0
+    for root, _, names in os.walk(directory):
+        for n in names:
+            try:
+                total += os.lstat(os.path.join(root, n)).st_size
+            except OSError:
+                continue
+    return total

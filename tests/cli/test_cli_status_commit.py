@@ -46,7 +46,10 @@ def test_status_after_switch_to_a_branch_at_the_same_commit(work):
     assert "unchanged since HEAD" in run(work, "status")[1]
 
 
-_LINE = re.compile(r"^\[main [0-9a-f]{12}\] (.*?)  ([\d.]+ \w+) -> ([\d.]+ \w+) \(([\d.]+x)\); (.*)$")
+# Groups: message, raw, encoded, ratio, how it was stored (the bytes new in store are checked
+# in tests/cli/test_cli_sizes.py).
+_LINE = re.compile(r"^\[main [0-9a-f]{12}\] (.*?)  ([\d.]+ \w+) raw -> ([\d.]+ \w+) encoded "
+                   r"\(([\d.]+x)\), [\d.]+ \w+ new in store; (.*)$")
 
 
 def test_commit_line_lossless(work):
