@@ -64,9 +64,11 @@ def init(path: str) -> None:
 @click.option("--epsilon", type=float, default=None,
               help="Bound for the config search: the quality.hook's relative degradation, or without "
                    "a hook the proxy's weighted relative L2 error (opts in to lossy commits).")
+@click.option("--allow-empty", is_flag=True, default=False,
+              help="Make the commit even when the checkpoint is stored exactly as HEAD's.")
 @quiet_option
 def commit(message: str, checkpoint: str | None, step: int | None, metrics: tuple[str, ...],
-           lossless: bool, epsilon: float | None, quiet: bool) -> None:
+           lossless: bool, epsilon: float | None, allow_empty: bool, quiet: bool) -> None:
     """Commit CHECKPOINT (.pt/.pth/.ckpt/.safetensors, or a checkpoint directory such as
     a Hugging Face checkpoint-N/; default: checkpoint.path).
 
@@ -75,9 +77,13 @@ def commit(message: str, checkpoint: str | None, step: int | None, metrics: tupl
     function. Without a hook the commit is lossless unless --epsilon (or
     quality.epsilon) bounds the proxy, a weighted reconstruction error, not a loss
     (docs/quality.md). On a terminal a progress bar shows the load, the search and
-    the tensors written (-q: none)."""
+    the tensors written (-q: none).
+
+    A checkpoint stored exactly as HEAD's makes no commit: "nothing to commit", exit 0,
+    as git does (--allow-empty: commit anyway)."""
     from mvc.io.dirs import load_dir
     from mvc.io.files import load_checkpoint
+    from mvc.repo.transaction import NothingToCommitError
 
     repo = Repo.discover()
     path = _checkpoint_path(repo, checkpoint, "checkpoint")
@@ -88,14 +94,21 @@ def commit(message: str, checkpoint: str | None, step: int | None, metrics: tupl
         with phase(progress, f"loading {path.name}", total_items=1, unit="files"):
             state = load_dir(path) if path.is_dir() else load_checkpoint(path)
         st = path.stat()
-        cid = repo.commit(state, message, step=step, metrics=metric_values,
-                          lossless=True if lossless else None, quality=quality, epsilon=epsilon,
-                          progress=progress)
+        try:
+            cid = repo.commit(state, message, step=step, metrics=metric_values,
+                              lossless=True if lossless else None, quality=quality, epsilon=epsilon,
+                              progress=progress, allow_empty=allow_empty)
+            unchanged = False
+        except NothingToCommitError as nothing:
+            cid, unchanged = nothing.head, True
     try:
         if not path.is_dir():  # `status` tracks a checkpoint file, not a tree
             worktree.record(repo.store.maintenance, worktree.Stamp.of(path, cid, st), track=True)
     except MvcError as exc:  # the commit has landed; only `status` loses its hint
         warnings.warn(MvcWarning(f"commit {cid[:12]} is stored, but {exc}"), stacklevel=1)
+    if unchanged:  # the file is HEAD's checkpoint: stamped as such above, for `status`
+        echo(f"nothing to commit, {path} matches HEAD ({cid[:12]})")
+        return
     branch = repo.current_branch()
     c = repo.read_commit(cid)
     from mvc.repo.inspect import commit_sizes

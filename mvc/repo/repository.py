@@ -255,7 +255,7 @@ class Repo:
                grads: Mapping[str, torch.Tensor] | None = None,
                quality: Callable[[Any], float] | None = None,
                epsilon: float | None = None, space: SearchSpace | None = None,
-               progress: Progress | None = None) -> str:
+               progress: Progress | None = None, allow_empty: bool = True) -> str:
         """Store `state` (any nested checkpoint structure) as a new commit on HEAD; returns its id.
 
         Objects are written first, then the snapshot and the commit object, and
@@ -289,6 +289,11 @@ class Repo:
 
         `progress` (a `mvc.progress.Progress`; default: none) hears of the plan ("choosing
         storage") and of each tensor written (its raw bytes).
+
+        `allow_empty=False`: when the snapshot this commit would record is exactly HEAD's
+        (the same tensors, stored the same way, and the same structure), no commit is made
+        and `mvc.repo.transaction.NothingToCommitError` (`.head`: HEAD's id) is raised, as
+        git says "nothing to commit".  The default makes the commit anyway.
         """
         from mvc.repo import commitopts, pipeline
         from mvc.state import flatten
@@ -308,7 +313,7 @@ class Repo:
                                  read_quantized=tx.read_quantized, settings=tx.settings, grads=grads)
         info = tx.info(message, step=step, metrics=clean_metrics)
         bases: pipeline.Bases = {}
-        landed = tx.commit(plan, info, bases=bases, progress=progress)
+        landed = tx.commit(plan, info, bases=bases, progress=progress, allow_empty=allow_empty)
         self._remember_levels(landed.commit, landed.snapshot, plan.write.quantized, bases)
         return landed.commit
 

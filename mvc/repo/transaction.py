@@ -18,13 +18,26 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from mvc.errors import MvcError
 from mvc.progress import Progress
 from mvc.repo import pipeline
 from mvc.repo.objectdb import ObjectDB
-from mvc.repo.objects import TensorRecord
+from mvc.repo.objects import TensorRecord, checked_encoding
 from mvc.repo.provenance import author, code_provenance
 from mvc.repo.refops import commit_target
 from mvc.store import BlobStore, RefStore, StoreMaintenance, object_id
+
+
+class NothingToCommitError(MvcError):
+    """A commit with `allow_empty=False` would record exactly the snapshot its parent (the
+    branch's head) has: no commit was made.  `head`: that commit's id.  Nothing new was
+    stored either -- chunks are content-addressed, so writing them again added nothing."""
+
+    exit_code = 108
+
+    def __init__(self, head: str) -> None:
+        super().__init__(f"nothing to commit: the checkpoint matches HEAD ({head[:12]})")
+        self.head = head
 
 
 @dataclass(frozen=True)
@@ -89,19 +102,26 @@ class CommitTransaction:
 
     # ------------------------------------------------------------------ under the lock
     def commit(self, plan: pipeline.CommitPlan, info: pipeline.CommitInfo, *,
-               bases: pipeline.Bases | None = None,
-               progress: Progress | None = None) -> Published:
+               bases: pipeline.Bases | None = None, progress: Progress | None = None,
+               allow_empty: bool = True) -> Published:
         """Write `plan` and publish it on the branch as it is once the write lock is held.
 
         The plan was made against the branch's head read before the lock (a hint); under
         the lock the head is read again, and a lossy plan (or any plan whose parent moved)
-        is written against the records read then: deltas are made against them."""
+        is written against the records read then: deltas are made against them.
+
+        `allow_empty=False`: when the snapshot would be exactly the head's, nothing is
+        published and `NothingToCommitError` is raised (git's "nothing to commit")."""
         with self.maintenance.write_lock(self.lock_timeout):
             ref, parent = self.target()
             lossy = bool(plan.write.quantized)
             if lossy or parent != plan.manifest.parent:
                 plan = plan.against(self.parent(parent, lossy))
             records = self.write(plan.write, plan.write.names, bases=bases, progress=progress)
+            # Compared under the lock, against the head read under it: a commit landing
+            # meanwhile cannot make an unchanged state look changed, or the reverse.
+            if not allow_empty and parent is not None and self._is_snapshot_of(parent, plan.manifest, records):
+                raise NothingToCommitError(parent)
             cid, sid = pipeline.publish(plan.manifest, records, info, blobs=self.blobs,
                                         refs=self.refs, ref=ref)
         return Published(cid, sid)
@@ -128,6 +148,14 @@ class CommitTransaction:
             if landed is not None:
                 landed(out)
         return out
+
+    def _is_snapshot_of(self, head: str, manifest: pipeline.Manifest,
+                        records: list[TensorRecord]) -> bool:
+        """Whether `publish` would write exactly `head`'s snapshot (the one its commit names,
+        or the identical re-encoding gc replaced it by, which a plan against it reuses)."""
+        sid = object_id(checked_encoding(pipeline.snapshot_of(manifest, records)))
+        named = self.odb.read_commit(head).snapshot
+        return sid in (named, self.odb.resolve_snapshot_id(named))
 
     def _same_as(self, head: str | None, ref: str, manifest: pipeline.Manifest,
                  records: list[TensorRecord]) -> str | None:

@@ -80,7 +80,7 @@ def test_commit_without_a_hook_is_lossless_and_says_lossy_is_opt_in(work):
     m = _LINE.match(out.strip())
     assert m, out
     assert m.group(5) == "lossless (no quality.hook: lossy commits are opt-in; see docs/quality.md)"
-    code, out, err = run(work, "commit", "-m", "e2", "--lossless")
+    code, out, err = run(work, "commit", "-m", "e2", "--lossless", "--allow-empty")
     assert code == 0 and _LINE.match(out.strip()).group(5) == "lossless", out
 
 
