@@ -346,7 +346,8 @@ def diff(rev_a: str, rev_b: str | None, file: str | None, as_json: bool, show_al
     if rev_b is None:
         from mvc.io.files import load_checkpoint
 
-        diffs = repo.diff_state(rev_a, load_checkpoint(_working_file(repo, file)))
+        with repo.safe_globals():
+            diffs = repo.diff_state(rev_a, load_checkpoint(_working_file(repo, file)))
     else:
         diffs = repo.diff(rev_a, rev_b)
     if as_json:

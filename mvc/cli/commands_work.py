@@ -91,7 +91,7 @@ def commit(message: str, checkpoint: str | None, step: int | None, metrics: tupl
     hook = repo.config.get("quality.hook")
     quality = load_hook(hook, repo.path) if hook and not lossless else None
     with terminal_progress(quiet=quiet) as progress:
-        with phase(progress, f"loading {path.name}", total_items=1, unit="files"):
+        with phase(progress, f"loading {path.name}", total_items=1, unit="files"), repo.safe_globals():
             state = load_dir(path) if path.is_dir() else load_checkpoint(path)
         st = path.stat()
         try:
@@ -225,7 +225,7 @@ def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...
     # branch that resolution went through.
     cid, branch_ref = repo.resolve_rev(rev)
     _refuse_to_destroy(repo, path, rev, output is not None, force)
-    with terminal_progress(quiet=quiet) as progress:
+    with terminal_progress(quiet=quiet) as progress, repo.safe_globals():
         state = repo.reader.read_state(cid, only=only or None, weights_only=weights_only, progress=progress)
     if is_dir_state(state):
         if output is None:

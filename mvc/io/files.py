@@ -3,9 +3,11 @@
 Checkpoint files are untrusted input.  torch files are unpickled only by
 torch's weights-only unpickler (what ``torch.load(weights_only=True)`` uses),
 so a pickle that needs any other global is refused before anything runs
-(`UnsafeCheckpointError` names the global); numpy arrays and scalars are
-additionally allowed because RNG states carry them.  Every failure is one line
-naming the file, with its own exit code.
+(`UnsafeCheckpointError` names the global, and how to allow it); numpy arrays
+and scalars are additionally allowed because RNG states carry them, and so are the
+globals a caller trusts (`load_checkpoint(..., safe_globals=...)`; the CLI passes
+the repository's `checkpoint.safe_globals`, `mvc.state.safe_globals`).  Every
+failure is one line naming the file, with its own exit code.
 
 Zip checkpoints are memory-mapped, not copied, and every record is validated
 before it becomes a storage (`mvc.io.torch_zip`).
@@ -24,6 +26,7 @@ import warnings
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
+from collections.abc import Iterable
 from typing import IO, Any
 
 import torch
@@ -37,6 +40,7 @@ from mvc.io.checkpoint_errors import (  # noqa: F401  (re-exported: callers impo
     UnsupportedCheckpointError,
 )
 from mvc.io.torch_zip import LOCAL_MAGIC, WeightsOnlyRefusal, load_torch_zip, short_error
+from mvc.state.safe_globals import allow_hint, allowing
 
 TORCH_SUFFIXES = frozenset({".pt", ".pth", ".ckpt", ".bin"})
 SAFETENSORS_SUFFIXES = frozenset({".safetensors"})
@@ -76,8 +80,14 @@ def detect_format(path: str | os.PathLike) -> str:
     )
 
 
-def load_checkpoint(path: str | os.PathLike) -> Any:
+def load_checkpoint(path: str | os.PathLike, *, safe_globals: Iterable[Any] = ()) -> Any:
     """Load a checkpoint file safely into CPU memory (memory-mapped where possible).
+
+    `safe_globals`: globals the weights-only unpickler may also build for this load --
+    ``module.qualname`` names (as the config key ``checkpoint.safe_globals`` holds them)
+    or the classes themselves, e.g. ``["argparse.Namespace"]``. Trusted classes only:
+    unpickling one runs its construction. `UnknownSafeGlobalError` (exit 111) for a name
+    that does not resolve.
 
     A ``.safetensors`` file loads as a dict of its tensors; when its header has
     ``__metadata__`` (e.g. ``{'format': 'pt'}``) it is an OrderedDict carrying that map in
@@ -90,7 +100,8 @@ def load_checkpoint(path: str | os.PathLike) -> Any:
     _read_head(target, 1)  # surfaces permission problems as "cannot be read", before any parser runs
     if detect_format(target) == "safetensors":
         return _load_safetensors(target)
-    return _load_torch(target)
+    with allowing(safe_globals):
+        return _load_torch(target)
 
 
 def save_checkpoint(state: Any, path: str | os.PathLike, format: str | None = None) -> None:
@@ -170,7 +181,7 @@ def _numpy_safe_globals() -> list:
 
 
 def _load_torch(target: Path) -> Any:
-    with torch.serialization.safe_globals(_numpy_safe_globals()), warnings.catch_warnings():
+    with allowing(_numpy_safe_globals()), warnings.catch_warnings():
         # Raw pickles (a refused payload, usually) make torch warn about the protocol; the error says it all.
         warnings.filterwarnings("ignore", message="Detected pickle protocol")
         try:
@@ -186,7 +197,7 @@ def _load_torch(target: Path) -> Any:
             if unsafe:
                 raise UnsafeCheckpointError(
                     f"{target}: refused: the pickle needs {', '.join(unsafe)}, which torch.load(weights_only=True) "
-                    "does not allow (nothing was executed)"
+                    f"does not allow (nothing was executed); {allow_hint(unsafe)}"
                 ) from None
             raise CorruptCheckpointError(f"{target}: not a valid torch checkpoint ({short_error(exc)})") from None
         except Exception as exc:  # untrusted bytes fail in many ways inside torch/pickle

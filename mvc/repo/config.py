@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mvc.errors import UsageError
+from mvc.state.safe_globals import check_names, resolve
 
 #: Every known key with its default. Unknown keys are refused so typos surface.
 DEFAULTS: dict[str, Any] = {
@@ -20,6 +21,10 @@ DEFAULTS: dict[str, Any] = {
     "user.email": None,
     "checkpoint.path": None,
     "checkpoint.format": "pt",
+    # Globals (module.qualname, e.g. argparse.Namespace) torch's weights-only unpickler may build
+    # when checkpoint files are loaded and their non-tensor values stored and restored: trusted
+    # classes only (mvc.state.safe_globals). A list; on the command line, names separated by commas.
+    "checkpoint.safe_globals": [],
     "commit.lossless_codec": "lossless/1",
     "commit.chunk_mib": 32,
     "core.lock_timeout": 600.0,
@@ -127,8 +132,22 @@ def _coerce(key: str, value: Any) -> Any:
     return value
 
 
+#: Keys with a validator of their own (the value as given -> the value stored).
+_VALIDATORS: dict[str, Callable[[Any], Any]] = {
+    "checkpoint.safe_globals": check_names,  # form only: reading the config imports nothing
+}
+
+#: Checks made when a key is set, not when it is read: a typo fails where it is made.
+_ON_SET: dict[str, Callable[[Any], Any]] = {
+    "checkpoint.safe_globals": resolve,  # imports each name's module
+}
+
+
 def _coerce_type(key: str, value: Any) -> Any:
     default = DEFAULTS[key]
+    validate = _VALIDATORS.get(key)
+    if validate is not None:
+        return validate(value)
     if key in JSON_KEYS:
         if isinstance(value, str):
             try:
@@ -209,6 +228,9 @@ class Config:
             data.pop(key, None)
         else:
             data[key] = _coerce(key, value)
+            on_set = _ON_SET.get(key)
+            if on_set is not None:
+                on_set(data[key])
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".config.")
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=2, sort_keys=True)

@@ -15,7 +15,7 @@ import os
 import threading
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping, Sequence
 
 from mvc.errors import MvcError, MvcWarning, UsageError
 from mvc.progress import Progress, phase
@@ -249,6 +249,15 @@ class Repo:
     def _lock_timeout(self) -> float:
         return float(self.config.get("core.lock_timeout"))
 
+    def safe_globals(self) -> ContextManager[list[Any]]:
+        """A context in which torch's weights-only unpickler also allows the globals the config
+        key `checkpoint.safe_globals` names (`mvc.state.safe_globals`): `commit`, `read_state`,
+        `checkout` and `diff_state` enter it around the state's non-tensor values, the CLI
+        around loading a checkpoint file."""
+        from mvc.state.safe_globals import allowing
+
+        return allowing(self.config.get("checkpoint.safe_globals"))
+
     def commit(self, state: Any, message: str, *, step: int | None = None,
                metrics: Mapping[str, float] | None = None, lossless: bool | None = None,
                quant: QuantConfig | None = None, policy: QuantPolicy | None = None,
@@ -307,7 +316,8 @@ class Repo:
         lossy_plan = how.mode != "lossless"
         # HEAD now is only a hint for the plan (warm start, the search's starting config):
         # the branch may move before the lock is taken, which costs nothing but compression.
-        flat = flatten(state)
+        with self.safe_globals():
+            flat = flatten(state)
         with phase(progress, "choosing storage", total_items=len(flat.tensors)):
             plan = pipeline.plan(flat, how, tx.parent(self.head(), lossy_plan),
                                  read_quantized=tx.read_quantized, settings=tx.settings, grads=grads)
@@ -353,8 +363,9 @@ class Repo:
         `only` (name patterns like ``model.*``) and `weights_only` (drop optimizer state)
         restore part of it, reading only the payloads that part needs (`mvc.state.prune`).
         `progress`: hears of each tensor restored (default: none)."""
-        return self.reader.read_state(self.resolve(rev), map_location=map_location,
-                                      only=only, weights_only=weights_only, progress=progress)
+        with self.safe_globals():
+            return self.reader.read_state(self.resolve(rev), map_location=map_location,
+                                          only=only, weights_only=weights_only, progress=progress)
 
     def checkout(self, rev: str = "HEAD", *, move_head: bool = True,
                  map_location: str | torch.device | None = None,
@@ -366,8 +377,9 @@ class Repo:
         cid, branch = self.resolve_rev(rev)
         # By the id resolved: never through revision parsing again, where a ref could be
         # named like it.
-        state = self.reader.read_state(cid, map_location=map_location, only=only, weights_only=weights_only,
-                                       progress=progress)
+        with self.safe_globals():
+            state = self.reader.read_state(cid, map_location=map_location, only=only,
+                                           weights_only=weights_only, progress=progress)
         if move_head:
             self.move_head(cid, branch, rev)
         return state
@@ -462,7 +474,9 @@ class Repo:
         from mvc.repo import inspect
         from mvc.state import flatten
 
-        return inspect.diff_state(self.odb, self.reader, self.resolve(rev), flatten(state).tensors)
+        with self.safe_globals():
+            flat = flatten(state)
+        return inspect.diff_state(self.odb, self.reader, self.resolve(rev), flat.tensors)
 
     def stats(self) -> RepoStats:
         """Raw vs stored bytes per commit and in total, and what the repository occupies."""

@@ -14,6 +14,9 @@ the same type with the same bits:
 * any other object goes through torch's ``weights_only`` format: it is
   ``torch.save``-d to bytes and accepted only if ``torch.load(weights_only=True)``
   reads it back.  Plain pickle is never used, so decoding can never run code.
+  The globals torch's list lacks (an ``argparse.Namespace``) go in only while the
+  repository's ``checkpoint.safe_globals`` allows them (`mvc.state.safe_globals`),
+  and come out only where it allows them again (`GlobalNotAllowedError` otherwise).
 
 Containers and tensors are handled by `mvc.state.nested`; this module only sees
 leaves.
@@ -23,7 +26,7 @@ from __future__ import annotations
 import base64
 import io
 import math
-import re
+import pickle
 import struct
 import sys
 from typing import Any
@@ -32,6 +35,7 @@ import torch
 
 from mvc.dtypes import dtype_name, parse_dtype
 from mvc.errors import DataError, MvcError
+from mvc.state.safe_globals import GlobalNotAllowedError, allow_hint, allowable, refused_globals
 
 # JSON numbers beyond 2**53 lose precision in most non-Python readers.
 _JSON_SAFE_INT = 2**53
@@ -132,13 +136,12 @@ def _encode_weights_only(value: Any, path: tuple) -> dict:
     try:
         torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception as exc:
-        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
-        need = f"needs {found.group(1)}" if found else _first_line(exc)
-        raise unsupported(
-            value, path,
-            f"not loadable with torch.load(weights_only=True) ({need}); "
-            "store it as plain Python values or register it with torch.serialization.add_safe_globals",
-        ) from None
+        found = refused_globals(str(exc))
+        need = f"needs {', '.join(found)}" if found else _first_line(exc)
+        hint = "store it as plain Python values"
+        if found and all(allowable(n) for n in found):
+            hint += f" or, {allow_hint(found)}"
+        raise unsupported(value, path, f"not loadable with torch.load(weights_only=True) ({need}); {hint}") from None
     return {"t": "torch", "b64": _b64(data)}
 
 
@@ -185,7 +188,16 @@ def _decode_npscalar(node: dict) -> Any:
 
 
 def _decode_weights_only(node: dict) -> Any:
-    return torch.load(io.BytesIO(_unb64(node["b64"])), weights_only=True, map_location="cpu")
+    try:
+        return torch.load(io.BytesIO(_unb64(node["b64"])), weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as exc:
+        # Stored where the global was allowed (`checkpoint.safe_globals`), read where it is not.
+        found = refused_globals(str(exc))
+        if not found:
+            raise
+        raise GlobalNotAllowedError(
+            f"a stored value needs {', '.join(found)}, which this repository does not allow "
+            f"(nothing was run); {allow_hint(found)}") from None
 
 
 _DECODERS = {
