@@ -123,12 +123,7 @@ def checkout_checkpoint(repo: str | os.PathLike | Repo, output_dir: str | os.Pat
     """Write the checkpoint directory committed at `rev` to ``<output_dir>/checkpoint-<its step>``
     (absent or empty) and return that path, for ``trainer.train(resume_from_checkpoint=...)``."""
     r = RepoOnDemand(repo, create=True).get()
-    cid = r.resolve(rev)
-    step = r.read_commit(cid).step
-    if step is None:
-        raise HfIntegrationError(f"{rev}: commit {cid[:12]} records no step; check it out with "
-                                 "`mvc checkout REV -o DIR` and name the directory yourself")
-    target = Path(output_dir) / f"{CHECKPOINT_PREFIX}{step}"
+    cid, target = _checkout_target(r, output_dir, rev)
     target.parent.mkdir(parents=True, exist_ok=True)
     checkout_dir(r, cid, target)
     return str(target)
@@ -138,7 +133,40 @@ def checkout_checkpoint(repo: str | os.PathLike | Repo, output_dir: str | os.Pat
 resume_from_mvc = checkout_checkpoint
 
 
-def train_from_mvc(trainer: Any, repo: str | os.PathLike | Repo, rev: str = "HEAD", **train_args: Any) -> Any:
-    """Check `rev` out into the trainer's output directory and resume training from it."""
-    path = checkout_checkpoint(repo, trainer.args.output_dir, rev)
-    return trainer.train(resume_from_checkpoint=path, **train_args)
+def train_from_mvc(trainer: Any, repo: str | os.PathLike | Repo, rev: str = "HEAD", *,
+                   cleanup: bool | None = None, **train_args: Any) -> Any:
+    """Check `rev` out into the trainer's output directory and resume training from it.
+
+    cleanup: remove the checked-out ``checkpoint-N/`` when training ends or fails (the
+    checkpoint is in mvc); None (the default): remove it when the trainer has an
+    `MvcCallback(delete=True)`, so that such a run leaves no checkpoint directory behind."""
+    r = RepoOnDemand(repo, create=True).get()
+    cid, target = _checkout_target(r, trainer.args.output_dir, rev)
+    existed = target.exists()  # then empty (checkout refuses anything else): the caller's
+    target.parent.mkdir(parents=True, exist_ok=True)
+    checkout_dir(r, cid, target)
+    try:
+        return trainer.train(resume_from_checkpoint=str(target), **train_args)
+    finally:
+        if _cleans_up(trainer, cleanup) and target.is_dir():
+            shutil.rmtree(target)
+            if existed:
+                target.mkdir()
+
+
+def _checkout_target(r: Repo, output_dir: str | os.PathLike, rev: str) -> tuple[str, Path]:
+    """`rev`'s commit id and ``<output_dir>/checkpoint-<its step>``."""
+    cid = r.resolve(rev)
+    step = r.read_commit(cid).step
+    if step is None:
+        raise HfIntegrationError(f"{rev}: commit {cid[:12]} records no step; check it out with "
+                                 "`mvc checkout REV -o DIR` and name the directory yourself")
+    return cid, Path(output_dir) / f"{CHECKPOINT_PREFIX}{step}"
+
+
+def _cleans_up(trainer: Any, cleanup: bool | None) -> bool:
+    if cleanup is not None:
+        return cleanup
+    callbacks = getattr(getattr(trainer, "callback_handler", None), "callbacks", ())
+    return any(isinstance(cb, MvcCallback) and cb.delete for cb in callbacks)
+

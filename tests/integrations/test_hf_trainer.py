@@ -115,6 +115,35 @@ def test_resume_helper_and_step_metrics(tmp_path):
             _args(out, load_best_model_at_end=True, eval_strategy="steps"), None, None)
 
 
+def test_train_from_mvc_leaves_no_checkout_behind_a_delete_run(tmp_path):
+    """A delete=True run keeps no checkpoint directory; resuming it with train_from_mvc removes
+    the checkpoint-N/ it checked out too (when training ends, as when it fails)."""
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        _trainer(out, [MvcCallback(tmp_path / "runs", delete=True), _Crash(at=3)]).train()
+    assert not list(out.glob("checkpoint-*"))
+    # The resumed run fails too: its checkout is removed all the same.
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        train_from_mvc(_trainer(out, [MvcCallback(tmp_path / "runs", delete=True), _Crash(at=5)]),
+                       tmp_path / "runs")
+    assert not list(out.glob("checkpoint-*")), "the checked-out checkpoint-2/ is gone"
+    mvc = MvcCallback(tmp_path / "runs", delete=True)
+    result = train_from_mvc(_trainer(out, [mvc]), tmp_path / "runs", "HEAD")
+    assert result.global_step == MAX_STEPS and [s for s, _ in mvc.commits] == [6]
+    assert not list(out.glob("checkpoint-*")), "the checked-out checkpoint-4/ is gone"
+    code, log, err = run(tmp_path / "runs", "log", "--oneline")
+    assert code == 0 and [line.split()[-1] for line in log.splitlines()] == [
+        "checkpoint-6", "checkpoint-4", "checkpoint-2"], (log, err)
+    # cleanup=False keeps it; without a delete=True callback it stays by default (the Trainer's).
+    train_from_mvc(_trainer(tmp_path / "keep"), tmp_path / "runs", "HEAD~1", cleanup=False)
+    train_from_mvc(_trainer(tmp_path / "plain"), tmp_path / "runs", "HEAD~1")
+    assert (tmp_path / "keep" / "checkpoint-4").is_dir() and (tmp_path / "plain" / "checkpoint-4").is_dir()
+    # An empty directory the caller made stays, empty.
+    (tmp_path / "mine" / "checkpoint-4").mkdir(parents=True)
+    train_from_mvc(_trainer(tmp_path / "mine"), tmp_path / "runs", "HEAD~1", cleanup=True)
+    assert (tmp_path / "mine" / "checkpoint-4").is_dir() and not list((tmp_path / "mine" / "checkpoint-4").iterdir())
+
+
 class _KeepWeights(transformers.TrainerCallback):
     def on_save(self, args, state, control, model=None, **kwargs):
         torch.save(model.state_dict(), Path(args.output_dir) / f"weights-{state.global_step}.pt")
