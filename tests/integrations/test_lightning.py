@@ -1,23 +1,28 @@
 """PyTorch Lightning with mvc: MvcCheckpointIO (pointer files, one commit per checkpoint, resume)
 and MvcCallback (gradient EMA, logged metrics, quality function).
 
-Real `lightning.Trainer` runs on CPU with a tiny MLP over sklearn's digits (data shipped in the
-package, nothing downloaded).
+Real Trainers run on CPU with a tiny MLP over sklearn's digits (data shipped in the package,
+nothing downloaded).  The Trainer-facing tests run once per Lightning package (`lightning`,
+`pytorch_lightning`), each with its own mvc module's classes (`lightning_ns`).
 """
 from __future__ import annotations
 
+import importlib
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-L = pytest.importorskip("lightning.pytorch")
 datasets = pytest.importorskip("sklearn.datasets")
 
 from cli_helpers import run  # noqa: E402
-from mvc.integrations.lightning import (MvcCallback, MvcCheckpointIO, PointerFileError,  # noqa: E402
-                                        read_pointer, tag_for)
+from mvc.integrations.lightning_core import PointerFileError, read_pointer, tag_for  # noqa: E402
 from mvc.repo.repository import Repo  # noqa: E402
+
+#: Each Lightning package's Trainer module and the mvc module built for it.
+PACKAGES = {"lightning": ("lightning.pytorch", "mvc.integrations.lightning"),
+            "pytorch_lightning": ("pytorch_lightning", "mvc.integrations.pytorch_lightning")}
 
 
 def _loader() -> torch.utils.data.DataLoader:
@@ -27,34 +32,56 @@ def _loader() -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(ds, batch_size=32, shuffle=False)
 
 
-class Digits(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 10))
+def _namespace(package: str) -> SimpleNamespace:
+    """`package`'s Trainer module (L), its LightningModule over digits (Digits), a Callback that
+    records the steps it sees (Seen), and the mvc module for it (mvc)."""
+    trainer_module, mvc_module = PACKAGES[package]
+    L = pytest.importorskip(trainer_module)
 
-    def training_step(self, batch, _):
-        x, y = batch
-        loss = torch.nn.functional.cross_entropy(self.net(x), y)
-        self.log("train_loss", loss)
-        return loss
+    class Digits(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 10))
 
-    def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.parameters(), lr=1e-2)
-        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 4)}
+        def training_step(self, batch, _):
+            x, y = batch
+            loss = torch.nn.functional.cross_entropy(self.net(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            opt = torch.optim.AdamW(self.parameters(), lr=1e-2)
+            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 4)}
+
+    class Seen(L.Callback):
+        def __init__(self) -> None:
+            self.steps: list[int] = []
+
+        def on_train_batch_end(self, trainer, *args):
+            self.steps.append(trainer.global_step)
+
+    return SimpleNamespace(package=package, L=L, Digits=Digits, Seen=Seen, mvc=importlib.import_module(mvc_module))
 
 
-def _trainer(tmp_path, io, *, max_steps, callbacks=()):
-    ckpt = L.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2, save_top_k=-1)
-    return L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                     enable_model_summary=False, plugins=[io] if io is not None else [],
-                     callbacks=[ckpt, *callbacks], default_root_dir=tmp_path)
+@pytest.fixture(params=sorted(PACKAGES))
+def lightning_ns(request) -> SimpleNamespace:
+    return _namespace(request.param)
 
 
-def test_fit_commits_each_checkpoint_and_resumes_from_a_pointer(tmp_path):
-    io = MvcCheckpointIO(tmp_path / "runs", lossless=True)
-    model = Digits()
-    _trainer(tmp_path, io, max_steps=6, callbacks=[MvcCallback(io)]).fit(model, _loader())
+def _trainer(ns, tmp_path, io, *, max_steps, callbacks=(), **checkpoint):
+    ckpt = ns.L.callbacks.ModelCheckpoint(**{"dirpath": tmp_path / "ckpts", "every_n_train_steps": 2,
+                                             "save_top_k": -1, **checkpoint})
+    return ns.L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, plugins=[io] if io is not None else [],
+                        callbacks=[ckpt, *callbacks], default_root_dir=tmp_path)
+
+
+def test_fit_commits_each_checkpoint_and_resumes_from_a_pointer(tmp_path, lightning_ns):
+    ns = lightning_ns
+    io = ns.mvc.MvcCheckpointIO(tmp_path / "runs", lossless=True)
+    model = ns.Digits()
+    _trainer(ns, tmp_path, io, max_steps=6, callbacks=[ns.mvc.MvcCallback(io)]).fit(model, _loader())
     pointers = sorted((tmp_path / "ckpts").glob("*.ckpt"))
     assert [p.name for p in pointers] == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt", "epoch=0-step=6.ckpt"]
     repo = Repo(tmp_path / "runs")
@@ -72,16 +99,10 @@ def test_fit_commits_each_checkpoint_and_resumes_from_a_pointer(tmp_path):
         assert torch.equal(restored["state_dict"][k], v)
 
     # fit(ckpt_path=pointer) resumes at step 4 and runs to 8.
-    resumed = Digits()
-    steps: list[int] = []
-
-    class Seen(L.Callback):
-        def on_train_batch_end(self, trainer, *args):
-            steps.append(trainer.global_step)
-
-    t = _trainer(tmp_path / "second", io, max_steps=8, callbacks=[Seen()])
+    resumed, seen = ns.Digits(), ns.Seen()
+    t = _trainer(ns, tmp_path / "second", io, max_steps=8, callbacks=[seen])
     t.fit(resumed, _loader(), ckpt_path=str(pointers[1]))
-    assert steps == [5, 6, 7, 8] and t.global_step == 8
+    assert seen.steps == [5, 6, 7, 8] and t.global_step == 8
 
     # remove_checkpoint drops the pointer and its tag; the commit stays in history.
     io.remove_checkpoint(pointers[0])
@@ -89,13 +110,12 @@ def test_fit_commits_each_checkpoint_and_resumes_from_a_pointer(tmp_path):
     assert len(repo.log()) >= 3
 
 
-def test_top_k_removal_and_plain_ckpt_checkout(tmp_path):
-    io = MvcCheckpointIO(tmp_path / "runs", lossless=True)
-    ckpt = L.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2, save_top_k=1,
-                                       monitor="train_loss", save_last=True)
-    trainer = L.Trainer(max_steps=6, accelerator="cpu", logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, plugins=[io], callbacks=[ckpt, MvcCallback(io)])
-    trainer.fit(Digits(), _loader())
+def test_top_k_removal_and_plain_ckpt_checkout(tmp_path, lightning_ns):
+    ns = lightning_ns
+    io = ns.mvc.MvcCheckpointIO(tmp_path / "runs", lossless=True)
+    trainer = _trainer(ns, tmp_path, io, max_steps=6, callbacks=[ns.mvc.MvcCallback(io)], save_top_k=1,
+                       monitor="train_loss", save_last=True)
+    trainer.fit(ns.Digits(), _loader())
     names = sorted(p.name for p in (tmp_path / "ckpts").glob("*.ckpt"))
     assert len(names) == 2 and "last.ckpt" in names, names
     repo = Repo(tmp_path / "runs")
@@ -104,19 +124,15 @@ def test_top_k_removal_and_plain_ckpt_checkout(tmp_path):
     last = read_pointer(tmp_path / "ckpts" / "last.ckpt")
     code, _, err = run(repo.path, "checkout", last["commit"], "-o", str(tmp_path / "x.ckpt"))
     assert code == 0, err
-    steps: list[int] = []
-
-    class Seen(L.Callback):
-        def on_train_batch_end(self, trainer, *args):
-            steps.append(trainer.global_step)
-
-    plain = L.Trainer(max_steps=8, accelerator="cpu", logger=False, enable_progress_bar=False,
-                      enable_model_summary=False, enable_checkpointing=False, callbacks=[Seen()])
-    plain.fit(Digits(), _loader(), ckpt_path=str(tmp_path / "x.ckpt"))
-    assert steps == [7, 8]
+    seen = ns.Seen()
+    plain = ns.L.Trainer(max_steps=8, accelerator="cpu", logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, callbacks=[seen])
+    plain.fit(ns.Digits(), _loader(), ckpt_path=str(tmp_path / "x.ckpt"))
+    assert seen.steps == [7, 8]
 
 
 def test_quality_function_and_grad_ema_reach_the_commit(tmp_path):
+    ns = _namespace("lightning")
     x, y = datasets.load_digits(return_X_y=True)
     xs, ys = torch.tensor(x[256:512] / 16.0, dtype=torch.float32), torch.tensor(y[256:512])
     calls: list[float] = []
@@ -127,13 +143,13 @@ def test_quality_function_and_grad_ema_reach_the_commit(tmp_path):
         calls.append(loss)
         return loss
 
-    io = MvcCheckpointIO(tmp_path / "runs")  # the default commit mode: the quantization search
-    cb = MvcCallback(io, quality=val_loss)
-    model = Digits()
-    _trainer(tmp_path, io, max_steps=2, callbacks=[cb]).fit(model, _loader())
-    c = Repo(tmp_path / "runs").log()[0]
+    io = ns.mvc.MvcCheckpointIO(tmp_path / "runs")  # the default commit mode: the quantization search
+    cb = ns.mvc.MvcCallback(io, quality=val_loss)
+    model = ns.Digits()
+    _trainer(ns, tmp_path, io, max_steps=2, callbacks=[cb]).fit(model, _loader())
+    log = Repo(tmp_path / "runs").log()
     assert calls, "the quality function judged the search"
-    assert c.quality is not None and "lightning:" in json.dumps(c.quality)
+    assert log[0].quality is not None and "lightning:" in json.dumps(log[0].quality)
     assert set(cb.ema.names) == {"state_dict/" + n for n, _ in model.named_parameters()}
 
 
@@ -154,11 +170,9 @@ def test_removed_checkpoints_are_freed_by_retention(tmp_path):
     """ModelCheckpoint's top-k removal drops a pointer and its tag; `gc --keep-last 1` then prunes
     every commit no pointer holds (tags are always kept) and frees their bytes, while each
     remaining pointer still restores bit-identically."""
-    io = MvcCheckpointIO(tmp_path / "runs", lossless=True)
-    ckpt = L.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2, save_top_k=1,
-                                       monitor="train_loss")
-    L.Trainer(max_steps=10, accelerator="cpu", logger=False, enable_progress_bar=False,
-              enable_model_summary=False, plugins=[io], callbacks=[ckpt]).fit(Digits(), _loader())
+    ns = _namespace("lightning")
+    io = ns.mvc.MvcCheckpointIO(tmp_path / "runs", lossless=True)
+    _trainer(ns, tmp_path, io, max_steps=10, save_top_k=1, monitor="train_loss").fit(ns.Digits(), _loader())
     pointers = sorted((tmp_path / "ckpts").glob("*.ckpt"))
     repo = Repo(tmp_path / "runs")
     before = {p: io.load_checkpoint(p)["state_dict"] for p in pointers}
