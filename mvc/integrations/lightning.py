@@ -13,7 +13,8 @@ These classes are for ``import lightning`` (``lightning.pytorch.Trainer``); a pr
 `MvcCheckpointIO.save_checkpoint` commits the checkpoint dict Lightning builds (weights,
 ``optimizer_states``, ``lr_schedulers``, loops, callbacks' state, ...) and writes a small JSON
 *pointer file* at `path` naming the commit, so `ModelCheckpoint`'s top-k and ``last`` logic and
-``trainer.fit(ckpt_path=path)`` work unchanged.  Each pointer's commit is also
+``trainer.fit(ckpt_path=path)`` work unchanged.  A checkpoint equal to the branch's head (the
+second of ``save_last=True``'s two saves) makes no second commit.  Each pointer's commit is also
 held by a tag ``ckpt/<file name>-<hash of the path>``; `remove_checkpoint` deletes the pointer
 and that tag.  The commit stays in the branch's history (mvc keeps history cheaply; `gc` frees
 what no ref, branch or reflog reaches).  ``mvc checkout <commit> -o x.ckpt`` writes a plain
@@ -49,7 +50,8 @@ class MvcCheckpointIO(CheckpointIOCore, CheckpointIO):
 
     repo: a `Repo` or a path (a repository is created there if none exists); commit_args:
     passed to every `Repo.commit` (``lossless=True``, ``epsilon=``, ``space=``, ``policy=``...).
-    `commits` lists (pointer path, commit id) of the saves.  An
+    A checkpoint equal to the branch's head makes no second commit (``allow_empty=True`` in
+    commit_args commits anyway).  `commits` lists (pointer path, commit id) of the saves.  An
     `MvcCallback` given this object adds grads, metrics and the quality function to each commit.
     """
 

@@ -26,6 +26,7 @@ from mvc.integrations.grad_ema import BETA, GradientEMA
 from mvc.integrations.repo_handle import RepoOnDemand
 from mvc.io.files import load_checkpoint
 from mvc.repo.repository import Repo
+from mvc.repo.transaction import NothingToCommitError
 
 #: The first key of every pointer file, and its format version.
 POINTER_MARK = "mvc_checkpoint_pointer"
@@ -111,8 +112,11 @@ class CheckpointIOCore:
 
     repo: a `Repo` or a path (a repository is created there if none exists); commit_args:
     passed to every `Repo.commit` (``lossless=True``, ``epsilon=``, ``space=``, ``policy=``...).
-    `commits` lists (pointer path, commit id) of the saves.  An `MvcCallback` given this object
-    adds grads, metrics and the quality function to each commit.
+    A checkpoint equal to the branch's head (Lightning's ``save_last=True`` saves each state
+    twice, as the top-k file and as ``last.ckpt``) makes no second commit: its pointer names
+    the head (``allow_empty=True`` in commit_args commits anyway).  `commits` lists (pointer
+    path, commit id) of the saves.  An `MvcCallback` given this object adds grads, metrics and
+    the quality function to each commit.
     """
 
     #: The Lightning package whose Trainer accepts this class (set by the per-package class).
@@ -140,16 +144,20 @@ class CheckpointIOCore:
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike,
                         storage_options: Any = None, **kwargs: Any) -> None:
-        """Commit `checkpoint`, then write the pointer file at `path` (atomically) and move its tag."""
+        """Commit `checkpoint` (unless it equals the head), then write the pointer file at `path`
+        (atomically) and move its tag."""
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} does not use storage_options; got {storage_options!r}")
         target = Path(os.fspath(path))
         pending, self.pending = self.pending, {}
         step = checkpoint.get("global_step")
-        args = {**self.commit_args, **pending}
-        cid = self.repo.commit(checkpoint, f"lightning: {target.name}",
-                               step=step if isinstance(step, int) and not isinstance(step, bool) else None,
-                               **args)
+        args = {"allow_empty": False, **self.commit_args, **pending}
+        try:
+            cid = self.repo.commit(checkpoint, f"lightning: {target.name}",
+                                   step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+                                   **args)
+        except NothingToCommitError as same:
+            cid = same.head  # already committed (the save before this one): point at it
         tag = tag_for(target)
         self._move_tag(tag, cid)
         pointer = {POINTER_MARK: POINTER_FORMAT, "repo": str(self.repo.path), "commit": cid, "tag": tag,
@@ -231,6 +239,7 @@ class CallbackCore:
             raise UsageError("quality must be a callable taking the LightningModule")
         self.io, self.quality, self.grad_ema, self.beta = io, quality, grad_ema, beta
         self.ema: GradientEMA | None = None
+        self._grads: tuple[int, dict[str, torch.Tensor]] | None = None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Check that the Trainer saves through `io` (else nothing would reach the commits);
@@ -244,6 +253,7 @@ class CallbackCore:
                                       "pass it as Trainer(plugins=[io])")
         if self.grad_ema and stage == "fit":
             self.ema = GradientEMA(pl_module, beta=self.beta, prefix=STATE_DICT_PREFIX)
+            self._grads = None
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
         if self.ema is not None:
@@ -255,7 +265,13 @@ class CallbackCore:
             return
         pending: dict[str, Any] = {"metrics": _finite_metrics(trainer.callback_metrics)}
         if self.ema is not None:
-            pending["grads"] = self.ema.take()
+            # Saves at one step (the top-k file, then ``last.ckpt``) are one state: give them the
+            # same gradients, so that the second commits exactly what the first did (and is
+            # recognised as no change) rather than a plan made without gradients.
+            step = trainer.global_step
+            if self._grads is None or self._grads[0] != step:
+                self._grads = (step, self.ema.take())
+            pending["grads"] = self._grads[1]
         if self.quality is not None:
             pending["quality"] = _evaluator(pl_module, self.quality)
         self.io.pending = pending

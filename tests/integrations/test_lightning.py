@@ -131,7 +131,51 @@ def test_top_k_removal_and_plain_ckpt_checkout(tmp_path, lightning_ns):
     assert seen.steps == [7, 8]
 
 
+def test_save_last_makes_one_commit_per_save_and_resumes_from_last(tmp_path, lightning_ns):
+    """`save_last=True` saves each state twice (the top-k file, then last.ckpt): the second save
+    is the head's checkpoint again and makes no commit; last.ckpt points at the same commit.
+    Only the first save differs: ModelCheckpoint records `last_model_path` in the checkpoint from
+    its first last.ckpt on, so that one is a change (Lightning's resume reads it back)."""
+    ns = lightning_ns
+    io = ns.mvc.MvcCheckpointIO(tmp_path / "runs", lossless=True)
+    _trainer(ns, tmp_path, io, max_steps=8, callbacks=[ns.mvc.MvcCallback(io)], save_last=True).fit(
+        ns.Digits(), _loader())
+    saves = [(p.split("/")[-1], cid) for p, cid in io.commits]
+    assert [name for name, _ in saves] == ["epoch=0-step=2.ckpt", "last.ckpt", "epoch=0-step=4.ckpt", "last.ckpt",
+                                           "epoch=0-step=6.ckpt", "last.ckpt", "epoch=0-step=8.ckpt", "last.ckpt"]
+    for i in (2, 4, 6):
+        assert saves[i][1] == saves[i + 1][1], f"{saves[i]}: last.ckpt is the same commit"
+    repo = Repo(tmp_path / "runs")
+    log = repo.log()
+    assert [c.step for c in log] == [8, 6, 4, 2, 2], "one commit per save (the first: two)"
+    code, out, err = run(repo.path, "log", "--oneline")
+    assert code == 0 and len(out.splitlines()) == 5 and "last.ckpt" in out.splitlines()[-2], (out, err)
+    last = read_pointer(tmp_path / "ckpts" / "last.ckpt")
+    assert last["commit"] == log[0].id == read_pointer(tmp_path / "ckpts" / "epoch=0-step=8.ckpt")["commit"]
+    # Both pointers hold the commit by their own tag: dropping one keeps the other.
+    io.remove_checkpoint(tmp_path / "ckpts" / "epoch=0-step=8.ckpt")
+    assert dict(repo.tags())[last["tag"]] == log[0].id
+    # Resuming from last.ckpt continues from step 8; its saves go on one per save.
+    seen = ns.Seen()
+    io2 = ns.mvc.MvcCheckpointIO(tmp_path / "runs", lossless=True)
+    _trainer(ns, tmp_path, io2, max_steps=10, callbacks=[seen, ns.mvc.MvcCallback(io2)], save_last=True).fit(
+        ns.Digits(), _loader(), ckpt_path=str(tmp_path / "ckpts" / "last.ckpt"))
+    assert seen.steps == [9, 10]
+    assert [c.step for c in repo.log()][:2] == [10, 8] and len(repo.log()) == 6
+    assert not (tmp_path / "ckpts" / "last-v1.ckpt").exists()
+
+
+def test_allow_empty_commits_every_save(tmp_path, lightning_ns):
+    ns = lightning_ns
+    io = ns.mvc.MvcCheckpointIO(tmp_path / "runs", lossless=True, allow_empty=True)
+    _trainer(ns, tmp_path, io, max_steps=4, save_last=True).fit(ns.Digits(), _loader())
+    assert len(Repo(tmp_path / "runs").log()) == 4, "allow_empty=True: a commit per save, as before"
+
+
 def test_quality_function_and_grad_ema_reach_the_commit(tmp_path):
+    """The default commit mode (the quantization search) judged by a quality function, with the
+    gradient EMA, and save_last=True: last.ckpt's save after the first one commits nothing new
+    (it gets the same gradients, so the search plans the same commit)."""
     ns = _namespace("lightning")
     x, y = datasets.load_digits(return_X_y=True)
     xs, ys = torch.tensor(x[256:512] / 16.0, dtype=torch.float32), torch.tensor(y[256:512])
@@ -146,11 +190,12 @@ def test_quality_function_and_grad_ema_reach_the_commit(tmp_path):
     io = ns.mvc.MvcCheckpointIO(tmp_path / "runs")  # the default commit mode: the quantization search
     cb = ns.mvc.MvcCallback(io, quality=val_loss)
     model = ns.Digits()
-    _trainer(ns, tmp_path, io, max_steps=2, callbacks=[cb]).fit(model, _loader())
+    _trainer(ns, tmp_path, io, max_steps=4, callbacks=[cb], save_last=True).fit(model, _loader())
     log = Repo(tmp_path / "runs").log()
     assert calls, "the quality function judged the search"
     assert log[0].quality is not None and "lightning:" in json.dumps(log[0].quality)
     assert set(cb.ema.names) == {"state_dict/" + n for n, _ in model.named_parameters()}
+    assert [c.step for c in log] == [4, 2, 2] and io.commits[-1][1] == io.commits[-2][1] == log[0].id
 
 
 def test_bad_pointer_file(tmp_path):
