@@ -27,6 +27,8 @@ def _decorations(repo: Repo) -> dict[str, list[str]]:
     for name, oid in repo.branches():
         label = f"HEAD -> {name}" if name == current else name
         deco.setdefault(oid, []).insert(0 if name == current else len(deco.get(oid, [])), label)
+    for name, oid in repo.refops.remote_branches():  # origin/main, as git decorates
+        deco.setdefault(oid, []).append(name)
     for name, oid in repo.tags():
         deco.setdefault(oid, []).append(f"tag: {name}")
     if head and current is None:
@@ -180,7 +182,8 @@ def commit_dict(c: Commit) -> dict:
 @click.option("--oneline", is_flag=True, help="One line per commit.")
 @click.option("--graph", is_flag=True, help="Draw the commit graph.")
 @click.option("-n", "max_count", type=int, default=None, help="Show at most N commits.")
-@click.option("--all", "all_refs", is_flag=True, help="History of every branch, tag and HEAD, not just REV.")
+@click.option("--all", "all_refs", is_flag=True,
+              help="History of every branch, remote-tracking branch, tag and HEAD, not just REV.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def log(rev: str, oneline: bool, graph: bool, max_count: int | None, all_refs: bool, as_json: bool) -> None:
     """Show the history reachable from REV (default HEAD), or from every ref with --all."""

@@ -9,7 +9,9 @@ from mvc.cli.format import echo, human_bytes
 from mvc.cli.progress import quiet_option, terminal_progress
 from mvc.errors import UsageError
 from mvc.cli.lazy import Repo
+from mvc.remote import tracking
 from mvc.remote.config import ORIGIN, REMOTES, RemoteConfig
+from mvc.remote.tracking import Upstream
 from mvc.store.objstore import open_remote
 from mvc.store.objstore.storage import redact_url
 
@@ -22,16 +24,25 @@ if TYPE_CHECKING:
 # so that listing the commands (`mvc --help`) does not pay for them.
 
 
-def _default_remote(config: RemoteConfig, name: str | None) -> str:
-    """NAME, else `origin`, else the only remote there is."""
+def _default_remote(config: RemoteConfig, name: str | None, up: Upstream | None = None) -> str:
+    """NAME, else the remote of `up` (the branch's upstream), else `origin`, else the only
+    remote there is."""
     if name is not None:
         return name
+    if up is not None:
+        return up.remote
     remotes = config.items()
     if ORIGIN in remotes or not remotes:
         return ORIGIN
     if len(remotes) == 1:
         return next(iter(remotes))
     raise UsageError(f"several remotes ({', '.join(remotes)}) and none named {ORIGIN!r}: name one")
+
+
+def _upstream(repo: RepoType, branch: str | None = None) -> Upstream | None:
+    """The upstream of `branch` (default: the current branch), if it has one."""
+    branch = branch or repo.current_branch()
+    return tracking.upstream(repo.config, branch) if branch else None
 
 
 def _short(oid: str | None) -> str:
@@ -70,9 +81,11 @@ def remote_add(name: str, url: str) -> None:
 @remote.command("remove")
 @click.argument("name")
 def remote_remove(name: str) -> None:
-    """Forget remote NAME and its remote-tracking branches (nothing on the remote changes)."""
+    """Forget remote NAME, its remote-tracking branches and the upstreams that were its
+    branches (nothing on the remote changes)."""
     repo = Repo.discover()
     RemoteConfig(repo.mvc_dir).remove(name)
+    tracking.forget_remote(repo.config, name)
     refs = repo.store.refs
     for ref, value in list(refs.iter_refs(f"{REMOTES}{name}/")):
         refs.update_ref(ref, value, None, f"remote remove {name}")
@@ -83,21 +96,32 @@ def remote_remove(name: str) -> None:
 @click.argument("remote_name", metavar="[REMOTE]", required=False)
 @click.argument("refs", nargs=-1)
 @click.option("-f", "--force", is_flag=True, help="Overwrite remote refs even when that drops commits there.")
+@click.option("--all", "all_branches", is_flag=True, help="Push every branch (and no BRANCH may be named).")
+@click.option("--tags", is_flag=True, help="Push every tag (besides any BRANCH named).")
+@click.option("-u", "--set-upstream", "set_upstream", is_flag=True,
+              help="Make each pushed branch follow the remote's (what `mvc status` compares with).")
 @quiet_option
-def push(remote_name: str | None, refs: tuple[str, ...], force: bool, quiet: bool) -> None:
-    """Send branches or tags (default: the current branch) and the objects the remote lacks.
+def push(remote_name: str | None, refs: tuple[str, ...], force: bool, all_branches: bool, tags: bool,
+         set_upstream: bool, quiet: bool) -> None:
+    """Send branches or tags (default: the current branch, to its upstream's remote) and the
+    objects the remote lacks; --all: every branch, --tags: every tag.
 
     Objects go first, then each ref by compare-and-swap: a ref that moved on the remote, or
     that would lose commits there, is refused (exit 142) unless --force."""
     repo = Repo.discover()
     config = RemoteConfig(repo.mvc_dir)
-    name = _default_remote(config, remote_name)
-    target = open_remote(config.url(name))
+    name = _default_remote(config, remote_name, _upstream(repo))
     from mvc.remote.porcelain import push_updates, record_push
     from mvc.remote.transfer import push as push_objects
 
+    updates = push_updates(repo.store.refs, list(refs), repo.current_branch(),
+                           all_branches=all_branches, tags=tags)
+    url = config.url(name)
+    if not updates:
+        echo(f"push {name}: nothing to push (no {'branches' if all_branches else 'tags'})")
+        return
+    target = open_remote(url)
     try:
-        updates = push_updates(repo.store.refs, list(refs), repo.current_branch())
         with terminal_progress(quiet=quiet) as progress:
             report = push_objects(repo.odb, target, updates, force=force, progress=progress)
     finally:
@@ -106,17 +130,24 @@ def push(remote_name: str | None, refs: tuple[str, ...], force: bool, quiet: boo
     echo(f"push {name}: {_objects_line('sent', report)}")
     for r in report.refs:
         echo(f"  {r.ref}: {_short(r.old)} -> {_short(r.new)} ({r.status})")
+    if set_upstream:
+        for ref in updates:
+            if ref.startswith("refs/heads/"):
+                branch = ref[len("refs/heads/"):]
+                tracking.set_upstream(repo.config, branch, Upstream(name, branch))
+                echo(f"branch '{branch}' set up to track '{name}/{branch}'.")
 
 
 @click.command()
 @click.argument("remote_name", metavar="[REMOTE]", required=False)
 @quiet_option
 def fetch(remote_name: str | None, quiet: bool) -> None:
-    """Copy the remote's branches (as refs/remotes/REMOTE/BRANCH) and new tags, with the
-    objects this repository lacks."""
+    """Copy the remote's branches (as the remote-tracking branches REMOTE/BRANCH, i.e.
+    refs/remotes/REMOTE/BRANCH) and new tags, with the objects this repository lacks.
+    Default REMOTE: the current branch's upstream's, else origin."""
     repo = Repo.discover()
     config = RemoteConfig(repo.mvc_dir)
-    name = _default_remote(config, remote_name)
+    name = _default_remote(config, remote_name, _upstream(repo))
     _fetch(repo, name, config.url(name), quiet)
 
 
@@ -142,27 +173,30 @@ def _fetch(repo: RepoType, name: str, url: str, quiet: bool) -> TransferReport:
 @click.argument("branch", required=False)
 @quiet_option
 def pull(remote_name: str | None, branch: str | None, quiet: bool) -> None:
-    """Fetch, then fast-forward BRANCH (default: the current branch) to the remote's.
+    """Fetch, then fast-forward BRANCH (default: the current branch) to the remote's (the
+    branch's upstream when it has one and no REMOTE is named, else REMOTE's BRANCH).
 
     A branch that has diverged from the remote's is refused (exit 142). The working
     checkpoint file is not rewritten: `mvc checkout BRANCH` writes it."""
     repo = Repo.discover()
     config = RemoteConfig(repo.mvc_dir)
-    name = _default_remote(config, remote_name)
     branch = branch or repo.current_branch()
     if branch is None:
         raise UsageError("HEAD is detached: name the branch to pull")
+    up = _upstream(repo, branch)
+    name = _default_remote(config, remote_name, up)
+    theirs = up.branch if up is not None and up.remote == name else branch
     report = _fetch(repo, name, config.url(name), quiet)
     from mvc.remote.remote_refs import check_named
 
-    check_named(report.skipped_refs, f"refs/heads/{branch}", name)
-    upstream = f"{REMOTES}{name}/{branch}"
+    check_named(report.skipped_refs, f"refs/heads/{theirs}", name)
+    upstream = f"{REMOTES}{name}/{theirs}"
     target = repo.store.refs.read_ref(upstream)
     if target is None:
-        raise UsageError(f"the remote {name!r} has no branch {branch!r}")
+        raise UsageError(f"the remote {name!r} has no branch {theirs!r}")
     from mvc.remote.porcelain import fast_forward
 
-    r = fast_forward(repo.odb, repo.store.refs, branch, target, f"{name}/{branch}")
+    r = fast_forward(repo.odb, repo.store.refs, branch, target, f"{name}/{theirs}")
     echo(f"pull: branch {branch}: {_short(r.old)} -> {_short(r.new)} ({r.status})")
     if r.status == "fast-forward" and repo.current_branch() == branch:
         echo(f"pull: run `mvc checkout {branch}` to write its checkpoint")
@@ -175,7 +209,8 @@ def pull(remote_name: str | None, branch: str | None, quiet: bool) -> None:
 def clone(url: str, directory: str | None, quiet: bool) -> None:
     """Create a repository in DIRECTORY (default: the URL's last component) from the remote
     at URL, named origin, with every commit of its branches and tags (no --depth: a clone
-    is complete)."""
+    is complete). HEAD is on a branch made from origin's main (else its first branch),
+    following it; the other branches are origin/NAME (`mvc branch -a`, `mvc switch NAME`)."""
     from mvc.remote.porcelain import clone as clone_repo, default_clone_dir
 
     with terminal_progress(quiet=quiet) as progress:
@@ -183,9 +218,20 @@ def clone(url: str, directory: str | None, quiet: bool) -> None:
     echo(f"clone: {res.path}: {_objects_line('received', res.report)}")
     if res.branch is None:
         echo("clone: the remote is empty")
-    else:
-        echo(f"clone: on branch {res.branch} at {_short(res.commit)}; "
-             f"`mvc checkout {res.branch}` writes its checkpoint")
+        return
+    # No checkpoint.path in a new clone (config is not cloned): `checkout BRANCH` alone
+    # would fail, so the hint names a file.
+    echo(f"clone: on branch {res.branch} at {_short(res.commit)}, tracking '{ORIGIN}/{res.branch}'; "
+         f"`mvc checkout {res.branch} -o FILE` writes its checkpoint")
+    if res.others:
+        shown = ", ".join(res.others[:5]) + (f", ... ({len(res.others)} in all)" if len(res.others) > 5 else "")
+        echo(f"clone: remote branches {shown} (`mvc branch -a` lists them, "
+             f"`mvc switch {res.others[0].split('/', 1)[1]}` makes a local branch of one)")
+    if res.lossy:
+        echo("clone: note: the remote's commits are quantized; this clone has no quality hook "
+             "(config is not cloned), so commits here are stored losslessly until you set one: "
+             "`mvc config quality.hook MODULE:FUNCTION` or `mvc config quality.epsilon E` "
+             "(docs/quality.md)")
 
 
 COMMANDS = [remote, push, fetch, pull, clone]

@@ -274,6 +274,11 @@ def status() -> None:
     branch = repo.current_branch()
     head = repo.head()
     echo(f"On branch {branch}" if branch else f"HEAD detached at {head[:12] if head else '?'}")
+    if branch:  # ahead / behind its upstream, from local refs only (as of the last fetch)
+        from mvc.remote.tracking import status_lines
+
+        for line in status_lines(repo.config, repo.store.refs, repo.odb, branch, head):
+            echo(line)
     if head is None:
         echo("No commits yet")
     else:

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from mvc.errors import MvcError, UsageError
+from mvc.repo import refs as R
 from mvc.store.objstore import open_storage
 from mvc.store.objstore.storage import redact_url
 
@@ -19,7 +20,7 @@ REMOTES_FILE = "remotes.json"
 #: The remote a clone names, and the default of push/fetch/pull.
 ORIGIN = "origin"
 #: Remote-tracking branches: refs/remotes/NAME/BRANCH.
-REMOTES = "refs/remotes/"
+REMOTES = R.REMOTES
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 

@@ -12,13 +12,14 @@ import os
 import secrets
 import shlex
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
 from mvc.errors import UsageError
 from mvc.progress import NO_PROGRESS, Progress
 from mvc.remote.config import ORIGIN, REMOTES, RemoteConfig
+from mvc.remote.tracking import Upstream, set_upstream
 from mvc.remote.transfer import (
     NonFastForwardError,
     RefResult,
@@ -45,14 +46,24 @@ class CloneTargetError(UsageError):
     exit_code = 149
 
 
-def push_updates(refs: RefStore, names: list[str], current: str | None) -> dict[str, str]:
+def push_updates(refs: RefStore, names: list[str], current: str | None, *,
+                 all_branches: bool = False, tags: bool = False) -> dict[str, str]:
     """Remote ref -> local commit id for what `mvc push` was given: branch or tag names (a
-    branch first), full ``refs/heads/`` / ``refs/tags/`` names, or none: the current branch."""
+    branch first), full ``refs/heads/`` / ``refs/tags/`` names, or none: the current branch.
+    `all_branches` (``--all``): every branch, and no names; `tags` (``--tags``): every tag
+    too (alone: only the tags), as git's push does."""
+    if all_branches and names:
+        raise UsageError("push --all sends every branch: name no branch or tag with it")
+    out: dict[str, str] = {}
+    if all_branches or tags:
+        for prefix in ([R.HEADS] if all_branches else []) + ([R.TAGS] if tags else []):
+            out.update((n, v) for n, v in refs.iter_refs(prefix) if not R.is_symbolic(v))
+        if not names:
+            return out
     if not names:
         if current is None:
             raise UsageError("HEAD is detached: name the branch or tag to push")
         names = [current]
-    out: dict[str, str] = {}
     for name in names:
         candidates = [name] if name.startswith(("refs/heads/", "refs/tags/")) else \
             [R.HEADS + name, R.TAGS + name]
@@ -69,9 +80,9 @@ def push_updates(refs: RefStore, names: list[str], current: str | None) -> dict[
 def record_push(refs: RefStore, remote_name: str, report: TransferReport) -> None:
     """Move ``refs/remotes/<remote>/<branch>`` to what the push left on the remote."""
     for r in report.refs:
-        if r.ref.startswith(R.HEADS) and r.new is not None:
-            refs.update_ref(f"{REMOTES}{remote_name}/{r.ref[len(R.HEADS):]}", ANY, r.new,
-                            f"push: {remote_name}")
+        tracking = f"{REMOTES}{remote_name}/{r.ref[len(R.HEADS):]}"
+        if r.ref.startswith(R.HEADS) and r.new is not None and refs.read_ref(tracking) != r.new:
+            refs.update_ref(tracking, ANY, r.new, f"push: {remote_name}")
 
 
 def fast_forward(odb: ObjectDB, refs: RefStore, branch: str, target: str,
@@ -108,11 +119,18 @@ class CloneResult:
     report: TransferReport
     branch: str | None
     commit: str | None
+    #: The remote's other branches, as the clone's remote-tracking branches (``origin/exp``).
+    others: list[str] = field(default_factory=list)
+    #: Whether the history holds quantized (lossy) commits: the clone has no quality hook
+    #: (config is not cloned), so its own commits are lossless until one is set.
+    lossy: bool = False
 
 
 def clone(url: str, dest: str | os.PathLike[str], *, progress: Progress = NO_PROGRESS) -> CloneResult:
     """Create a repository at `dest` (absent or empty) with remote ``origin`` = `url`, fetch
-    everything, and put HEAD on the remote's ``main`` (else its first branch).
+    everything, and put HEAD on a branch made from the remote's ``main`` (else its first
+    branch), following ``origin/main``; the remote's other branches are the remote-tracking
+    branches ``origin/NAME`` (`mvc switch NAME` makes one a branch), as git's clone does.
 
     The repository is built in a working directory (`CLONE_TMP`) and moved into place by one
     rename once complete, so `dest` is only ever as it was or a whole clone.  On an error the
@@ -131,7 +149,7 @@ def clone(url: str, dest: str | os.PathLike[str], *, progress: Progress = NO_PRO
         work, held = _make_work_dir(parent, prefix)
         remote.blobs.spool_dir = str(work)  # on the clone's disk, not in a memory-backed /tmp
         try:
-            report, branch, commit = _fill(work, url, remote, progress)
+            result = _fill(work, url, remote, progress)
             _move_into_place(work, path, existed)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
@@ -140,7 +158,8 @@ def clone(url: str, dest: str | os.PathLike[str], *, progress: Progress = NO_PRO
             os.close(held)
     finally:
         remote.close()
-    return CloneResult(path, report, branch, commit)
+    result.path = path
+    return result
 
 
 def _check_target(path: Path) -> bool:
@@ -164,17 +183,17 @@ def _check_target(path: Path) -> bool:
     return True
 
 
-def _fill(work: Path, url: str, remote: Remote, progress: Progress
-          ) -> tuple[TransferReport, str | None, str | None]:
-    """Make the repository in `work`: remote origin, everything fetched, HEAD on a branch."""
+def _fill(work: Path, url: str, remote: Remote, progress: Progress) -> CloneResult:
+    """Make the repository in `work`: remote origin, everything fetched, HEAD on a branch
+    following its remote-tracking branch."""
     repo = Repo.init(work)
     try:
         RemoteConfig(repo.mvc_dir).add(ORIGIN, url)
         store = repo.store
         report = fetch(store.blobs, store.refs, remote, ORIGIN,
                        lock=store.maintenance.write_lock(), progress=progress)
+        result = CloneResult(work, report, None, None)
         tracking = dict(store.refs.iter_refs(f"{REMOTES}{ORIGIN}/"))
-        branch = commit = None
         if tracking:
             names = [n[len(f"{REMOTES}{ORIGIN}/"):] for n in tracking]
             branch = "main" if "main" in names else names[0]
@@ -182,9 +201,14 @@ def _fill(work: Path, url: str, remote: Remote, progress: Progress
             why = f"clone: from {redact_url(url)}"
             store.refs.update_ref(R.HEADS + branch, None, commit, why)
             store.refs.update_ref(R.HEAD, ANY, R.SYMREF + R.HEADS + branch, why)
+            set_upstream(repo.config, branch, Upstream(ORIGIN, branch))
+            result.branch, result.commit = branch, commit
+            result.others = [f"{ORIGIN}/{n}" for n in names if n != branch]
+        tips = set(tracking.values()) | {v for _, v in store.refs.iter_refs(R.TAGS)}
+        result.lossy = any(c.quant is not None for c in repo.odb.walk_commits(tips))
     finally:
         repo.close()
-    return report, branch, commit
+    return result
 
 
 def _make_work_dir(parent: Path, prefix: str) -> tuple[Path, int]:

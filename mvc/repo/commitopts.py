@@ -6,12 +6,14 @@ imports the pipeline and, through it, torch: `Repo.commit` imports this module o
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
-from mvc.errors import UsageError
+from mvc.errors import MvcWarning, UsageError
 from mvc.quant import QuantConfig, QuantPolicy
 from mvc.repo import pipeline
 from mvc.repo.config import Config
+from mvc.repo.objectdb import ObjectDB
 from mvc.search.plan import Quantization
 from mvc.search.space import SearchSpace
 
@@ -72,3 +74,21 @@ def quantization(config: Config, lossless: bool | None, quant: QuantConfig | Non
                                  policy=policy, optimizer=optimizer,
                                  tensor_cap=config.get("quality.tensor_cap"),
                                  moment_cap=config.get("quality.moment_cap"))
+
+
+def warn_lossless_after_lossy(how: Quantization, lossless: bool | None, config: Config, odb: ObjectDB,
+                              head: str | None) -> None:
+    """Warn (`MvcWarning`) when this commit is lossless only because nothing judges a lossy
+    one -- no quality hook, no epsilon, as in a fresh clone, whose config stays local -- while
+    HEAD's commit is quantized: the history was lossy and this commit silently would not be.
+    Once: the next commit's HEAD is this lossless one.  Not when lossless was asked for
+    (`lossless=True`, `commit.mode = lossless`)."""
+    if how.mode != "lossless" or lossless or head is None or config.get("commit.mode") != "search":
+        return
+    if odb.read_commit(head).quant is None:
+        return
+    warnings.warn(MvcWarning(
+        f"HEAD ({head[:12]}) is quantized, but this commit is stored losslessly: this repository "
+        "has no quality hook (config is not cloned or pushed). To keep committing lossy: "
+        "`mvc config quality.hook MODULE:FUNCTION`, or `mvc config quality.epsilon E` to bound "
+        "the proxy (Python: commit(quality=..., epsilon=...); docs/quality.md)"), stacklevel=3)

@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 from mvc.errors import UsageError
 from mvc.state.safe_globals import check_names, resolve
+from mvc.repo.refs import HEADS, RefNameError, check_ref_name
 
 #: Every known key with its default. Unknown keys are refused so typos surface.
 DEFAULTS: dict[str, Any] = {
@@ -78,6 +80,12 @@ DEFAULTS: dict[str, Any] = {
 #: Keys whose values are JSON objects (given as JSON text on the command line).
 JSON_KEYS = {"commit.quant"}
 
+#: Per-branch keys, git's: a branch's upstream (`branch.NAME.remote`: a remote's name;
+#: `branch.NAME.merge`: that remote's branch, ``refs/heads/X``), set by clone, `switch`'s
+#: remote-branch DWIM and `push -u` (mvc.remote.tracking). No default: unset.
+BRANCH_KEY = re.compile(r"branch\.(.+)\.(remote|merge)")
+_REMOTE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # mvc.remote.config's rule
+
 
 class ConfigError(UsageError):
     """An unknown configuration key or a value of the wrong type."""
@@ -120,7 +128,42 @@ _CHOICES: dict[str, Callable[[], list[str]]] = {
 }
 
 
+def _check_key(key: str) -> None:
+    """`ConfigError` unless `key` is known: a fixed key, or ``branch.NAME.remote|merge``."""
+    m = BRANCH_KEY.fullmatch(key) if isinstance(key, str) else None
+    if key in DEFAULTS or m is not None and _valid_branch(m.group(1)):
+        return
+    raise ConfigError(f"unknown config key {key!r} (known: {', '.join(sorted(DEFAULTS))}, "
+                      "branch.NAME.remote, branch.NAME.merge)")
+
+
+def _valid_branch(name: str) -> bool:
+    try:
+        check_ref_name(name, "branch")
+    except RefNameError:
+        return False
+    return True
+
+
+def _branch_value(key: str, value: Any) -> Any:
+    """A `BRANCH_KEY` value, checked: a remote name, or a branch (``X`` is ``refs/heads/X``)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"config {key} expects a str, got {value!r}")
+    if key.endswith(".remote"):
+        if not _REMOTE_NAME.fullmatch(value):
+            raise ConfigError(f"config {key} must be a remote name, got {value!r}")
+        return value
+    branch = value.removeprefix(HEADS)
+    if not _valid_branch(branch):
+        raise ConfigError(f"config {key} must be a branch (refs/heads/NAME), got {value!r}")
+    return HEADS + branch
+
+
 def _coerce(key: str, value: Any) -> Any:
+    if key not in DEFAULTS:
+        return _branch_value(key, value)
     value = _coerce_type(key, value)
     check = _RANGES.get(key)
     if check is not None and value is not None and not check[0](value):
@@ -209,20 +252,17 @@ class Config:
 
     def get(self, key: str) -> Any:
         """The configured value of `key`, or its default."""
-        if key not in DEFAULTS:
-            raise ConfigError(f"unknown config key {key!r} (known: {', '.join(sorted(DEFAULTS))})")
-        return _coerce(key, self._load().get(key, DEFAULTS[key]))
+        _check_key(key)
+        return _coerce(key, self._load().get(key, DEFAULTS.get(key)))
 
     def is_set(self, key: str) -> bool:
         """Whether `key` is set in the file (not just its default)."""
-        if key not in DEFAULTS:
-            raise ConfigError(f"unknown config key {key!r} (known: {', '.join(sorted(DEFAULTS))})")
+        _check_key(key)
         return key in self._load()
 
     def set(self, key: str, value: Any) -> None:
         """Set `key` (validated against its default's type); None unsets it."""
-        if key not in DEFAULTS:
-            raise ConfigError(f"unknown config key {key!r} (known: {', '.join(sorted(DEFAULTS))})")
+        _check_key(key)
         data = self._load()
         if value is None:
             data.pop(key, None)
@@ -240,9 +280,12 @@ class Config:
         self._cached = ((st.st_mtime_ns, st.st_size, st.st_ino), data)
 
     def items(self) -> dict[str, Any]:
-        """Every key with its effective value."""
+        """Every key with its effective value, then the per-branch keys that are set."""
         data = self._load()
-        return {k: _coerce(k, data.get(k, d)) for k, d in DEFAULTS.items()}
+        out = {k: _coerce(k, data.get(k, d)) for k, d in DEFAULTS.items()}
+        out.update((k, _coerce(k, v)) for k, v in sorted(data.items())
+                   if k not in DEFAULTS and (m := BRANCH_KEY.fullmatch(k)) and _valid_branch(m.group(1)))
+        return out
 
 
 def register_key(key: str, default: Any) -> None:

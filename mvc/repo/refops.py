@@ -92,6 +92,14 @@ class RefOps:
         """(name, commit id) of every tag, sorted by name."""
         return [(n[len(R.TAGS):], v) for n, v in self.refs.iter_refs(R.TAGS)]
 
+    def remote_branches(self, remote: str | None = None) -> list[tuple[str, str]]:
+        """(``REMOTE/BRANCH``, commit id) of every remote-tracking branch (of `remote` only,
+        if given), sorted by name: what fetch, push and clone recorded of the remotes'
+        branches (``refs/remotes/``), usable as revisions but never moved by a commit."""
+        prefix = R.REMOTES + (f"{remote}/" if remote is not None else "")
+        return [(n[len(R.REMOTES):], v) for n, v in self.refs.iter_refs(prefix)
+                if not R.is_symbolic(v)]
+
     # ------------------------------------------------------------------ creating and moving
     def branch(self, name: str, rev: str | None = None) -> str:
         """Create branch `name` at `rev` (default HEAD); returns the commit id."""

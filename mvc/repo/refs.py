@@ -8,6 +8,8 @@ from mvc.errors import MvcError, UsageError
 HEAD = "HEAD"
 HEADS = "refs/heads/"
 TAGS = "refs/tags/"
+#: Remote-tracking branches: refs/remotes/REMOTE/BRANCH (written by fetch, push and clone only).
+REMOTES = "refs/remotes/"
 SYMREF = "ref: "
 
 # git check-ref-format's rules: no control characters (C0, DEL, and C1 too: CSI is U+009B),

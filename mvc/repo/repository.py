@@ -312,6 +312,7 @@ class Repo:
         clean_metrics = check_metrics(metrics)
         check_step(step)
         how = commitopts.quantization(self.config, lossless, quant, policy, quality, epsilon, space)
+        commitopts.warn_lossless_after_lossy(how, lossless, self.config, self.odb, self.head())
         tx = self.commit_transaction()
         lossy_plan = how.mode != "lossless"
         # HEAD now is only a hint for the plan (warm start, the search's starting config):
@@ -398,11 +399,12 @@ class Repo:
 
     def log(self, rev: str = "HEAD", n: int | None = None, *, all_refs: bool = False) -> list[Commit]:
         """Up to `n` commits reachable from `rev`, newest first; `all_refs`: from every branch,
-        tag and HEAD instead (git's `log --all`)."""
+        remote-tracking branch, tag and HEAD instead (git's `log --all`)."""
         out: list[Commit] = []
         commits: Iterator[Commit]
         if all_refs:
             roots = {oid for _, oid in self.branches()} | {oid for _, oid in self.tags()}
+            roots |= {oid for _, oid in self.refops.remote_branches()}
             head = self.head()
             commits = self.odb.walk_commits(roots | ({head} if head else set()), order="date")
         else:

@@ -1,18 +1,20 @@
-"""Revision syntax: full ids, unique prefixes, branch/tag names, HEAD, REF@{n}, REV~n, REV^,
-REV^n."""
+"""Revision syntax: full ids, unique prefixes, branch/tag names, remote-tracking branches
+(``origin/main``), HEAD, REF@{n}, REV~n, REV^, REV^n."""
 from __future__ import annotations
 
 import re
 from typing import Callable, NamedTuple, Sequence
 
 from mvc.errors import MvcError
-from mvc.repo.refs import HEAD, HEADS, TAGS, is_symbolic, symbolic_target
+from mvc.repo.refs import HEAD, HEADS, REMOTES, TAGS, is_symbolic, symbolic_target
 from mvc.store import InvalidRefError, ReflogEntry
 
 _HEX = re.compile(r"^[0-9a-f]{4,32}$")
 _SUFFIX = re.compile(r"(~\d*|\^\d*)$")
 _AT = re.compile(r"^(.*)@\{(\d+)\}$")
 ID_LEN = 32
+#: The ref namespaces whose refs name commits as revisions (full names and short ones).
+NAMING = (HEADS, TAGS, REMOTES)
 
 
 class UnknownRevisionError(MvcError):
@@ -72,9 +74,12 @@ def resolve_base(name: str, *, read_ref: Callable[[str], str | None],
     """Resolve a revision without suffixes to a commit id, in this order:
 
     a full id of an existing commit (it wins over any name), ``HEAD``, a full ref
-    name (``refs/heads/X`` / ``refs/tags/X``, exactly that ref), a branch, a tag,
-    then a unique id prefix of 4 hex digits or more. ``REF@{n}`` (given `reflog`) is
-    the n-th previous value of REF from its reflog (`ref_history`), never attached.
+    name (``refs/heads/X`` / ``refs/tags/X`` / ``refs/remotes/R/X``, exactly that ref),
+    a branch, a tag, a remote-tracking branch (``origin/main``: git's order, so a local
+    branch named ``origin/main`` wins), then a unique id prefix of 4 hex digits or more.
+    ``REF@{n}`` (given `reflog`) is the n-th previous value of REF from its reflog
+    (`ref_history`), never attached.  A remote-tracking branch is read-only: it is
+    returned as its ``refs/remotes/`` ref, which nothing attaches HEAD to.
     """
     if not name:
         raise UnknownRevisionError("empty revision")
@@ -95,13 +100,13 @@ def resolve_base(name: str, *, read_ref: Callable[[str], str | None],
     if name == HEAD:
         return _through(HEAD, name, read_ref, resolve_ref)
     if name.startswith("refs/"):
-        if not name.startswith((HEADS, TAGS)):
+        if not name.startswith(NAMING):
             raise UnknownRevisionError(
-                f"unknown revision {name!r}: only refs/heads/ and refs/tags/ name commits")
+                f"unknown revision {name!r}: only refs/heads/, refs/tags/ and refs/remotes/ name commits")
         if _read(read_ref, name) is None:
             raise UnknownRevisionError(f"unknown revision {name!r}")
         return _through(name, name, read_ref, resolve_ref)
-    for ref in (HEADS + name, TAGS + name):
+    for ref in (HEADS + name, TAGS + name, REMOTES + name):
         if _read(read_ref, ref) is not None:
             return _through(ref, name, read_ref, resolve_ref)
     if _HEX.match(low):
@@ -155,18 +160,19 @@ class Move(NamedTuple):
 def reflog_ref(name: str, read_ref: Callable[[str], str | None],
                reflog: Callable[[str], Sequence[ReflogEntry]] | None = None) -> str:
     """The full ref whose reflog ``NAME@{n}`` reads: HEAD (also for an empty NAME), a full
-    ref name, else the branch, else the tag called NAME, else (given `reflog`) a deleted
-    branch or tag of that name whose reflog gc has not expired yet (``NAME@{0}``: its last
-    tip)."""
+    ref name, else the branch, else the tag, else the remote-tracking branch called NAME,
+    else (given `reflog`) a deleted one of that name whose reflog gc has not expired yet
+    (``NAME@{0}``: its last tip)."""
     if name in ("", HEAD):
         return HEAD
-    if name.startswith((HEADS, TAGS)):
+    if name.startswith(NAMING):
         return name
-    for ref in (HEADS + name, TAGS + name):
+    candidates = (HEADS + name, TAGS + name, REMOTES + name)
+    for ref in candidates:
         if _read(read_ref, ref) is not None:
             return ref
     if reflog is not None:
-        for ref in (HEADS + name, TAGS + name):
+        for ref in candidates:
             if _reflog_of(reflog, ref):
                 return ref
     raise UnknownRevisionError(f"unknown ref {name!r}: no branch or tag of that name")
