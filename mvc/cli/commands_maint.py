@@ -78,19 +78,29 @@ def gc(dry_run: bool, shrink: bool, max_chain: int | None, keep_last: int | None
         if dry_run:
             for cid in r.pruned:
                 echo(f"  {cid[:12]} {repo.read_commit(cid).summary}")
-        elif r.retention_rebased:
-            echo(f"gc: re-encoded {r.retention_rebased} tensors of kept commits as bases "
-                 "(they were deltas on pruned ones)")
+        if r.retention_rebased:
+            echo(f"gc: {'would re-encode' if dry_run else 're-encoded'} {r.retention_rebased} tensors of "
+                 f"kept commits as bases (they {'are' if dry_run else 'were'} deltas on pruned ones)")
     if r.snapshots_rewritten:
-        echo(f"gc: re-encoded {r.tensors_rebased} tensors in {r.snapshots_rewritten} snapshots "
-             f"as bases (chain depth {r.max_chain_before} -> {r.max_chain_after})")
+        echo(f"gc: {'would re-encode' if dry_run else 're-encoded'} {r.tensors_rebased} tensors in "
+             f"{r.snapshots_rewritten} snapshots as bases (chain depth {r.max_chain_before} -> {r.max_chain_after})")
     verb = "would remove" if dry_run else "removed"
-    echo(f"gc: {verb} {r.removed_objects} objects, {human_bytes(r.freed_bytes)}; "
+    wrote = (f"; {'would write' if dry_run else 'wrote'} {r.written_objects} objects, "
+             f"{human_bytes(r.written_bytes)} (the re-encodings)") if r.written_objects else ""
+    echo(f"gc: {verb} {r.removed_objects} objects, {human_bytes(r.freed_bytes)}{wrote}; "
          f"{r.kept_objects} reachable objects kept")
     if r.cache_files_removed:
         echo(f"gc: deleted {r.cache_files_removed} stale level-cache file(s)")
     if r.disk_before is not None and r.disk_after is not None:  # both set by the one shrink
         echo(f"gc: store file {human_bytes(r.disk_before)} -> {human_bytes(r.disk_after)}")
+    elif r.disk_bytes and r.reclaimable_bytes:
+        # The file never shrinks by itself: say how much of it is free, and when shrinking pays.
+        echo(f"gc: store file {human_bytes(r.disk_bytes)}, {human_bytes(r.reclaimable_bytes)} of it free "
+             "(later commits reuse it)" + ("; `mvc gc --shrink` gives it back to the file system"
+                                          if r.shrink_pays else ""))
+    elif dry_run and r.freed_bytes and not shrink:
+        echo("gc: the store file keeps its size (later commits reuse the space freed); "
+             "--shrink gives it back to the file system")
 
 
 @click.command()

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mvc.errors import DataError, MvcWarning, UsageError
 from mvc.progress import Progress, phase
 from mvc.repo.compact import compact_chains
+from mvc.repo.gc_overlay import OverlayBlobs, OverlayRefs
 from mvc.repo.objectdb import Damage, ObjectDB
 from mvc.repo.reader import TensorReader
 from mvc.repo.pruned import PRUNED
@@ -70,6 +71,26 @@ class GcReport:
     #: Replacements a fetch adopted unchecked that gc found to restore differently, and
     #: dropped (`mvc.repo.replace_verify.settle_unverified`): one line each.
     replacements_dropped: list[str] = field(default_factory=list)
+    #: Objects gc wrote (or, dry, would write): the bases it re-encoded and the snapshots
+    #: holding them. `freed_bytes - written_bytes` is what the store's objects shrink by.
+    written_objects: int = 0
+    written_bytes: int = 0
+    #: After the run (without `shrink`): the store file's size and the free pages in it,
+    #: which later commits reuse and `shrink` gives back (None: unknown, or a dry run).
+    disk_bytes: int | None = None
+    reclaimable_bytes: int | None = None
+
+    @property
+    def shrink_pays(self) -> bool:
+        """Whether `shrink` would give back a worthwhile share of the store file: at least
+        `SHRINK_SUGGESTED` of it is free pages."""
+        return bool(self.disk_bytes and self.reclaimable_bytes
+                    and self.reclaimable_bytes >= SHRINK_SUGGESTED * self.disk_bytes)
+
+
+#: The share of the store file in free pages above which gc suggests `--shrink`: below it, the
+#: next commits refill the free pages anyway, and a shrink rewrites the whole file for little.
+SHRINK_SUGGESTED = 0.25
 
 
 @dataclass(frozen=True)
@@ -104,41 +125,42 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
     `shrink`, the store then gives the freed space back. `progress` hears of the commits
     compaction visits and of the objects deleted.
 
-    `retention`: first prune the commits the policy does not keep (`mvc.repo.retention`);
-    with `dry_run`, the report says which and what that would free (the bases re-encoded
-    for the kept commits not counted).
+    `retention`: first prune the commits the policy does not keep (`mvc.repo.retention`).
+
+    `dry_run`: every step runs as in the real run -- retention's re-encodings, compaction,
+    the check of unverified replacements -- but against a copy-on-write view of the store
+    (`mvc.repo.gc_overlay`) whose writes stay in memory, and nothing is deleted: the report
+    (objects removed and written, tensors re-encoded) is what the run would do now, at the
+    cost of the run's re-encoding work.
     """
     if settings.max_chain < 0:
         raise UsageError(f"max_chain must be >= 0 (0: no depth bound), got {settings.max_chain}")
-    blobs = odb.blobs
     with maintenance.write_lock(settings.lock_timeout):
-        stored = _stored_ids(blobs.iter_ids())
+        stored = _stored_ids(odb.blobs.iter_ids())
+        if dry_run:
+            odb, reader, refs = _dry_run_view(odb, refs)
+        blobs = odb.blobs
         expired, in_grace = _deleted_ref_logs(refs, time.time() - settings.reflog_expire_days * 86400.0)
-        if expired and not dry_run:
-            for name in expired:
-                refs.delete_reflog(name)
+        for name in expired:
+            refs.delete_reflog(name)
         roots = odb.root_ids(ignore_reflogs=expired)
         # Before anything is kept or re-encoded on the strength of a replacement nobody here
-        # checked: check it (a dry run changes nothing, and keeps the originals' data).
-        dropped = [] if dry_run else settle_unverified(odb, refs)
+        # checked: check it.
+        dropped = settle_unverified(odb, refs)
         for line in dropped:
-            warnings.warn(f"gc: {line}", MvcWarning, stacklevel=2)
+            warnings.warn(f"gc: {'(dry run) would have ' if dry_run else ''}{line}", MvcWarning, stacklevel=2)
         plan = plan_retention(odb, retention) if retention is not None else None
         rebased = 0
-        if plan is not None and not dry_run:
+        if plan is not None:
             rebased = apply_retention(odb, reader, refs, plan, settings.chunk_size, progress)
         unreadable: list[Damage] = []
-        if plan is not None and dry_run:
-            keep = _reachable(odb, roots, also_pruned=[c.id for c in plan.prune],
-                              have=plan.freed_snapshots, unreadable=unreadable)
-        else:
-            keep = _reachable(odb, roots, unreadable=unreadable)
+        keep = _reachable(odb, roots, unreadable=unreadable)
         if unreadable:
             warnings.warn(MvcWarning(
                 f"gc: kept {len(unreadable)} object(s) this version cannot read, which only "
                 f"reflogs reach, and all they name: {unreadable[0]} ({UNREADABLE_HELP})"), stacklevel=2)
         compacted = None
-        if not dry_run and (settings.max_chain > 0 or settings.chain_budget > 0):
+        if settings.max_chain > 0 or settings.chain_budget > 0:
             # Compaction reads every snapshot it walks: with unreadable ones in reflog-only
             # history, it bounds the chains of what refs reach and leaves the rest as it is.
             walked = odb.root_ids(reflogs=False) if unreadable else roots
@@ -151,14 +173,16 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
         # Replacements of snapshots nothing reaches any more go too.
         stale = [RefUpdate(n, v, None) for n, v in refs.iter_refs(REPLACE)
                  if n[len(REPLACE):] not in keep]
-        if stale and not dry_run:
+        if stale:
             refs.update_refs(stale, "gc: drop replacements of unreachable snapshots")
             for u in stale:
                 refs.delete_reflog(u.name)
-        # Objects compaction wrote are not in `stored`: all of them are reachable.
+        # Objects retention and compaction wrote are not in `stored`: all of them are reachable.
         doomed = [oid for oid in stored if oid not in keep]
         sizes = {oid: blobs.size(oid) for oid in doomed}
         freed = sum(sizes.values())
+        before = set(stored)
+        written = [oid for oid in keep if oid not in before]
         if not dry_run and doomed:
             with phase(progress, "deleting", total_bytes=freed, total_items=len(doomed), unit="objects") as p:
                 for i in range(0, len(doomed), _DELETE_BATCH):
@@ -169,7 +193,8 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
                           kept_objects=len(keep), dry_run=dry_run,
                           pruned=[c.id for c in plan.prune] if plan else [], retention_rebased=rebased,
                           expired_reflogs=expired, deleted_refs_kept=in_grace,
-                          replacements_dropped=dropped)
+                          replacements_dropped=dropped, written_objects=len(written),
+                          written_bytes=sum(blobs.size(oid) for oid in written))
         report.unreadable_kept = [str(d) for d in unreadable]
         if compacted is not None:
             report.snapshots_rewritten = compacted.snapshots_rewritten
@@ -178,18 +203,27 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
             report.max_chain_after = compacted.max_depth_after
         if shrink and not dry_run:
             report.disk_before, report.disk_after = maintenance.shrink(settings.lock_timeout)
+        elif not dry_run:
+            report.disk_bytes = maintenance.disk_usage()
+            report.reclaimable_bytes = maintenance.reclaimable_bytes()
         return report
 
 
-def _reachable(odb: ObjectDB, roots: set[str], *, also_pruned: Collection[str] = (),
-               have: Collection[str] = (), unreadable: list[Damage] | None = None) -> set[str]:
+def _dry_run_view(odb: ObjectDB, refs: TransactionalRefStore) -> tuple[ObjectDB, TensorReader,
+                                                                        TransactionalRefStore]:
+    """The object database, a reader and the refs of a copy-on-write view of the store
+    (`mvc.repo.gc_overlay`): the dry run's writes stay in memory, its reader caches apart."""
+    view_refs = OverlayRefs(refs)
+    view = ObjectDB(OverlayBlobs(odb.blobs), view_refs)
+    return view, TensorReader(view), view_refs
+
+
+def _reachable(odb: ObjectDB, roots: set[str], *, unreadable: list[Damage] | None = None) -> set[str]:
     """Every object reachable from `roots`; `UnsafeGcError` if any of it cannot be read,
     except intact objects only reflogs reach, kept unread (`mvc.repo.unreadable`; told to
-    `unreadable`).
-    `also_pruned`, `have`: as for `ObjectDB.reachable` (a dry run of retention)."""
+    `unreadable`)."""
     damage: list[Damage] = []
-    keep = {r.oid for r in odb.reachable(roots, on_damage=damage.append, also_pruned=also_pruned,
-                                         have=set(have))}
+    keep = {r.oid for r in odb.reachable(roots, on_damage=damage.append)}
     if damage:
         unread, damage = split_damage(odb, damage)
         salvaged, problem = salvage(odb, [d.oid for d in unread], keep)

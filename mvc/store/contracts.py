@@ -229,6 +229,11 @@ class StoreMaintenance(StorePart):
     def disk_usage(self) -> int:
         """Bytes the store occupies (on disk; in memory, what stands in for it)."""
 
+    def reclaimable_bytes(self) -> int | None:
+        """Bytes of `disk_usage` that `shrink` would give back (space freed by deletions,
+        which later writes reuse), or None where the store cannot tell."""
+        return None
+
     @abc.abstractmethod
     def shrink(self, timeout: float = 60.0) -> tuple[int, int]:
         """Give back space freed by deletions; return (`disk_usage` before, after).

@@ -147,6 +147,25 @@ class LmdbMaintenance(StoreMaintenance):
         """Size of the LMDB data file in bytes."""
         return os.path.getsize(os.path.join(self._conn.root, STORE_DIR, DATA_FILE))
 
+    def reclaimable_bytes(self) -> int:
+        """The data file's bytes outside every database's pages: LMDB's free pages (later
+        writes reuse them; `shrink`, a compacting copy, leaves them out)."""
+        h = self._conn.handle()
+
+        def used_pages(env: Any) -> int:
+            def pages(s: dict) -> int:
+                return int(s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"])
+
+            with env.begin() as txn:  # the main database holds the named ones' records
+                return pages(env.stat()) + sum(pages(txn.stat(db)) for db in h.dbs.values())
+
+        def measure(env: Any) -> tuple[int, int]:
+            return used_pages(env), int(env.stat()["psize"])
+
+        used, page = h.with_env(measure)
+        # Two meta pages open every LMDB file.
+        return max(0, self.disk_usage() - (used + 2) * page)
+
     def map_size(self) -> int:
         """Current LMDB map size of this process (for diagnostics and tests)."""
         return self._conn.handle().with_env(lambda env: env.info()["map_size"])
