@@ -11,17 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mvc.codecs.base import find_codec
 from mvc.errors import DataError, MvcError
 from mvc.progress import Progress, phase
 from mvc.repo import refs as R
-from mvc.repo.levelcache import DiskLevelCache, check_level_cache
-from mvc.repo.lossy import is_quantized, parent_ref
+from mvc.repo.levelfile import LevelFiles, check_level_cache
 from mvc.repo.objectdb import Damage, ObjectDB, Reached
 from mvc.repo.objects import Snapshot, TensorRecord, object_kind
+from mvc.repo.records import is_known_codec, is_quantized, parent_ref, payload_size_problems
 from mvc.repo.replace import OID, REPLACE, follow_replacement
 from mvc.repo.replace_verify import original_is_whole, replacement_differs, unverified_replacements
-from mvc.repo.tensors import payload_size_problems
 from mvc.repo.unreadable import UNREADABLE_HELP, split_damage
 from mvc.store import CorruptRefError, ReflogEntry, RefStore, StoreMaintenance
 from mvc.store.base import OnCorrupt
@@ -44,10 +42,14 @@ class FsckReport:
 
 
 def check_repository(odb: ObjectDB, maintenance: StoreMaintenance,
-                     level_cache: DiskLevelCache, progress: Progress | None = None) -> FsckReport:
+                     level_cache: LevelFiles, progress: Progress | None = None) -> FsckReport:
     """Verify every stored object against its id, and every ref, reflog entry, snapshot link and
     replacement; recount the store's derived counters (repaired) and check the level cache.
-    `progress` hears of each object verified, then of each commit walked."""
+    `progress` hears of each object verified, then of each commit walked.
+
+    Every check reads metadata (object ids, refs, commits, snapshots, the cache's headers):
+    torch is imported only to restore the two sides of a replacement a fetch adopted
+    unchecked (`_unverified`)."""
     blobs, refs = odb.blobs, odb.refs
     problems: list[str] = []
     unreadable: set[str] = set()  # names of refs whose record could not be decoded
@@ -123,7 +125,7 @@ class _RecordChecks:
         where = f"snapshot {reached.oid}"
         out: list[str] = []
         for rec in snap.tensors:
-            if find_codec(rec.codec) is None:
+            if not is_known_codec(rec.codec):
                 out.append(f"{where}: tensor {rec.name!r} uses unknown codec {rec.codec}")
             for oid in rec.chunks:
                 if oid not in self.present:

@@ -18,10 +18,15 @@ from typing import Any
 
 import torch
 
-from mvc.codecs.base import Encoded, find_codec, quantized_codec, registered
-from mvc.errors import DataError
+from mvc.codecs.base import Encoded, quantized_codec, registered
 from mvc.quant import QuantizedTensor
 from mvc.repo.objects import TensorRecord
+# What a record is (its codec's kind, a delta's parent) needs no torch: `mvc.repo.records`,
+# re-exported here where callers have always found it.
+from mvc.repo.records import BrokenChainError as BrokenChainError
+from mvc.repo.records import is_delta as is_delta
+from mvc.repo.records import is_quantized as is_quantized
+from mvc.repo.records import parent_ref as parent_ref
 from mvc.repo.tensors import dtype_name
 
 #: The codecs new commits write quantized tensors with (readers ask a record's codec what it
@@ -32,37 +37,8 @@ QDELTA = "qdelta/1"
 QUANT_CODECS = tuple(registered(quantized=True))
 
 
-def is_quantized(rec: TensorRecord) -> bool:
-    """Whether the record stores a quantized tensor (its codec says so; unknown codec: no)."""
-    codec = find_codec(rec.codec)
-    return codec is not None and codec.is_quantized
-
-
-def is_delta(rec: TensorRecord) -> bool:
-    """Whether the record is encoded against the same tensor in its parent snapshot."""
-    codec = find_codec(rec.codec)
-    return codec is not None and codec.is_quantized and codec.has_parent
-
-
-class BrokenChainError(DataError):
-    """A delta chain cannot be walked: a delta names no parent, or one its parent snapshot lacks,
-    or the chain loops."""
-
-    exit_code = 27
-
-
 def _encoded_len(enc: Encoded) -> int:
     return sum(len(memoryview(p).cast("B")) for p in enc.parts)
-
-
-def parent_ref(rec: TensorRecord) -> tuple[str, str] | None:
-    """(original snapshot id, name) a delta record is encoded against."""
-    if not is_delta(rec):
-        return None
-    p = rec.meta.get("parent") or {}
-    if not isinstance(p.get("snapshot"), str) or not isinstance(p.get("name"), str):
-        raise BrokenChainError(f"delta tensor {rec.name!r} does not name its parent")
-    return p["snapshot"], p["name"]
 
 
 def same_quantization(a: QuantizedTensor, b: QuantizedTensor) -> bool:

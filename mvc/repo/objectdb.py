@@ -34,6 +34,9 @@ from mvc.errors import DataError
 from mvc.repo import refs as R
 from mvc.repo.objects import Commit, MalformedObjectError, Snapshot, object_kind
 from mvc.repo.pruned import PRUNED, pruned_ids
+# A delta's parent is read from its record, without torch (stats, fsck, push and fetch walk
+# snapshots with it).
+from mvc.repo.records import parent_ref
 from mvc.repo.replace import REPLACE, ReplacementError, follow_replacement
 from mvc.store import BlobStore, ObjectMissingError, OnCorrupt, RefStore
 
@@ -330,9 +333,6 @@ class ObjectDB:
                           snapshots: set[str], chunks: set[str],
                           on_damage: OnDamage | None) -> Iterator[Reached]:
         """Snapshot `sid`, its replacement, the snapshots its deltas need, and their chunks."""
-        # lossy asks each record's codec, and the codec registry imports torch: walks of
-        # history alone (log, branch -d) never get here.
-        from mvc.repo.lossy import parent_ref
 
         stack: list[tuple[str, str, str]] = [(sid, via, role)]
         while stack:

@@ -15,15 +15,19 @@ own are written with a "gc..." reason, a fetch's checked ones end in
 from __future__ import annotations
 
 from collections.abc import Iterator
-
-import torch
+from typing import TYPE_CHECKING
 
 from mvc.errors import DataError
 from mvc.repo.objectdb import ObjectDB
 from mvc.repo.objects import Snapshot, TensorRecord
-from mvc.repo.reader import TensorReader
 from mvc.repo.replace import REPLACE
 from mvc.store import RefStore, RefUpdate, TransactionalRefStore
+
+if TYPE_CHECKING:
+    # Only restoring both sides needs torch: which replacements are unverified, and whether
+    # an original is whole, are read from refs and snapshots (fsck, fetch and push import
+    # this module without loading it).
+    import torch
 
 #: The suffix of a fetch's reflog reason for a replacement it restored and compared.
 VERIFIED = "(verified)"
@@ -68,6 +72,8 @@ def replacement_differs(odb: ObjectDB, sid: str, new_sid: str) -> str | None:
         other = new_recs[name]
         if (rec.dtype, list(rec.shape)) != (other.dtype, list(other.shape)):
             return f"tensor {name!r} has another dtype or shape"
+    from mvc.repo.reader import TensorReader
+
     reader = TensorReader(odb)
     compared: set[str] = set()
     try:
@@ -109,6 +115,8 @@ def moment_partner(rec: TensorRecord) -> str | None:
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same dtype, shape and bytes (NaN payloads and signed zeros included)."""
+    import torch
+
     def bits(t: torch.Tensor) -> torch.Tensor:
         return t.detach().contiguous().reshape(-1).view(torch.uint8)
 

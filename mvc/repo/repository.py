@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from mvc.repo.gc import GcReport
     from mvc.repo.inspect import RepoStats, TensorDiff
     from mvc.repo.levelcache import DiskLevelCache
+    from mvc.repo.levelfile import LevelFiles
     from mvc.repo.reader import TensorReader
     from mvc.repo.transaction import CommitTransaction
     from mvc.search.space import SearchSpace
@@ -455,14 +456,21 @@ class Repo:
         """Verify every object and every reference; warn about unusable level-cache entries."""
         from mvc.repo.fsck import check_repository
 
-        return check_repository(self.odb, self.store.maintenance, self._tensors()[0], progress)
+        return check_repository(self.odb, self.store.maintenance, self._level_files(), progress)
 
     def prune_level_cache(self) -> list[str]:
         """Delete the level-cache files fsck warns about (the cache is disposable); returns the
         warnings that named them."""
-        from mvc.repo.levelcache import check_level_cache
+        from mvc.repo.levelfile import check_level_cache
 
-        return check_level_cache(self._tensors()[0], self.odb.read_snapshot, remove=True)
+        return check_level_cache(self._level_files(), self.odb.read_snapshot, remove=True)
+
+    def _level_files(self) -> LevelFiles:
+        """The level cache's directory as fsck checks it: its files, read without torch (the
+        reader's `DiskLevelCache` is the same directory)."""
+        from mvc.repo.levelfile import LevelFiles
+
+        return LevelFiles(self.mvc_dir / "cache" / "levels", self.store.maintenance)
 
     def diff(self, a: str, b: str) -> list[TensorDiff]:
         """Per-tensor differences between two revisions."""

@@ -140,20 +140,6 @@ def read_payload(store: BlobStore, rec: TensorRecord) -> bytearray:
     return buf
 
 
-def payload_size_problems(store: BlobStore, rec: TensorRecord, present: set[str]) -> list[str]:
-    """For fsck: the record's `stored_bytes` against its chunks' sizes (missing chunks are
-    reported by the caller)."""
-    if not all(oid in present for oid in rec.chunks):
-        return []
-    try:
-        held = sum(store.size(oid) for oid in rec.chunks)
-    except DataError:  # removed meanwhile: the caller's presence check reports it next run
-        return []
-    if held == rec.stored_bytes:
-        return []
-    return [f"tensor {rec.name!r}: chunks hold {held} bytes, snapshot says {rec.stored_bytes}"]
-
-
 def read_tensor(store: BlobStore, rec: TensorRecord) -> torch.Tensor:
     """Decode one tensor of a snapshot (lossless codecs; lossy ones go through their chain reader)."""
     codec = tensor_codec(rec.codec)  # a quantized record is its chain reader's, never this

@@ -76,12 +76,12 @@ def write_file(path, repo_id: str, sid: str, tensors: dict[str, tuple[dict, byte
     """A cache file in the documented format: tensors maps name -> (entry fields, blob)."""
     index, blobs, off = {}, [], 0
     for name, (fields, blob) in tensors.items():
-        index[name] = dict(fields, offset=off, length=len(blob), xxh3=LC._digest(blob).hex())
+        index[name] = dict(fields, offset=off, length=len(blob), xxh3=LC.checksum(blob).hex())
         blobs.append(blob)
         off += len(blob)
     head = json.dumps({"repo": repo_id, "snapshot": sid, "tensors": index},
                       sort_keys=True, separators=(",", ":")).encode()
-    path.write_bytes(struct.pack("<8sQ16s", LC.MAGIC, len(head), LC._digest(head)) + head + b"".join(blobs))
+    path.write_bytes(struct.pack("<8sQ16s", LC.MAGIC, len(head), LC.checksum(head)) + head + b"".join(blobs))
 
 
 def entries(path) -> dict[str, tuple[dict, bytes]]:
