@@ -343,14 +343,24 @@ def show(rev: str, stat_only: bool, as_json: bool) -> None:
 def diff(rev_a: str, rev_b: str | None, file: str | None, as_json: bool, show_all: bool) -> None:
     """Per-tensor differences between REV_A and REV_B, or, with REV_A alone, between REV_A
     and the working checkpoint file (as git diff REV compares with the work tree)."""
+    from mvc.repo.pruned import check_not_pruned
+
     repo = Repo.discover()
     if rev_b is not None and file is not None:
         raise UsageError("--file compares REV_A with a file: give no REV_B")
+    # Revisions and the file are checked before torch is imported (issue 30 item 6).
+    for rev in (rev_a,) if rev_b is None else (rev_a, rev_b):
+        check_not_pruned(repo.store.refs, repo.resolve(rev))
     if rev_b is None:
+        from mvc.io.checkpoint_errors import CheckpointNotFoundError
+
+        working = _working_file(repo, file)
+        if not working.exists():
+            raise CheckpointNotFoundError(f"{working}: no such file")
         from mvc.io.files import load_checkpoint
 
         with repo.safe_globals():
-            diffs = repo.diff_state(rev_a, load_checkpoint(_working_file(repo, file)))
+            diffs = repo.diff_state(rev_a, load_checkpoint(working))
     else:
         diffs = repo.diff(rev_a, rev_b)
     if as_json:

@@ -62,6 +62,12 @@ def gc(dry_run: bool, shrink: bool, max_chain: int | None, keep_last: int | None
 
     A deleted branch's commits stay for gc.reflog_expire days (its reflog: `mvc branch
     NAME NAME@{0}` restores it); --expire now drops them at once."""
+    # Checked here, before the repository code (and torch) is loaded: RetentionPolicy says the
+    # same, later.
+    if keep_last is not None and keep_last < 1:
+        raise UsageError(f"--keep-last must be >= 1 (branch tips are always kept), got {keep_last}")
+    if keep_every is not None and keep_every < 1:
+        raise UsageError(f"--keep-every must be >= 1, got {keep_every}")
     days = _expire_days(expire)
     repo = Repo.discover()
     with terminal_progress(quiet=quiet) as progress:

@@ -1,8 +1,11 @@
 """init, commit, checkout, status, config."""
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -81,15 +84,25 @@ def commit(message: str, checkpoint: str | None, step: int | None, metrics: tupl
 
     A checkpoint stored exactly as HEAD's makes no commit: "nothing to commit", exit 0,
     as git does (--allow-empty: commit anyway)."""
+    from mvc.io.checkpoint_errors import CheckpointNotFoundError
+    from mvc.repo.objects import check_metrics, check_step
+
+    # Everything a user can get wrong is checked before torch is imported (issue 30 item 6).
+    if not message.strip():
+        raise UsageError("a commit needs a non-empty message")
+    metric_values = check_metrics(_parse_metrics(metrics))
+    check_step(step)
+    repo = Repo.discover()
+    path = _checkpoint_path(repo, checkpoint, "checkpoint")
+    if not path.exists():
+        raise CheckpointNotFoundError(f"{path}: no such file")
+    hook = repo.config.get("quality.hook")
+    quality = load_hook(hook, repo.path) if hook and not lossless else None
+
     from mvc.io.dirs import load_dir
     from mvc.io.files import load_checkpoint
     from mvc.repo.transaction import NothingToCommitError
 
-    repo = Repo.discover()
-    path = _checkpoint_path(repo, checkpoint, "checkpoint")
-    metric_values = _parse_metrics(metrics)
-    hook = repo.config.get("quality.hook")
-    quality = load_hook(hook, repo.path) if hook and not lossless else None
     with terminal_progress(quiet=quiet) as progress:
         with phase(progress, f"loading {path.name}", total_items=1, unit="files"), repo.safe_globals():
             state = load_dir(path) if path.is_dir() else load_checkpoint(path)
@@ -157,10 +170,10 @@ def _refuse_to_destroy(repo: Repo, path: Path, rev: str, to_output: bool, force:
     """Refuse, before anything is read, a checkout that would destroy work only `path` holds
     (DESIGN.md invariant 10): a file that is no committed or checked-out state, or a
     non-empty directory. `force` lets it go, except over the repository itself."""
-    from mvc.io.dirs import OutputDirectoryExistsError
-
     if path.is_dir() and not path.is_symlink() and any(path.iterdir()):
         if not force:
+            from mvc.io.dirs import OutputDirectoryExistsError  # imports torch: only to refuse
+
             raise OutputDirectoryExistsError(
                 f"{path}: exists and is not empty; nothing was written. Keep it: give another "
                 f"directory with -o; discard it: `mvc checkout {rev} -o {path} --force` replaces it")
@@ -214,9 +227,10 @@ def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...
     modified since mvc committed or wrote it, or one it never did (exit 172), or a non-empty
     directory (exit 151). --force writes over it.
     """
-    from mvc.io.dirs import is_dir_state, save_dir
-    from mvc.io.files import save_checkpoint
+    from mvc.repo.pruned import check_not_pruned
 
+    # Everything a user can get wrong is checked before torch is imported (issue 30 item 6:
+    # a usage error answers at once, not after seconds of imports).
     if (only or weights_only) and output is None:
         raise UsageError("--only / --weights-only write a partial copy: give the file with -o FILE")
     repo = Repo.discover()
@@ -224,7 +238,14 @@ def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...
     # Resolve once: the id read is the id HEAD moves to, and HEAD attaches only to the
     # branch that resolution went through.
     cid, branch_ref = repo.resolve_rev(rev)
+    check_not_pruned(repo.store.refs, cid)
+    _check_directory_target(repo, cid, rev, output, bool(only or weights_only))
     _refuse_to_destroy(repo, path, rev, output is not None, force)
+    parents = _missing_parents(path)
+
+    from mvc.io.dirs import is_dir_state, save_dir
+    from mvc.io.files import save_checkpoint
+
     with terminal_progress(quiet=quiet) as progress, repo.safe_globals():
         state = repo.reader.read_state(cid, only=only or None, weights_only=weights_only, progress=progress)
     if is_dir_state(state):
@@ -233,11 +254,12 @@ def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...
         if only or weights_only:
             raise UsageError(f"{rev} holds a checkpoint directory, which is checked out whole "
                              "(--only / --weights-only select tensors of one checkpoint file)")
-        save_dir(state, path, replace=force)
+        with _made(parents):
+            save_dir(state, path, replace=force)
         echo(f"Wrote directory {path} from {cid[:12]}; HEAD unchanged")
         return
-    with terminal_progress(quiet=quiet) as progress:
-        save_checkpoint(state, path, _output_format(repo, path, fmt), progress=progress)
+    with _made(parents):
+        save_checkpoint(state, path, _output_format(repo, path, fmt))
     # Stamped before HEAD moves: a checkout interrupted between the two leaves a file a
     # later checkout may overwrite, never one it must refuse for no reason.
     try:
@@ -253,6 +275,63 @@ def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...
     branch = repo.current_branch()
     where = f"on branch {branch}" if branch else f"HEAD detached at {cid[:12]}"
     echo(f"Wrote {path} ({human_bytes(path.stat().st_size)}); {where}")
+
+
+#: `mvc.io.dirs.DIR_MARK`: the first key of a directory state (the skeleton's root says so
+#: without torch; tests/cli/test_cli_fast_failures.py checks the two agree).
+DIR_MARK = "mvc.directory"
+
+
+def _check_directory_target(repo: Repo, cid: str, rev: str, output: str | None, partial: bool) -> None:
+    """The usage errors of checking out a committed directory, from the snapshot's skeleton
+    (metadata: no tensor is read, torch is not needed): it needs -o DIR and is whole."""
+    root = repo.read_snapshot(repo.read_commit(cid).snapshot).skeleton.get("root")
+    items = root.get("items") if isinstance(root, dict) and root.get("t") == "dict" else None
+    if not (isinstance(items, list) and any(isinstance(kv, list) and kv[:1] == [DIR_MARK] for kv in items)):
+        return
+    if output is None:
+        raise UsageError(f"{rev} holds a checkpoint directory: give the directory to write with -o DIR")
+    if partial:
+        raise UsageError(f"{rev} holds a checkpoint directory, which is checked out whole "
+                         "(--only / --weights-only select tensors of one checkpoint file)")
+
+
+def _missing_parents(path: Path) -> list[Path]:
+    """The directories above `path` that do not exist yet, outermost first: checkout makes
+    them, as `torch.save` users expect of `-o out/checkpoint-20` (only these: the path the
+    user named, nothing beside it). A non-directory in the way is a usage error, now."""
+    missing: list[Path] = []
+    parent = path.absolute().parent
+    while not parent.is_dir():
+        if parent.exists() or parent.is_symlink():
+            raise UsageError(f"{parent}: not a directory, so {path} cannot be written there")
+        missing.append(parent)
+        parent = parent.parent
+    return missing[::-1]
+
+
+@contextlib.contextmanager
+def _made(parents: list[Path]) -> Iterator[None]:
+    """Make `parents` (from `_missing_parents`) for a write; if the write fails, remove the
+    ones made here that are still empty, leaving the file system as the user had it."""
+    made: list[Path] = []
+    try:
+        for d in parents:
+            try:
+                d.mkdir()
+            except FileExistsError:  # made meanwhile by someone else: theirs, not removed
+                if not d.is_dir():
+                    raise
+                continue
+            made.append(d)
+        yield
+    except BaseException:
+        for d in reversed(made):
+            try:
+                d.rmdir()
+            except OSError:  # not empty (the write left something) or gone: leave it
+                break
+        raise
 
 
 def _output_format(repo: Repo, path: Path, given: str | None) -> str | None:
@@ -289,7 +368,8 @@ def status() -> None:
     tracked = worktree.current(repo.store.maintenance)
     path = Path(configured) if configured else (Path(tracked.path) if tracked else None)
     if path is None:
-        echo("No checkpoint file configured (mvc config checkpoint.path PATH)")
+        echo("No checkpoint file configured (`mvc config checkpoint.path PATH`"
+             + ("; `mvc checkout HEAD -o FILE` writes HEAD's checkpoint to FILE)" if head else ")"))
         return
     if not path.is_absolute():
         path = repo.path / path
@@ -307,8 +387,10 @@ def status() -> None:
     elif known.commit == head:
         echo(f"Checkpoint {path}: unchanged since HEAD")
     else:
+        # Without checkpoint.path, `mvc checkout HEAD` has nowhere to write (exit 2): name the file.
+        how = "mvc checkout HEAD" if configured else f"mvc checkout HEAD -o {shlex.quote(str(path))}"
         echo(f"Checkpoint {path}: unchanged since {known.commit[:12]}, which is not HEAD "
-             "(`mvc checkout HEAD` writes HEAD's checkpoint)")
+             f"(`{how}` writes HEAD's checkpoint)")
 
 
 @click.command("config")
