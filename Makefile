@@ -4,10 +4,13 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 # Where the CPU build of torch comes from: an *extra* index, so pip prefers 2.13.0+cpu (a local
 # version sorts above 2.13.0) over PyPI's CUDA build (+16 nvidia-* packages) on a fresh machine.
-# Where it cannot be reached pip falls back to PyPI (one retry per package, not five: with five, the
-# ten packages torch needs cost about a minute of retries, measured), and an already installed
-# pinned torch never asks. `make TORCH_INDEX=` installs from the default index only.
+# The index is probed once (15 s at most): where it cannot be reached, torch comes from the default
+# index straight away, instead of after pip's retry warnings for each of the ten packages torch
+# needs; one line says which index was used. An already installed pinned torch asks no index.
+# `make TORCH_INDEX=` installs from the default index only.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# The version TORCH_SPEC pins (the whole spec if it pins none: then pip is always asked).
+TORCH_PIN = $(patsubst torch==%,%,$(TORCH_SPEC))
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
@@ -17,7 +20,15 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard native/*.c native/*.h nat
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	# torch first and pinned (an unpinned one would pull a multi-GB CUDA build), CPU build by default.
-	$(PIP) install $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX) --retries 1) "$(TORCH_SPEC)"
+	@if $(PY) -c "import importlib.metadata as m, sys; sys.exit(m.version('torch').split('+')[0] != '$(TORCH_PIN)')" 2>/dev/null; then \
+		echo "torch: $(TORCH_SPEC) is installed"; \
+	$(if $(TORCH_INDEX),elif $(PY) -c "import socket; socket.setdefaulttimeout(15); import urllib.request as u; u.urlopen('$(TORCH_INDEX)/').close()" 2>/dev/null; then \
+		echo "torch: $(TORCH_SPEC) from $(TORCH_INDEX) (then the default index for what it lacks)"; \
+		$(PIP) install --extra-index-url $(TORCH_INDEX) --retries 1 "$(TORCH_SPEC)"; \
+	)else \
+		echo "torch: $(TORCH_SPEC) from the default index$(if $(TORCH_INDEX), ($(TORCH_INDEX) cannot be reached))"; \
+		$(PIP) install "$(TORCH_SPEC)"; \
+	fi
 	$(PIP) install -e ".[test,bench,s3,lightning,hf,plot]"
 	touch $@
 

@@ -258,8 +258,8 @@ def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...
             save_dir(state, path, replace=force)
         echo(f"Wrote directory {path} from {cid[:12]}; HEAD unchanged")
         return
-    with _made(parents):
-        save_checkpoint(state, path, _output_format(repo, path, fmt))
+    with _made(parents), terminal_progress(quiet=quiet) as progress:
+        save_checkpoint(state, path, _output_format(repo, path, fmt), progress=progress)
     # Stamped before HEAD moves: a checkout interrupted between the two leaves a file a
     # later checkout may overwrite, never one it must refuse for no reason.
     try:

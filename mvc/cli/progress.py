@@ -134,12 +134,16 @@ def _rate_column() -> Any:
     from rich.text import Text
 
     class RateColumn(ProgressColumn):
-        """Bytes (or items) per second over the last few updates."""
+        """Bytes (or items) per second over the last few updates, or since the phase began
+        while there are too few updates to tell (rich needs two: a phase that moves in a
+        few big steps would show no rate at all)."""
 
         def render(self, task: Any) -> Text:
             from mvc.cli.format import human_bytes
 
             speed = task.finished_speed or task.speed
+            if speed is None and task.completed and task.elapsed:
+                speed = task.completed / task.elapsed
             if speed is None:
                 return Text("", style="progress.data.speed")
             unit = task.fields.get("unit", "B")

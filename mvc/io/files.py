@@ -27,11 +27,12 @@ import zipfile
 from collections import OrderedDict
 from pathlib import Path
 from collections.abc import Iterable
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import torch
 
 from mvc.errors import DiskFullError, UsageError, is_disk_full
+from mvc.progress import Progress, phase
 from mvc.io.checkpoint_errors import (  # noqa: F401  (re-exported: callers import them from here)
     CheckpointFileError,
     CheckpointNotFoundError,
@@ -104,8 +105,12 @@ def load_checkpoint(path: str | os.PathLike, *, safe_globals: Iterable[Any] = ()
         return _load_torch(target)
 
 
-def save_checkpoint(state: Any, path: str | os.PathLike, format: str | None = None) -> None:
+def save_checkpoint(state: Any, path: str | os.PathLike, format: str | None = None, *,
+                    progress: Progress | None = None) -> None:
     """Write `state` to `path` atomically as ``"pt"`` (torch.save) or ``"safetensors"``.
+
+    `progress` hears of the bytes as they are written (a ``.pt`` file; a ``.safetensors``
+    one at the end), in one "writing" phase whose total is the state's tensor bytes.
 
     `format` defaults from the extension.  safetensors holds only a flat dict
     of str -> tensor and cannot express shared storage: tensors that share
@@ -123,17 +128,19 @@ def save_checkpoint(state: Any, path: str | os.PathLike, format: str | None = No
     header_metadata = safetensors_metadata(state) if fmt == "safetensors" else None
     tmp = parent / f".{target.name}.{secrets.token_hex(6)}.tmp"
     try:
-        if tensors is None:
-            # os.open with 0o666 lets the umask pick the mode, as for a plain open().
-            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as out:
-                torch.save(state, out)
-                out.flush()
-                os.fsync(out.fileno())
-        else:
-            from safetensors.torch import save_file
+        with phase(progress, f"writing {target.name}", total_bytes=_tensor_bytes(state)) as p:
+            if tensors is None:
+                # os.open with 0o666 lets the umask pick the mode, as for a plain open().
+                with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as out:
+                    torch.save(state, cast(IO[bytes], _Counted(out, p)) if progress is not None else out)
+                    out.flush()
+                    os.fsync(out.fileno())
+            else:
+                from safetensors.torch import save_file
 
-            save_file(tensors, str(tmp), metadata=header_metadata)
-            _fsync_path(tmp, os.O_RDONLY)
+                save_file(tensors, str(tmp), metadata=header_metadata)
+                _fsync_path(tmp, os.O_RDONLY)
+                p.advance(tmp.stat().st_size, 1)
         os.replace(tmp, target)
     except BaseException as exc:
         # Asked before the partial file is removed: torch's zip writer reports ENOSPC as
@@ -148,6 +155,44 @@ def save_checkpoint(state: Any, path: str | os.PathLike, format: str | None = No
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+class _Counted:
+    """A binary file that tells `progress` of every byte written through it (torch.save
+    writes a zip through any object with `write`)."""
+
+    def __init__(self, out: IO[bytes], progress: Progress) -> None:
+        self._out = out
+        self._progress = progress
+
+    def write(self, data: Any) -> int:
+        n = self._out.write(data)
+        self._progress.advance(n if n is not None else memoryview(data).nbytes)
+        return n if n is not None else memoryview(data).nbytes
+
+    def flush(self) -> None:
+        self._out.flush()
+
+
+def _tensor_bytes(state: Any) -> int:
+    """The bytes of the distinct tensor storages in `state` (containers walked, nothing
+    else): what writing it moves, near enough for a progress total."""
+    seen: set[tuple[str, int]] = set()
+    total = 0
+    stack = [state]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            key = (str(value.device), storage.data_ptr())
+            if key not in seen:
+                seen.add(key)
+                total += storage.nbytes()
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            stack.extend(value)
+    return total
 
 
 def _existing_file(path: str | os.PathLike) -> Path:

@@ -166,7 +166,10 @@ def push(odb: ObjectDB, remote: Remote, updates: dict[str, str], *, force: bool 
     # its delta parents; they are only not sent again.)
     have = had | {odb.read_commit(c).snapshot for c in had}
     progress.phase("finding objects to send", unit="objects")
-    reached = list(odb.reachable([new for _, new in todo.values()], have=have))
+    reached = []
+    for r in odb.reachable([new for _, new in todo.values()], have=have):
+        reached.append(r)
+        progress.advance(items=1)
     present = remote.blobs.known_ids()
     progress.end()
     missing = [r for r in reached if r.oid not in present]
@@ -178,11 +181,10 @@ def push(odb: ObjectDB, remote: Remote, updates: dict[str, str], *, force: bool 
     # Chunks, then snapshots, then commits, each group's uploads all finished before the next.
     for group in (chunks, snaps, commits):
         for batch in _batches(group, odb.blobs.get):
-            remote.blobs.put_many(batch)
-            n = sum(len(b) for b in batch)
+            # The bar moves as each upload lands, not once per (up to 256 MiB) batch.
+            remote.blobs.put_many(batch, on_stored=progress.advance)
             report.objects += len(batch)
-            report.bytes += n
-            progress.advance(n, len(batch))
+            report.bytes += sum(len(b) for b in batch)
     progress.end()
     # Every replacement and pruned mark the walk passed, sent or not: a killed push may have
     # left the objects there without them, and a branch must not reach a commit before they

@@ -32,7 +32,7 @@ import bisect
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, overload
 
@@ -436,8 +436,12 @@ class RemoteBlobStore(BlobStore):
         self.storage.put(loose_key(oid), mv)
         return oid
 
-    def put_many(self, items: Iterable[BytesLike]) -> list[str]:
-        """Store objects: big ones loose, small ones in packs, `workers` uploads in parallel."""
+    def put_many(self, items: Iterable[BytesLike], *,
+                 on_stored: Callable[[int, int], object] | None = None) -> list[str]:
+        """Store objects: big ones loose, small ones in packs, `workers` uploads in parallel.
+
+        `on_stored(nbytes, objects)` is called (from the upload threads) as each upload
+        completes: a progress bar moves with the bytes, not once per call."""
         self._check()
         ids: list[str] = []
         seen: set[str] = set()
@@ -468,8 +472,12 @@ class RemoteBlobStore(BlobStore):
         def run(job: tuple[str, memoryview] | list[tuple[str, memoryview]]) -> None:
             if isinstance(job, tuple):
                 self.storage.put(loose_key(job[0]), job[1])
+                done = [job]
             else:
                 self._write_pack(job)
+                done = job
+            if on_stored is not None:
+                on_stored(sum(mv.nbytes for _, mv in done), len(done))
         jobs: list[tuple[str, memoryview] | list[tuple[str, memoryview]]] = [*loose, *packs]
         with ThreadPoolExecutor(self.workers) as pool:
             for _ in pool.map(run, jobs):
