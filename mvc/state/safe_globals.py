@@ -70,8 +70,8 @@ def check_names(value: Any) -> list[str]:
             raise UnknownSafeGlobalError(
                 f"{CONFIG_KEY}: {name!r} is not module.qualname (e.g. argparse.Namespace)")
         if not allowable(name):
-            raise UnknownSafeGlobalError(f"{CONFIG_KEY}: {name!r} is never allowed: a {name.split('.')[0]} "
-                                         "global can run code or reach the system")
+            raise UnknownSafeGlobalError(f"{CONFIG_KEY}: {name!r} is never allowed: the globals of "
+                                         f"{name.split('.')[0]} can run code or reach the system")
     return list(dict.fromkeys(value))
 
 
