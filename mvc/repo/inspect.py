@@ -11,8 +11,8 @@ Two sizes of a commit, named the same everywhere (`mvc commit`, `show`, `stats`)
 * *new in store*: the bytes of the objects it added to the store -- its commit and
   snapshot objects and the chunks no earlier commit uses (`stats`: each object is
   charged to the first commit, in time order, that uses it; `commit_sizes`: to the
-  commit unless an ancestor uses it). Re-committing an unchanged checkpoint is a few
-  hundred bytes new in store, whatever its encoded size.
+  commit unless one of its nearest ancestors uses it). Re-committing an unchanged
+  checkpoint is a few hundred bytes new in store, whatever its encoded size.
 """
 from __future__ import annotations
 
@@ -273,27 +273,36 @@ class CommitSizes:
     new_bytes: int
 
 
+#: How many of a commit's nearest ancestors `commit_sizes` looks through for the objects it
+#: shares: a training run's unchanged tensors are in its parent's snapshot already, and reading
+#: every snapshot of a long history would cost each `mvc commit` line seconds.
+NEAREST_ANCESTORS = 8
+
+
 def commit_sizes(odb: ObjectDB, cid: str) -> CommitSizes:
     """Raw, encoded and new-in-store bytes of commit `cid` (not a pruned one).
 
-    New in store counts the commit's objects that none of its ancestors uses: for a
-    commit just made, what it added to the store (unless another branch stored the
-    same bytes first, which `stats` would charge to that branch). The walk stops as
-    soon as every object is found, so re-committing an unchanged checkpoint reads
-    one parent."""
+    New in store counts the commit's objects that none of its `NEAREST_ANCESTORS` nearest
+    kept ancestors uses: for a commit just made, what it added to the store, unless the
+    same bytes were stored by an older commit (a checkpoint reverted to an old state) or
+    another branch, which `stats` -- counting over all history -- charges to that commit.
+    The walk stops as soon as every object is found, so re-committing an unchanged
+    checkpoint reads one parent."""
     c = odb.read_commit(cid)
     snap = odb.read_snapshot(c.snapshot)
     mine = {c.id, c.snapshot, *snap.chunk_ids()}
     left = set(mine) - {c.id}  # no ancestor holds the commit itself
     if c.parents and left:
         pruned = pruned_ids(odb.refs)
-        for older in odb.walk_commits(c.parents, order="date"):  # nearest first: an early stop
+        looked = 0
+        for older in odb.walk_commits(c.parents, order="date"):  # nearest first
             if older.id in pruned:
                 continue  # its snapshot is gone; what kept commits share stays counted where used
             left.discard(older.snapshot)
             if left:
                 left -= set(odb.read_snapshot(older.snapshot).chunk_ids())
-            if not left:
+            looked += 1
+            if not left or looked >= NEAREST_ANCESTORS:
                 break
     new = sum(odb.blobs.size(oid) for oid in mine if oid == c.id or oid in left)
     return CommitSizes(snap.raw_bytes, sum(t.stored_bytes for t in snap.tensors), new)
