@@ -119,3 +119,18 @@ def test_the_directory_mark_is_the_one_mvc_io_writes() -> None:
     from mvc.io.dirs import DIR_MARK as written
 
     assert DIR_MARK == written
+
+
+def test_push_fetch_and_clone_move_objects_without_torch(tmp_path: Path) -> None:
+    (tmp_path / "work").mkdir()
+    work = init_work(tmp_path / "work")
+    torch.save({"w": torch.randn(32, 32)}, work / "model.pt")
+    assert run(work, "commit", "-m", "one", "model.pt", "--epsilon", "0.05")[0] == 0
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    assert run(work, "remote", "add", "origin", remote.as_uri())[0] == 0
+    for args in (("push", "--all"), ("fetch",), ("clone", remote.as_uri(), str(tmp_path / "copy"))):
+        rc, out, imported = _probe(work, *args)
+        assert rc == 0, out
+        assert not imported, f"`mvc {' '.join(args)}` imported torch"
+    assert run(tmp_path / "copy", "log", "--oneline")[1].count("\n") == 1
