@@ -199,7 +199,9 @@ def pull(remote_name: str | None, branch: str | None, quiet: bool) -> None:
     r = fast_forward(repo.odb, repo.store.refs, branch, target, f"{name}/{theirs}")
     echo(f"pull: branch {branch}: {_short(r.old)} -> {_short(r.new)} ({r.status})")
     if r.status == "fast-forward" and repo.current_branch() == branch:
-        echo(f"pull: run `mvc checkout {branch}` to write its checkpoint")
+        # Without checkpoint.path (always so in a fresh clone) a bare checkout has nowhere to write.
+        where = "" if repo.config.get("checkpoint.path") else " -o FILE"
+        echo(f"pull: run `mvc checkout {branch}{where}` to write its checkpoint")
 
 
 @click.command()

@@ -172,6 +172,11 @@ def test_pull_fast_forwards_and_refuses_divergence(history, tmp_path):
     code, out, err = run(tmp_path / "c", "pull")
     assert code == 0, err
     assert "fast-forward" in out
+    # the hint works in a clone, which has no checkpoint.path (issue 30 item 7)
+    hint = out.split("pull: run `", 1)[1].split("`", 1)[0]
+    assert hint == "mvc checkout main -o FILE"
+    code, _, err = run(tmp_path / "c", *hint.split()[1:-1], str(tmp_path / "pulled.pt"))
+    assert code == 0 and (tmp_path / "pulled.pt").is_file(), err
     c = Repo(tmp_path / "c")
     assert c.head() == ids[9]
     # diverge: a local commit, and the remote forced elsewhere
