@@ -16,12 +16,12 @@ Two sizes of a commit, named the same everywhere (`mvc commit`, `show`, `stats`)
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mvc.repo.levelfile import cache_bytes
 from mvc.repo.objectdb import ObjectDB
 from mvc.repo.pruned import check_not_pruned, pruned_ids
 from mvc.store import StoreMaintenance
@@ -257,7 +257,7 @@ def stats(odb: ObjectDB, maintenance: StoreMaintenance, cache_dir: Path) -> Repo
             out.unreachable_objects += 1
             out.unreachable_bytes += odb.blobs.size(oid)
     out.disk_bytes = maintenance.disk_usage()
-    out.cache_bytes = _tree_bytes(cache_dir)
+    out.cache_bytes = cache_bytes(cache_dir)
     return out
 
 
@@ -306,16 +306,3 @@ def commit_sizes(odb: ObjectDB, cid: str) -> CommitSizes:
                 break
     new = sum(odb.blobs.size(oid) for oid in mine if oid == c.id or oid in left)
     return CommitSizes(snap.raw_bytes, sum(t.stored_bytes for t in snap.tensors), new)
-
-
-def _tree_bytes(directory: Path) -> int:
-    """Bytes every file under `directory` occupies (`.mvc/cache/`: the level cache and
-    anything beside it); here rather than imported from the level cache, which needs torch."""
-    total = 0
-    for root, _, names in os.walk(directory):
-        for n in names:
-            try:
-                total += os.lstat(os.path.join(root, n)).st_size
-            except OSError:
-                continue
-    return total
