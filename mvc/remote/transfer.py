@@ -3,11 +3,15 @@
 What to send is one call of the reachability walker (`ObjectDB.reachable`)
 from the refs being sent, with `have` = what the other side already holds:
 
-* **push**: `have` is the remote's branch and tag values that this repository
-  knows -- a side that has a commit has its whole history, because objects are
-  always stored before the ref that reaches them (here as everywhere).  What
-  the walk yields is then checked against one listing of the remote's objects,
-  so the objects of a killed push are not sent again.
+* **push**: `have` is the history of the remote's branch and tag values that
+  this repository knows -- a side that has a commit has its whole history,
+  because objects are always stored before the ref that reaches them (here as
+  everywhere) -- found by `mvc.remote.negotiate` without walking all of it, plus
+  the snapshots and chunks the new commits sit on.  The remote is asked only
+  about what the walk then yields (`mvc.store.objstore.presence`: the packs of
+  unfinished pushes, a HEAD per loose candidate), so the objects of a killed
+  push are not sent again and a push costs what it sends, whatever the remote
+  holds.
 * **fetch**: `have` is the local store itself (`has`), for the same reason:
   fetched objects are stored chunks first, then snapshots, then commits
   parents first, so a commit stored here always has its history.
@@ -33,6 +37,7 @@ from dataclasses import dataclass, field
 from mvc.errors import MvcError
 from mvc.progress import NO_PROGRESS, Progress
 from mvc.remote.config import REMOTES
+from mvc.remote.negotiate import known_chunks, remote_history
 from mvc.repo import refs as R
 from mvc.repo.objectdb import ObjectDB, Reached
 from mvc.repo.pruned import PRUNED, pruned_ids
@@ -48,6 +53,7 @@ from mvc.repo.replace_verify import VERIFIED, replacement_differs
 from mvc.store import ANY, BlobStore, RefConflictError, RefStore
 from mvc.store.base import BytesLike
 from mvc.store.objstore import Remote
+from mvc.store.objstore.presence import begin_upload, end_upload, forgettable, present
 
 #: Objects are read and sent in batches of about this many bytes (bounded memory).
 BATCH_BYTES = 256 << 20
@@ -139,7 +145,13 @@ def push(odb: ObjectDB, remote: Remote, updates: dict[str, str], *, force: bool 
     value seen at the start (`force`: whatever it holds then).
     """
     remote.ensure_format()
-    remote_refs = dict(remote.refs.iter_refs("refs/"))
+    # Branches and tags only: refs/replace/ and refs/pruned/ grow with the history.
+    remote_refs = {n: v for prefix in (R.HEADS, R.TAGS) for n, v in remote.refs.iter_refs(prefix)}
+    for ref in updates:
+        if ref not in remote_refs and not ref.startswith((R.HEADS, R.TAGS)):
+            value = remote.refs.read_ref(ref)
+            if value is not None:
+                remote_refs[ref] = value
     report = TransferReport()
     todo: dict[str, tuple[str | None, str]] = {}
     rejected: list[str] = []
@@ -164,25 +176,30 @@ def push(odb: ObjectDB, remote: Remote, updates: dict[str, str], *, force: bool 
     # parent's snapshot, and the walk need not go down that delta chain again. (Objects merely
     # present on the remote are no `have`: a killed push may have left a snapshot there without
     # its delta parents; they are only not sent again.)
-    have = had | {odb.read_commit(c).snapshot for c in had}
+    tips = [new for _, new in todo.values()]
+    history = remote_history(odb, had, tips)
+    have = (history.have | {odb.read_commit(c).snapshot for c in had}
+            | known_chunks(odb, remote.refs, history.boundary))
     progress.phase("finding objects to send", unit="objects")
     reached = []
-    for r in odb.reachable([new for _, new in todo.values()], have=have):
+    for r in odb.reachable(tips, have=have):
         reached.append(r)
         progress.advance(items=1)
-    present = remote.blobs.known_ids()
+    there = present(remote.blobs, {r.oid: odb.blobs.size(r.oid) for r in reached})
     progress.end()
-    missing = [r for r in reached if r.oid not in present]
+    missing = [r for r in reached if r.oid not in there.found]
     report.skipped = len(reached) - len(missing)
     chunks, snaps, commits = _dependency_order(missing)
     total = sum(odb.blobs.size(o) for o in chunks + snaps + commits)
     progress.phase(f"pushing to {remote.url}", total_bytes=total,
                    total_items=len(missing), unit="objects")
+    # The marker before any object: a resumed push finds this one's packs by it.
+    upload = begin_upload(remote.storage) if missing else None
     # Chunks, then snapshots, then commits, each group's uploads all finished before the next.
     for group in (chunks, snaps, commits):
         for batch in _batches(group, odb.blobs.get):
             # The bar moves as each upload lands, not once per (up to 256 MiB) batch.
-            remote.blobs.put_many(batch, on_stored=progress.advance)
+            remote.blobs.put_many(batch, on_stored=progress.advance, upload=upload)
             report.objects += len(batch)
             report.bytes += sum(len(b) for b in batch)
     progress.end()
@@ -206,6 +223,9 @@ def push(odb: ObjectDB, remote: Remote, updates: dict[str, str], *, force: bool 
                                             and not (odb.is_commit(old) and is_ancestor(odb, old, new))
                                             else "fast-forward")
         report.refs.append(RefResult(ref, old, new, status))
+    # The refs reach all of it now. (Kept on a failure: the retry finds the packs by it.)
+    for uid in ([upload] if upload else []) + forgettable(there, [r.oid for r in reached]):
+        end_upload(remote.storage, uid)
     return report
 
 

@@ -3,8 +3,9 @@
 * writes (PUT, POST, DELETE) are serialized: moto checks a conditional PUT's If-Match /
   If-None-Match and then writes without a lock, so two racing requests could both pass;
   S3 itself decides them atomically, and so does this server;
-* counters of the bytes received in PUT bodies and sent in GET answers, per run, and the
-  access key id of the last signed request
+* counters of the bytes received in PUT bodies and sent in GET answers, of the requests by
+  method (``requests``: "LIST" for a bucket listing, else the HTTP method) and the prefix of
+  each listing (``list_prefixes``), per run, and the access key id of the last signed request
   (``GET /__mvc/stats``, ``POST /__mvc/reset``), counted here on the server's side;
 * fault injection: ``POST /__mvc/fail?status=503&count=N[&method=PUT]`` answers the next N
   matching requests (``&path=SUBSTRING`` of the URL path) with that status instead of passing
@@ -31,16 +32,29 @@ class Counting:
         self.app = app
         self.write_lock = threading.Lock()
         self.guard = threading.Lock()
-        self.stats = {"put_bytes": 0, "puts": 0, "get_bytes": 0, "gets": 0, "failed": 0, "last_key": ""}
+        self.stats: dict = {}
+        self._reset()
         self.fail: dict = {"count": 0}
+
+    def _reset(self) -> None:
+        self.stats = {"put_bytes": 0, "puts": 0, "get_bytes": 0, "gets": 0, "failed": 0, "last_key": "",
+                      "requests": {}, "list_prefixes": []}
+
+    def _count(self, environ, method: str) -> None:
+        """One request by kind; a GET of the bucket itself (path /BUCKET) is a listing."""
+        parts = environ["PATH_INFO"].strip("/").split("/", 1)
+        qs = parse_qs(environ.get("QUERY_STRING", ""))
+        kind = "LIST" if method == "GET" and len(parts) == 1 and "uploads" not in qs else method
+        self.stats["requests"][kind] = self.stats["requests"].get(kind, 0) + 1
+        if kind == "LIST":
+            self.stats["list_prefixes"].append(qs.get("prefix", [""])[0])
 
     def _ctl(self, environ, start_response):
         path = environ["PATH_INFO"]
         qs = {k: v[0] for k, v in parse_qs(environ.get("QUERY_STRING", "")).items()}
         with self.guard:
             if path == "/__mvc/reset":
-                for k in self.stats:
-                    self.stats[k] = "" if k == "last_key" else 0
+                self._reset()
             elif path == "/__mvc/fail":
                 self.fail = {"count": int(qs.get("count", 1)), "status": int(qs.get("status", 503)),
                              "method": qs.get("method"), "path": qs.get("path", "")}
@@ -76,6 +90,7 @@ class Counting:
                     return []
                 start_response(f"{f['status']} Injected", [("Content-Length", str(len(body)))])
                 return [body]
+            self._count(environ, method)
             if method == "PUT":
                 self.stats["puts"] += 1
                 self.stats["put_bytes"] += int(environ.get("CONTENT_LENGTH") or 0)

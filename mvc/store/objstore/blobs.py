@@ -10,7 +10,9 @@ Layout under the remote's root:
 * ``packs/<pack id>.idx`` -- the pack's index: ``MVCIDX1\\n`` then per object
   its id (16 bytes), offset and length (two little-endian u64).  The index is
   written after its pack, so a pack without an index (a killed upload) is
-  never read; a later push writes the objects again.
+  never read; a later push writes the objects again;
+* ``packs/<upload>/<pack id>.pack`` / ``.idx`` -- the same, written by one push
+  (`mvc.store.objstore.presence`: a resumed push finds them without reading every index).
 
 Every read verifies content against the id (`IntegrityError`), in bounded
 memory: a remote is untrusted, and its objects can be GBs.  An object is read
@@ -81,8 +83,12 @@ def loose_key(oid: str) -> str:
     return f"objects/{oid[:2]}/{oid}"
 
 
+#: Where packs live; a pack id may hold a folder (``<upload>/<hash>``: what one push wrote).
+_PACKS = "packs/"
+
+
 def _pack_key(pid: str) -> str:
-    return f"packs/{pid}.pack"
+    return f"{_PACKS}{pid}.pack"
 
 
 def encode_index(entries: list[tuple[str, int, int]]) -> bytes:
@@ -144,13 +150,14 @@ class RemoteBlobStore(BlobStore):
         if self._closed:
             raise StoreClosedError("remote blob store is closed")
 
-    def refresh_packs(self) -> None:
-        """Load the index of every pack not seen yet."""
-        listing = dict(self.storage.list("packs/"))
+    def refresh_packs(self, under: str = "") -> None:
+        """Load the index of every pack not seen yet (`under`: only those in that folder of
+        ``packs/``, e.g. one push's, `mvc.store.objstore.presence`)."""
+        listing = dict(self.storage.list(_PACKS + under))
         for key, size in listing.items():
             if not key.endswith(".idx"):
                 continue
-            pid = key[len("packs/"):-len(".idx")]
+            pid = key[len(_PACKS):-len(".idx")]
             with self._lock:
                 if pid in self._packs_loaded:
                     continue
@@ -161,6 +168,19 @@ class RemoteBlobStore(BlobStore):
             except KeyError:
                 continue  # gone since the listing: a delete rewrote its pack
             self._add_pack(pid, decode_index(data, key), listing.get(_pack_key(pid)))
+
+    def pack_ids(self, under: str) -> set[str]:
+        """The ids in the packs of folder `under` of ``packs/`` (loaded first: one listing of
+        that folder, one read per index not seen yet)."""
+        self.refresh_packs(under)
+        with self._lock:
+            return {o for pid, members in self._members.items() if pid.startswith(under)
+                    for _, _, o in members}
+
+    def loaded_ids(self, oids: Iterable[str]) -> set[str]:
+        """Those of `oids` in a pack index this store has loaded already (no request)."""
+        with self._lock:
+            return {o for o in oids if o in self._packed}
 
     def _add_pack(self, pid: str, entries: list[tuple[str, int, int]], size: int | None) -> None:
         with self._lock:
@@ -437,11 +457,14 @@ class RemoteBlobStore(BlobStore):
         return oid
 
     def put_many(self, items: Iterable[BytesLike], *,
-                 on_stored: Callable[[int, int], object] | None = None) -> list[str]:
+                 on_stored: Callable[[int, int], object] | None = None,
+                 upload: str | None = None) -> list[str]:
         """Store objects: big ones loose, small ones in packs, `workers` uploads in parallel.
 
         `on_stored(nbytes, objects)` is called (from the upload threads) as each upload
-        completes: a progress bar moves with the bytes, not once per call."""
+        completes: a progress bar moves with the bytes, not once per call.  `upload`: the
+        packs go in that folder of ``packs/`` (a push's, `mvc.store.objstore.presence`),
+        where a resumed push finds them without reading every pack index."""
         self._check()
         ids: list[str] = []
         seen: set[str] = set()
@@ -474,7 +497,7 @@ class RemoteBlobStore(BlobStore):
                 self.storage.put(loose_key(job[0]), job[1])
                 done = [job]
             else:
-                self._write_pack(job)
+                self._write_pack(job, upload)
                 done = job
             if on_stored is not None:
                 on_stored(sum(mv.nbytes for _, mv in done), len(done))
@@ -484,17 +507,17 @@ class RemoteBlobStore(BlobStore):
                 pass
         return ids
 
-    def _write_pack(self, objs: list[tuple[str, memoryview]]) -> str:
+    def _write_pack(self, objs: list[tuple[str, memoryview]], folder: str | None = None) -> str:
         entries: list[tuple[str, int, int]] = []
         off = 0
         for oid, mv in objs:
             entries.append((oid, off, mv.nbytes))
             off += mv.nbytes
         body = b"".join(mv for _, mv in objs)
-        pid = object_id(body)
+        pid = object_id(body) if folder is None else f"{folder}/{object_id(body)}"
         # The pack before its index: an index always names a complete pack.
         self.storage.put(_pack_key(pid), body)
-        self.storage.put(f"packs/{pid}.idx", encode_index(entries))
+        self.storage.put(f"{_PACKS}{pid}.idx", encode_index(entries))
         self._add_pack(pid, entries, len(body))
         return pid
 
@@ -535,7 +558,7 @@ class RemoteBlobStore(BlobStore):
                     del self._packed[o]
             if keep:
                 self._write_pack(keep)
-            self.storage.delete(f"packs/{pid}.idx")
+            self.storage.delete(f"{_PACKS}{pid}.idx")
             self.storage.delete(_pack_key(pid))
             freed += sum(n for _, n, o in members if o in gone)
             with self._lock:
