@@ -441,7 +441,8 @@ def decode_delta(meta: Mapping[str, Any], payload: BytesLike, dtype: torch.dtype
                  shape: Sequence[int], parent_levels: torch.Tensor):
     """Rebuild the QuantizedTensor from a delta and the parent's levels (Alg. 6).
 
-    `parent_levels` may be of any integer dtype and any shape with the right
+    `parent_levels` may be of any integer dtype, any device (they are read on
+    the host, where the levels are decoded) and any shape with the right
     number of elements (a flattened cache works).  Raises DeltaParentError if
     they cannot be the parent this delta was encoded against, QuantPayloadError
     for a payload of any mode but "pe" (the only one the repository writes).

@@ -67,6 +67,7 @@ from mvc.repo.levelfile import binds as binds
 from mvc.repo.levelfile import cache_bytes as cache_bytes
 from mvc.repo.levelfile import check_level_cache as check_level_cache
 from mvc.repo.levelfile import repository_id as repository_id
+from mvc.repo.lossy import on_host
 from mvc.repo.objects import Snapshot, TensorRecord
 from mvc.repo.tensors import dtype_name, parse_dtype
 from mvc.store import BlobStore, StoreMaintenance
@@ -80,6 +81,9 @@ class LevelCache:
 
     Keeps a live training process from re-walking delta chains on every
     commit, and makes consecutive checkouts cheap. Bounded by level bytes.
+    Entries live in host memory whatever device a commit quantized on (`put` copies them
+    there): what reads them (the next commit's comparison and delta, the chain walker, a
+    checkout) works on the host, and a hit must come back on the same device as a miss.
     """
 
     def __init__(self, max_bytes: int = 2 << 30):
@@ -101,7 +105,9 @@ class LevelCache:
             return q
 
     def put(self, key: tuple[str, str], q: QuantizedTensor) -> None:
-        """Cache `q` under `key`, dropping the least recently used beyond `max_bytes`."""
+        """Cache `q` (a host copy of it, when it is on another device) under `key`, dropping
+        the least recently used beyond `max_bytes`."""
+        q = on_host(q)  # outside the lock: a device-to-host copy may take a while
         with self._lock:
             if key in self._items:
                 self._bytes -= self._size(self._items.pop(key))

@@ -41,13 +41,58 @@ def _encoded_len(enc: Encoded) -> int:
     return sum(len(memoryview(p).cast("B")) for p in enc.parts)
 
 
+#: Where a commit compares and encodes a quantization against its parent's: host memory.
+#: The parent comes from the level caches or the store (decoded by C code, on the host), and the
+#: entropy coders run in C on the host too; so a quantization made on an accelerator crosses
+#: to the host once, here, rather than meeting its parent on whatever device each one is.
+HOST = torch.device("cpu")
+
+
+def _parts(q: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return q.levels, q.centroids, q.protected
+
+
+def quantized_on(q: QuantizedTensor, device: torch.device | str) -> QuantizedTensor:
+    """`q` with its levels, centroids and protected values on `device`: `q` itself when every
+    part is there already (no copy, the same object: caches keyed by it still serve)."""
+    device = torch.device(device)
+    if all(t.device == device for t in _parts(q)):
+        return q
+    return QuantizedTensor(q.levels.to(device), q.centroids.to(device), q.protected.to(device),
+                           q.dtype, q.bins)
+
+
+def on_host(q: QuantizedTensor) -> QuantizedTensor:
+    """`q` in host memory (`HOST`): what meets a parent's quantization, the encoders and the
+    level caches. `q` itself for a quantization on the host already."""
+    return quantized_on(q, HOST)
+
+
+def common_device(a: QuantizedTensor, b: QuantizedTensor) -> torch.device:
+    """Where `a` and `b` are compared: the device all their parts are on, else the host (never
+    on whichever device one of them happens to be on)."""
+    dev = a.levels.device
+    if all(t.device == dev for t in (*_parts(a), *_parts(b))):
+        return dev
+    return HOST
+
+
+def aligned(a: QuantizedTensor, b: QuantizedTensor) -> tuple[QuantizedTensor, QuantizedTensor]:
+    """(a, b) on their `common_device`: the two sides of a comparison, on one device on purpose."""
+    dev = common_device(a, b)
+    return quantized_on(a, dev), quantized_on(b, dev)
+
+
 def same_quantization(a: QuantizedTensor, b: QuantizedTensor) -> bool:
-    """True when `a` and `b` restore bit-identical tensors from identical levels."""
+    """True when `a` and `b` restore bit-identical tensors from identical levels (on any
+    devices: compared on their `common_device`)."""
     def bits(t: torch.Tensor) -> torch.Tensor:
         return t.contiguous().view(-1).view(torch.uint8)
 
-    return (a.bins == b.bins and a.dtype == b.dtype and a.levels.shape == b.levels.shape
-            and torch.equal(a.centroids, b.centroids)
+    if a.bins != b.bins or a.dtype != b.dtype or a.levels.shape != b.levels.shape:
+        return False
+    a, b = aligned(a, b)
+    return (torch.equal(a.centroids, b.centroids)
             and _changed_levels(a, b) == 0
             and torch.equal(bits(a.protected), bits(b.protected)))
 
@@ -71,9 +116,12 @@ def step_cost(q: QuantizedTensor, parent: QuantizedTensor) -> float:
 
 
 def _changed_levels(a: QuantizedTensor, b: QuantizedTensor) -> int:
-    """Parameters whose level differs (same shape). torch promotes mixed level dtypes
-    itself: widening both to int32 first would cost 8 bytes per parameter."""
-    return int(torch.count_nonzero(a.levels.reshape(-1) != b.levels.reshape(-1)))
+    """Parameters whose level differs (same shape), counted on the two's `common_device`.
+    torch promotes mixed level dtypes itself: widening both to int32 first would cost 8 bytes
+    per parameter."""
+    dev = common_device(a, b)
+    la, lb = a.levels.to(dev).reshape(-1), b.levels.to(dev).reshape(-1)
+    return int(torch.count_nonzero(la != lb))
 
 
 def chain_cost(rec: TensorRecord) -> float:
@@ -90,7 +138,8 @@ def chain_cost(rec: TensorRecord) -> float:
 def choose_encoding(q: QuantizedTensor, parent: tuple[str, TensorRecord, QuantizedTensor] | None,
                     base_every: int, delta_max_ratio: float = 1.0, chain_budget: float = 0.0,
                     ) -> tuple[str, Encoded, dict[str, Any], int, Encoded]:
-    """(codec, encoding, extra meta, depth, base encoding) for `q`.
+    """(codec, encoding, extra meta, depth, base encoding) for `q` (its levels are encoded on
+    the host, whatever device `q` and the parent's quantization are on: see `encode_for_commit`).
 
     A delta when one is allowed (same shape and dtype, chain shorter than
     `base_every`, its walking cost within `chain_budget` passes when that is
@@ -100,10 +149,12 @@ def choose_encoding(q: QuantizedTensor, parent: tuple[str, TensorRecord, Quantiz
     of old commits); the base encoding is returned too so callers can cache it.
     """
     base_codec, delta_codec = quantized_codec(QBASE), quantized_codec(QDELTA)
+    q = on_host(q)  # once, for both encodings and the step cost (a no-op on the host)
     base = base_codec.encode_quantized(q)
     if parent is None:
         return QBASE, base, {}, 0, base
     psid, prec, pq = parent
+    pq = on_host(pq)
     depth = prec.depth + 1
     if (base_every and depth >= base_every) or prec.dtype != dtype_name(q.dtype) \
             or list(prec.shape) != list(q.shape):
@@ -127,10 +178,16 @@ def encode_for_commit(q: QuantizedTensor, prec: TensorRecord | None, parent_snap
     quantization (an unchanged tensor re-commits to the identical record), else
     `choose_encoding` against it (`prec`: the parent's record of this tensor in q's domain,
     or None).  Thread-safe given a thread-safe `read_quantized`: commits encode tensors in
-    parallel."""
+    parallel.
+
+    Any device: `q` (quantized where the state lives, an accelerator perhaps) crosses to the
+    host once, and the comparison with the parent, the delta against its levels and both
+    encodings run there (`HOST`), whichever device the parent was read onto.  A quantization
+    on the host is used as is (no copy)."""
+    q = on_host(q)
     pinfo = None
     if prec is not None and parent_snapshot is not None:
-        pq = read_quantized(parent_snapshot, prec)
+        pq = on_host(read_quantized(parent_snapshot, prec))
         if same_quantization(q, pq):
             return prec
         pinfo = (parent_snapshot, prec, pq)

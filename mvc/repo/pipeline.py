@@ -224,12 +224,15 @@ def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
 
 
 def parent_centroids(parent: ParentInfo, read_quantized: ReadQuantized) -> dict[str, torch.Tensor]:
-    """The parent's centroids by tensor name: warm starts keep levels (and deltas) stable."""
+    """The parent's centroids by tensor name: warm starts keep levels (and deltas) stable.
+
+    In host memory whatever device the new state is on: k-means runs its centroid updates on
+    the host (`mvc.quant.kmeans`, from a sketch), so that is where a warm start is used."""
     if parent.snapshot is None:
         return {}
     snap, recs = parent.snapshot, list(parent.records.items())
     # one tensor per pool thread: a parent's levels decode (or load from the level cache) apiece
-    got = pmap(lambda item: read_quantized(snap, item[1]).centroids, recs)
+    got = pmap(lambda item: read_quantized(snap, item[1]).centroids.to(lossy.HOST), recs)
     return {name: c for (name, _), c in zip(recs, got)}
 
 

@@ -90,7 +90,7 @@ class TensorReader:
     def read_quantized(self, snapshot_id: str, rec: TensorRecord,
                        snapshots: dict[str, Snapshot] | None = None) -> QuantizedTensor:
         """Materialize a quantized tensor, walking its delta chain back to the nearest base or
-        cache hit.
+        cache hit; in host memory (decoded on the host; the level caches hold host copies).
 
         `snapshots` memoizes the parent snapshots the walk reads (one checkout
         walks every tensor's chain through the same commits).
@@ -264,7 +264,9 @@ def _bound_first_moment(rec: TensorRecord, m: torch.Tensor, restored: dict[str, 
     mf, vf = m.view(-1), v.reshape(-1)  # m is a fresh restore: dense, so the view writes m
     for a in range(0, mf.numel(), _CLAMP_CHUNK):
         mc = mf[a:a + _CLAMP_CHUNK]
-        limit = vf[a:a + _CLAMP_CHUNK].float().clamp_min(0).sqrt_().mul_(bound).to(m.dtype)
+        # v is brought to m's device (both come from the host-resident caches or decoders
+        # today: a no-op), so the clamp never depends on where each happened to be read
+        limit = vf[a:a + _CLAMP_CHUNK].to(mc.device).float().clamp_min(0).sqrt_().mul_(bound).to(m.dtype)
         torch.clamp(mc, min=-limit, max=limit, out=mc)
 
 
