@@ -247,7 +247,10 @@ def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...
     from mvc.io.files import save_checkpoint
 
     with terminal_progress(quiet=quiet) as progress, repo.safe_globals():
-        state = repo.reader.read_state(cid, only=only or None, weights_only=weights_only, progress=progress)
+        # No commit follows in this process: keeping the decoded levels for one would only
+        # raise the peak (issue 27: a quarter of a float32 state).
+        state = repo.reader.read_state(cid, only=only or None, weights_only=weights_only,
+                                       progress=progress, cache_levels=False)
     if is_dir_state(state):
         if output is None:
             raise UsageError(f"{rev} holds a checkpoint directory: give the directory to write with -o DIR")

@@ -120,6 +120,11 @@ class LevelCache:
                 _, old = self._items.popitem(last=False)
                 self._bytes -= self._size(old)
 
+    def __len__(self) -> int:
+        """How many tensors are cached."""
+        with self._lock:
+            return len(self._items)
+
     def clear(self) -> None:
         """Forget everything."""
         with self._lock:

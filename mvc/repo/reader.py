@@ -64,7 +64,7 @@ class TensorReader:
     # ------------------------------------------------------------------ states
     def read_state(self, cid: str, *, map_location: str | torch.device | None = None,
                    only: Sequence[str] | None = None, weights_only: bool = False,
-                   progress: Progress | None = None) -> Any:
+                   progress: Progress | None = None, cache_levels: bool = True) -> Any:
         """The checkpoint of commit `cid` (an id, already resolved), rebuilt with its original
         structure on `map_location` (default: the CPU).
 
@@ -73,7 +73,7 @@ class TensorReader:
         what each keeps), and only their payloads are read and decoded -- plus what a
         selected tensor's restore needs: its delta chain, and an Adam first moment's
         second moment (its bound). Raises `UsageError` when nothing is selected.
-        `progress` hears of each tensor restored (see `read_all`).
+        `progress` hears of each tensor restored (see `read_all`). `cache_levels`: see `read_all`.
         """
         check_not_pruned(self.odb.refs, cid)
         sid = self.odb.read_commit(cid).snapshot
@@ -82,22 +82,24 @@ class TensorReader:
         if only or weights_only:
             skeleton = prune(skeleton, only=only, weights_only=weights_only)
             records = _needed(snap.tensors, skeleton["entries"])
-        tensors = self.read_all(sid, records, progress=progress)
+        tensors = self.read_all(sid, records, progress=progress, cache_levels=cache_levels)
         # Shards of a sharded save (mvc.dcp) come back as the full tensors the skeleton names.
         return unflatten(skeleton, assemble(records, tensors), map_location=map_location or "cpu")
 
     # ------------------------------------------------------------------ tensors
     def read_quantized(self, snapshot_id: str, rec: TensorRecord,
-                       snapshots: dict[str, Snapshot] | None = None) -> QuantizedTensor:
+                       snapshots: dict[str, Snapshot] | None = None, *,
+                       cache_levels: bool = True) -> QuantizedTensor:
         """Materialize a quantized tensor, walking its delta chain back to the nearest base or
         cache hit; in host memory (decoded on the host; the level caches hold host copies).
 
         `snapshots` memoizes the parent snapshots the walk reads (one checkout
-        walks every tensor's chain through the same commits).
+        walks every tensor's chain through the same commits). `cache_levels=False` still
+        reads the caches but puts nothing in the in-memory one.
         """
         chain: list[tuple[str, TensorRecord]] = []
         sid, cur = snapshot_id, rec
-        q = self._cached(sid, cur)
+        q = self._cached(sid, cur, cache_levels)
         seen: set[tuple[str, str]] = set()
         while q is None and is_delta(cur):
             # Content ids make the committed chain acyclic; only a bogus replacement can
@@ -119,13 +121,14 @@ class TensorReader:
             if prec is None or not is_quantized(prec):
                 raise BrokenChainError(f"tensor {cur.name!r}: parent {pname!r} missing in snapshot {psid}")
             sid, cur = psid, prec
-            q = self._cached(sid, cur)
+            q = self._cached(sid, cur, cache_levels)
         if q is None:
             if not is_quantized(cur):
                 raise BrokenChainError(f"tensor {cur.name!r}: chain ends in codec {cur.codec}")
             q = quantized_codec(cur.codec).decode_quantized(
                 cur.meta, read_payload(self.odb.blobs, cur), parse_dtype(cur.dtype), tuple(cur.shape))
-            self.levels.put((sid, cur.name), q)
+            if cache_levels:
+                self.levels.put((sid, cur.name), q)
         if chain:
             last_sid, last = chain[0]
             blobs = self.odb.blobs
@@ -133,19 +136,20 @@ class TensorReader:
                      for _, crec in reversed(chain)]
             q = quantized_codec(last.codec).decode_chain(q, steps, parse_dtype(last.dtype),
                                                          tuple(last.shape))
-            self.levels.put((last_sid, last.name), q)
+            if cache_levels:
+                self.levels.put((last_sid, last.name), q)
         return q
 
-    def _cached(self, sid: str, rec: TensorRecord) -> QuantizedTensor | None:
+    def _cached(self, sid: str, rec: TensorRecord, keep: bool = True) -> QuantizedTensor | None:
         hit = self.levels.get((sid, rec.name))
         if hit is None and self.disk is not None and is_delta(rec):
             hit = self.disk.load(sid, rec)
-            if hit is not None:
+            if hit is not None and keep:
                 self.levels.put((sid, rec.name), hit)
         return hit
 
     def read_all(self, snapshot_id: str, records: list[TensorRecord], *,
-                 progress: Progress | None = None) -> dict[str, torch.Tensor]:
+                 progress: Progress | None = None, cache_levels: bool = True) -> dict[str, torch.Tensor]:
         """Every tensor of a snapshot, by name (in record order).
 
         The quantized tensors are decoded on the native thread pool (chain walks,
@@ -154,20 +158,26 @@ class TensorReader:
         time; Adam first moments are then bounded by their second moments,
         restored once for both. `progress` hears of each tensor decoded (its raw bytes), from
         the pool's threads, in one "reading" phase.
+
+        `cache_levels` (default True) keeps the levels decoded in the in-memory cache, so a
+        commit that follows in this process reads its parent without decoding (a Tracker's
+        resume). They cost about a quarter of a float32 state on top of it: a checkout that
+        no commit follows in this process (the CLI's `mvc checkout`) passes False.
         """
         with phase(progress, "reading", total_bytes=sum(r.raw_bytes for r in records),
                    total_items=len(records)) as p:
-            return self._read_all(snapshot_id, records, p)
+            return self._read_all(snapshot_id, records, p, cache_levels)
 
     def _read_all(self, snapshot_id: str, records: list[TensorRecord],
-                  progress: Progress) -> dict[str, torch.Tensor]:
+                  progress: Progress, cache_levels: bool = True) -> dict[str, torch.Tensor]:
         quant = [r for r in records if is_quantized(r)]
         memo: dict[str, Snapshot] = {}
         out: dict[str, torch.Tensor] = {}
 
         def decode(rec: TensorRecord) -> None:
             if is_quantized(rec):
-                out[rec.name] = _values(rec, self.read_quantized(snapshot_id, rec, memo))
+                out[rec.name] = _values(rec, self.read_quantized(snapshot_id, rec, memo,
+                                                                 cache_levels=cache_levels))
             else:
                 out[rec.name] = read_tensor(self.odb.blobs, rec)
             progress.advance(rec.raw_bytes, 1)
@@ -257,9 +267,10 @@ def _bound_first_moment(rec: TensorRecord, m: torch.Tensor, restored: dict[str, 
         return
     # torch's own float32 sqrt and clamp, as every earlier version restored (a correctly
     # rounded native pass changes existing commits' restores by an ulp where the clamp binds:
-    # tests/repo/test_fixture_repo.py), in chunks of 2^20: torch's vector loops then meet every
-    # element at the same lane as over the whole tensor (same bits), and the limits cost 8 MiB,
-    # not two copies of the moment.
+    # tests/repo/test_fixture_repo.py), in chunks of 2^18: torch's vector loops then meet every
+    # element at the same lane as over the whole tensor (same bits), and the limits cost 2 MiB
+    # per thread, not two copies of the moment (2^20 cost 8 MiB a thread that the allocator
+    # then kept: issue 27's checkout peak).
     bound = float(info["ratio_bound"])
     mf, vf = m.view(-1), v.reshape(-1)  # m is a fresh restore: dense, so the view writes m
     for a in range(0, mf.numel(), _CLAMP_CHUNK):
@@ -272,4 +283,4 @@ def _bound_first_moment(rec: TensorRecord, m: torch.Tensor, restored: dict[str, 
 
 #: Elements per chunk of the first-moment bound: a power of two, so chunk boundaries fall on
 #: torch's vector lanes (see `_bound_first_moment`).
-_CLAMP_CHUNK = 1 << 20
+_CLAMP_CHUNK = 1 << 18
