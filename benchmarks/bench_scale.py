@@ -14,9 +14,16 @@ each measurement in its own child process (so its peak RSS is its own):
                       LMDB with fsync), against ZipNN compressing the same tensors in
                       memory (its ratio and time); and mvc's lossless codec alone in
                       memory, ZipNN's like for like
-    checkout HEAD     repo.read_state("HEAD") (the level cache the commit left)
+    checkout HEAD     repo.read_state("HEAD", cache_levels=False): what `mvc checkout`
+                      reads (the on-disk level cache the commit left; no decoded levels
+                      kept in memory afterwards, since no commit follows in its process)
+    ... levels kept   repo.read_state("HEAD"), the API's default: the decoded levels stay
+                      in memory for a next commit in the same process (a Tracker resume)
     checkout worst    the deepest commit under the default chain policy, with the
-                      level cache off (the delta chain is walked from its base)
+                      on-disk level cache off (the delta chain is walked from its base),
+                      as `mvc checkout` reads it
+    mvc checkout      `mvc checkout HEAD -o FILE -q` run in-process: the read above, then
+                      the file written (fsync included), against torch.load + torch.save
 
 Peak extra RSS: the child's peak RSS during the step minus its RSS once the input
 was in memory (for save and commit: the loaded state; for load and checkout: the
@@ -232,6 +239,10 @@ def child(task: dict) -> dict:
     # peers' imports happened above too), so warm it as a training process would have.
     import mvc.repo.pipeline  # noqa: F401
     import mvc.repo.reader  # noqa: F401
+    if kind == "cli_checkout":
+        import mvc.cli.commands_work  # noqa: F401
+        import mvc.cli.main  # noqa: F401
+        import mvc.io.files  # noqa: F401
     # A step's peak is what it adds on top of its input in memory: the high-water mark is
     # reset after setup where the kernel allows, else the setup's own peak is subtracted.
     setup_peak = 0 if _reset_peak() else _peak()
@@ -281,10 +292,18 @@ def child(task: dict) -> dict:
             if not task.get("cache", True):
                 repo.disk_levels = None
             rev = task.get("rev", "HEAD")
-            state = repo.read_state(rev, map_location=device)
+            state = repo.read_state(rev, map_location=device,
+                                    cache_levels=task.get("keep_levels", False))
             _sync(device)
         finally:
             repo.close()
+    elif kind == "cli_checkout":
+        from mvc.cli.main import main as mvc_main
+
+        os.chdir(os.path.join(work, task["repo"]))
+        code = mvc_main(["checkout", task.get("rev", "HEAD"), "-o", os.path.join(work, "out.pt"), "-q"])
+        if code:
+            raise SystemExit(f"mvc checkout exited {code}")
     else:
         raise SystemExit(f"unknown task {kind}")
     out["seconds"] = time.perf_counter() - t0
@@ -366,6 +385,9 @@ def main(argv: list[str] | None = None) -> dict:
         except RuntimeError as exc:  # bench extra not installed
             print(f"zipnn: {exc}", file=sys.stderr)
         r["checkout HEAD"] = run_child({"kind": "checkout", "repo": "repo", **common})
+        r["checkout HEAD, levels kept"] = run_child({"kind": "checkout", "repo": "repo",
+                                                     "keep_levels": True, **common})
+        r["mvc checkout"] = run_child({"kind": "cli_checkout", "repo": "repo", **common})
         deepest = max(("first commit", "next commit"), key=lambda k: r[k]["chain_depth"])
         r["checkout worst"] = run_child({"kind": "checkout", "repo": "repo", "cache": False,
                                          "rev": r[deepest]["commit"], **common})
@@ -394,10 +416,13 @@ def ratios(r: dict, nbytes: int) -> dict[str, float | None]:
         "zipnn ratio": (nbytes / z["stored"]) if z else None,
         "checkout HEAD / torch.load": r["checkout HEAD"]["seconds"] / load,
         "checkout worst / torch.load": r["checkout worst"]["seconds"] / load,
+        "checkout HEAD, levels kept / torch.load": r["checkout HEAD, levels kept"]["seconds"] / load,
+        "mvc checkout / (torch.load + torch.save)": r["mvc checkout"]["seconds"] / (load + save),
         "first commit ratio": nbytes / r["first commit"]["stored"],
         "next commit ratio": nbytes / r["next commit"]["stored"],
     }
-    for k in ("first commit", "next commit", "lossless commit", "checkout HEAD", "checkout worst"):
+    for k in ("first commit", "next commit", "lossless commit", "checkout HEAD", "checkout worst",
+              "checkout HEAD, levels kept", "mvc checkout"):
         out[f"{k} peak extra RSS / checkpoint"] = r[k]["peak_extra_rss"] / nbytes
     return out
 
@@ -433,10 +458,15 @@ def table(rep: dict) -> str:
             ("lossless encode only (in memory, no store)", r["lossless encode"],
              f"{q['lossless encode / zipnn']:.2f}x ZipNN" if z else "-"),
             ("ZipNN compress (in memory)", z, "1x") if z else None,
-            ("checkout HEAD", r["checkout HEAD"], f"{r['checkout HEAD']['seconds'] / load:.2f}x torch.load"),
+            ("checkout HEAD (as `mvc checkout` reads)", r["checkout HEAD"],
+             f"{r['checkout HEAD']['seconds'] / load:.2f}x torch.load"),
+            ("checkout HEAD, levels kept for a next commit (API default)", r["checkout HEAD, levels kept"],
+             f"{r['checkout HEAD, levels kept']['seconds'] / load:.2f}x torch.load"),
             (f"checkout worst ({r['checkout worst']['of']}, depth "
              f"{r[r['checkout worst']['of']]['chain_depth']}, no level cache)", r["checkout worst"],
-             f"{r['checkout worst']['seconds'] / load:.2f}x torch.load")]
+             f"{r['checkout worst']['seconds'] / load:.2f}x torch.load"),
+            ("`mvc checkout HEAD -o FILE` (read + write, fsync)", r["mvc checkout"],
+             f"{q['mvc checkout / (torch.load + torch.save)']:.2f}x torch.load + torch.save")]
     lines = [f"bench_scale: {rep['params'] / 1e6:.1f}M parameters {rep['shape']}, checkpoint "
              f"{nb / 1e9:.2f} GB (weights + AdamW moments), device {rep['device']}, "
              f"{rep['cpus']} CPUs, torch {rep['torch']}",
