@@ -2,11 +2,7 @@
 the Python API reports to a `progress=` object only when one is given."""
 from __future__ import annotations
 
-import os
-import pty
 import re
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -14,6 +10,7 @@ import pytest
 import torch
 
 from mvc.repo.repository import Repo
+from terminal import run_on_pipe, run_on_pty
 
 N_TENSORS = 24
 TENSOR_NUMEL = 1 << 18  # 1 MiB of float32 each: a 24 MiB checkpoint, lossless in well under a second
@@ -33,50 +30,8 @@ def repo_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ, TERM="xterm", COLUMNS="120")
-    env.pop("MVC_PROGRESS", None)
-    env.pop("NO_COLOR", None)
-    return env
-
-
-def _run_on_pty(cwd: Path, *args: str) -> tuple[int, str, str]:
-    """Run `mvc ARGS` with stderr on a pseudo-terminal (stdout a pipe); (rc, stdout, terminal text
-    without escape sequences)."""
-    master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-m", "mvc", *args], cwd=cwd, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=slave, env=_env())
-    os.close(slave)
-    chunks: list[bytes] = []
-
-    def drain() -> None:
-        while True:
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: the child closed its end
-                return
-            if not data:
-                return
-            chunks.append(data)
-
-    reader = threading.Thread(target=drain)
-    reader.start()
-    out = p.stdout.read() if p.stdout else b""
-    rc = p.wait()
-    reader.join()
-    os.close(master)
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode("utf-8", "replace"))
-    return rc, out.decode(), text
-
-
-def _run_on_pipe(cwd: Path, *args: str) -> tuple[int, str, str]:
-    p = subprocess.run([sys.executable, "-m", "mvc", *args], cwd=cwd, capture_output=True,
-                       text=True, env=_env())
-    return p.returncode, p.stdout, p.stderr
-
-
 def test_commit_on_a_terminal_draws_bytes_tensors_rate_and_eta(repo_dir: Path) -> None:
-    rc, out, term = _run_on_pty(repo_dir, "commit", "-m", "big", "--lossless", "ck.pt")
+    rc, out, term = run_on_pty(repo_dir, "commit", "-m", "big", "--lossless", "ck.pt")
     assert rc == 0, term
     assert out.startswith("[main ")
     # The write phase: bytes of the total, tensors of the total, a rate and the time left.
@@ -87,15 +42,15 @@ def test_commit_on_a_terminal_draws_bytes_tensors_rate_and_eta(repo_dir: Path) -
 
 
 def test_nothing_extra_on_a_pipe_and_none_with_quiet(repo_dir: Path) -> None:
-    rc, out, err = _run_on_pipe(repo_dir, "commit", "-m", "big", "--lossless", "ck.pt")
+    rc, out, err = run_on_pipe(repo_dir, "commit", "-m", "big", "--lossless", "ck.pt")
     assert rc == 0 and err == ""
     assert out.count("\n") == 1 and out.startswith("[main ")
-    rc, out, term = _run_on_pty(repo_dir, "checkout", "HEAD", "-o", "copy.pt", "--quiet")
+    rc, out, term = run_on_pty(repo_dir, "checkout", "HEAD", "-o", "copy.pt", "--quiet")
     assert rc == 0 and term == "" and out.startswith("Wrote ")
-    rc, out, term = _run_on_pty(repo_dir, "fsck")
+    rc, out, term = run_on_pty(repo_dir, "fsck")
     assert rc == 0 and "verifying objects" in term and "checking history" in term
     assert out.endswith(": ok\n")
-    rc, out, term = _run_on_pty(repo_dir, "gc", "-q")
+    rc, out, term = run_on_pty(repo_dir, "gc", "-q")
     assert rc == 0 and term == ""
 
 
@@ -108,12 +63,12 @@ def test_a_400_mb_checkpoint_shows_a_live_bar_on_a_terminal_and_nothing_on_a_pip
     torch.save({f"block{i}.weight": torch.randn(numel, generator=g) for i in range(n)},
                tmp_path / "big.pt")
     Repo.init(tmp_path).close()
-    rc, out, term = _run_on_pty(tmp_path, "commit", "-m", "400 MB", "--lossless", "big.pt")
+    rc, out, term = run_on_pty(tmp_path, "commit", "-m", "400 MB", "--lossless", "big.pt")
     assert rc == 0 and out.startswith("[main "), term
     assert "384.0 MiB" in term and f"{n}/{n} tensors" in term and "ETA" in term, term[-2000:]
     partial = {int(k) for k in re.findall(rf"\b(\d+)/{n} tensors", term)}
     assert any(0 < k < n for k in partial), sorted(partial)  # redrawn part-way, not only at the end
-    rc, out, err = _run_on_pipe(tmp_path, "checkout", "HEAD", "-o", "copy.pt")
+    rc, out, err = run_on_pipe(tmp_path, "checkout", "HEAD", "-o", "copy.pt")
     assert rc == 0 and err == "" and out.startswith("Wrote ")
     assert (tmp_path / "copy.pt").stat().st_size >= n * numel * 4
 

@@ -3,11 +3,7 @@ the bytes go out, `push` as each upload lands (not once per 256 MiB batch), and 
 a rate even when a phase moves in a few big steps."""
 from __future__ import annotations
 
-import os
-import pty
 import re
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -18,6 +14,7 @@ from mvc.progress import Progress
 from mvc.remote.transfer import push
 from mvc.repo.repository import Repo
 from mvc.store.objstore import open_remote
+from terminal import run_on_pipe, run_on_pty
 
 N_TENSORS = 6
 TENSOR_NUMEL = 1 << 19  # 2 MiB of float32: each encoded chunk is stored loose, one upload each
@@ -53,52 +50,12 @@ def repo_dir(tmp_path: Path) -> Path:
                tmp_path / "ck.pt")
     with Repo.init(tmp_path) as repo:
         repo.config.set("commit.mode", "lossless")
-    assert _run(tmp_path, "commit", "-m", "c1", "ck.pt")[0] == 0
+    assert run_on_pipe(tmp_path, "commit", "-m", "c1", "ck.pt", columns=160)[0] == 0
     return tmp_path
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ, TERM="xterm", COLUMNS="160")
-    env.pop("MVC_PROGRESS", None)
-    env.pop("NO_COLOR", None)
-    return env
-
-
-def _run(cwd: Path, *args: str) -> tuple[int, str, str]:
-    p = subprocess.run([sys.executable, "-m", "mvc", *args], cwd=cwd, capture_output=True, text=True,
-                       env=_env())
-    return p.returncode, p.stdout, p.stderr
-
-
-def _run_on_pty(cwd: Path, *args: str) -> tuple[int, str, str]:
-    """`mvc ARGS` with stderr on a pseudo-terminal: (rc, stdout, terminal text without escapes)."""
-    master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-m", "mvc", *args], cwd=cwd, stdin=subprocess.DEVNULL,
-                         stdout=subprocess.PIPE, stderr=slave, env=_env())
-    os.close(slave)
-    chunks: list[bytes] = []
-
-    def drain() -> None:
-        while True:
-            try:
-                data = os.read(master, 65536)
-            except OSError:
-                return
-            if not data:
-                return
-            chunks.append(data)
-
-    reader = threading.Thread(target=drain)
-    reader.start()
-    out = p.stdout.read() if p.stdout else b""
-    rc = p.wait()
-    reader.join()
-    os.close(master)
-    return rc, out.decode(), re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode("utf-8", "replace"))
-
-
 def test_checkout_shows_the_file_being_written_with_a_rate(repo_dir: Path) -> None:
-    rc, out, term = _run_on_pty(repo_dir, "checkout", "HEAD", "-o", "copy.pt")
+    rc, out, term = run_on_pty(repo_dir, "checkout", "HEAD", "-o", "copy.pt", columns=160)
     assert rc == 0 and out.startswith("Wrote "), term
     assert "reading" in term and "writing copy.pt" in term, term
     writing = term[term.index("writing copy.pt"):]
@@ -107,8 +64,8 @@ def test_checkout_shows_the_file_being_written_with_a_rate(repo_dir: Path) -> No
 
 def test_push_shows_bytes_and_a_rate_on_a_terminal(repo_dir: Path, tmp_path_factory) -> None:
     remote = tmp_path_factory.mktemp("remote")
-    assert _run(repo_dir, "remote", "add", "origin", remote.as_uri())[0] == 0
-    rc, out, term = _run_on_pty(repo_dir, "push", "origin", "main")
+    assert run_on_pipe(repo_dir, "remote", "add", "origin", remote.as_uri(), columns=160)[0] == 0
+    rc, out, term = run_on_pty(repo_dir, "push", "origin", "main", columns=160)
     assert rc == 0, out + term
     assert "pushing to" in term and re.search(r"[\d.]+ [KMG]?i?B/s", term), term
 
