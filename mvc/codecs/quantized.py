@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import xxhash
 
-from mvc.codecs.base import (BytesLike, ChainStep, CodecError, Encoded, on_device, register,
+from mvc.codecs.base import (BytesLike, ChainStep, CodecError, Encoded, register,
                              tensor_codec)
 from mvc.codecs import delta_groups as dg
 from mvc.errors import InternalError, MvcError, UsageError
@@ -513,10 +513,7 @@ class DeltaParentMissingError(InternalError):
 
 
 def _quantized_on(q: QuantizedTensor, device: torch.device | str | None) -> QuantizedTensor:
-    if device is None:
-        return q
-    return QuantizedTensor(on_device(q.levels, device), on_device(q.centroids, device),
-                           on_device(q.protected, device), q.dtype, q.bins)
+    return q if device is None else q.to(device)
 
 
 class QBaseCodec:

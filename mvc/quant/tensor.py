@@ -67,6 +67,17 @@ class QuantizedTensor:
     def protected_level(self) -> int:
         return self.bins + 1
 
+    def to(self, device: torch.device | str) -> QuantizedTensor:
+        """This quantization with its levels, centroids and protected values on `device`: the
+        same object when every part is there already (no copy, so caches keyed by it still
+        serve)."""
+        device = torch.device(device)
+        parts = (self.levels, self.centroids, self.protected)
+        if all(t.device == device for t in parts):
+            return self
+        return QuantizedTensor(self.levels.to(device), self.centroids.to(device),
+                               self.protected.to(device), self.dtype, self.bins)
+
     def dequantize(self) -> torch.Tensor:
         """The reconstructed tensor (original dtype, shape and device), bit-identical
         across calls: centroids.to(dtype)[levels], 0 for pruned, stored values for

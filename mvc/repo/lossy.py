@@ -52,20 +52,10 @@ def _parts(q: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return q.levels, q.centroids, q.protected
 
 
-def quantized_on(q: QuantizedTensor, device: torch.device | str) -> QuantizedTensor:
-    """`q` with its levels, centroids and protected values on `device`: `q` itself when every
-    part is there already (no copy, the same object: caches keyed by it still serve)."""
-    device = torch.device(device)
-    if all(t.device == device for t in _parts(q)):
-        return q
-    return QuantizedTensor(q.levels.to(device), q.centroids.to(device), q.protected.to(device),
-                           q.dtype, q.bins)
-
-
 def on_host(q: QuantizedTensor) -> QuantizedTensor:
     """`q` in host memory (`HOST`): what meets a parent's quantization, the encoders and the
     level caches. `q` itself for a quantization on the host already."""
-    return quantized_on(q, HOST)
+    return q.to(HOST)
 
 
 def common_device(a: QuantizedTensor, b: QuantizedTensor) -> torch.device:
@@ -80,7 +70,7 @@ def common_device(a: QuantizedTensor, b: QuantizedTensor) -> torch.device:
 def aligned(a: QuantizedTensor, b: QuantizedTensor) -> tuple[QuantizedTensor, QuantizedTensor]:
     """(a, b) on their `common_device`: the two sides of a comparison, on one device on purpose."""
     dev = common_device(a, b)
-    return quantized_on(a, dev), quantized_on(b, dev)
+    return a.to(dev), b.to(dev)
 
 
 def same_quantization(a: QuantizedTensor, b: QuantizedTensor) -> bool:

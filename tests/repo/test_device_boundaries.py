@@ -194,7 +194,7 @@ def test_a_resumed_lossy_commit_in_a_fresh_process_stores_and_restores_exactly(t
 
 def test_helpers_leave_host_quantizations_alone():
     _, q = quantized()
-    assert lossy.on_host(q) is q and lossy.quantized_on(q, "cpu") is q
+    assert lossy.on_host(q) is q and q.to("cpu") is q
     a, b = lossy.aligned(q, changed(q))
     assert a is q and lossy.common_device(q, b) == torch.device("cpu")
 
@@ -286,13 +286,13 @@ def test_cuda_resumed_lossy_commit_in_a_fresh_process(tmp_path, via):  # pragma:
 @cuda
 def test_cuda_quantization_meets_a_host_parent():  # pragma: no cover - no GPU in CI
     _, q = quantized()
-    qc = lossy.quantized_on(q, "cuda")
+    qc = q.to("cuda")
     assert qc.levels.is_cuda and lossy.on_host(qc).levels.device.type == "cpu"
     assert lossy.common_device(qc, q) == lossy.HOST
     assert lossy.common_device(qc, qc).type == "cuda"
     assert lossy.same_quantization(qc, q) and lossy.same_quantization(q, qc)
-    assert not lossy.same_quantization(lossy.quantized_on(changed(q), "cuda"), q)
-    assert lossy.step_cost(lossy.quantized_on(changed(q), "cuda"), q) == lossy.step_cost(changed(q), q)
+    assert not lossy.same_quantization(changed(q).to("cuda"), q)
+    assert lossy.step_cost(changed(q).to("cuda"), q) == lossy.step_cost(changed(q), q)
     cache = LevelCache()
     cache.put(("s", "w"), qc)
     hit = cache.get(("s", "w"))
@@ -313,10 +313,10 @@ def test_cuda_commit_encodes_against_host_and_device_parents(tmp_path):  # pragm
     want = enc_bytes(lossy.encode_for_commit(new, prec, sid, lambda s, r: parent, **kw))
     for nd in ("cpu", "cuda"):
         for pd in ("cpu", "cuda"):
-            pq = lossy.quantized_on(parent, pd)
-            got = lossy.encode_for_commit(lossy.quantized_on(new, nd), prec, sid, lambda s, r: pq, **kw)
+            pq = parent.to(pd)
+            got = lossy.encode_for_commit(new.to(nd), prec, sid, lambda s, r: pq, **kw)
             assert enc_bytes(got) == want, (nd, pd)
-            assert lossy.encode_for_commit(lossy.quantized_on(parent, nd), prec, sid,
+            assert lossy.encode_for_commit(parent.to(nd), prec, sid,
                                            lambda s, r: pq, **kw) is prec
 
 
