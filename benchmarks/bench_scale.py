@@ -247,6 +247,18 @@ def child(task: dict) -> dict:
     # reset after setup where the kernel allows, else the setup's own peak is subtracted.
     setup_peak = 0 if _reset_peak() else _peak()
     base_rss = _rss()
+    on_gpu = device.startswith("cuda")
+    if on_gpu:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base_gpu = torch.cuda.memory_allocated()
+    profiler = None
+    if os.environ.get("MVC_BENCH_PROFILE") and kind in os.environ.get(
+            "MVC_BENCH_PROFILE_KINDS", "commit_first,commit_next").split(","):
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     t0 = time.perf_counter()
     if kind == "save":
         with open(os.path.join(work, "save.pt"), "wb") as f:
@@ -309,6 +321,21 @@ def child(task: dict) -> dict:
     out["seconds"] = time.perf_counter() - t0
     out["peak_extra_rss"] = max(0, _peak() - max(setup_peak, base_rss))
     out["base_rss"] = base_rss
+    if on_gpu:
+        # what the step allocated on the device beyond its input (the caching allocator's
+        # own high-water mark, not nvidia-smi's reserved pool)
+        out["peak_extra_gpu"] = max(0, torch.cuda.max_memory_allocated() - base_gpu)
+    if profiler is not None:
+        import io
+        import pstats
+
+        profiler.disable()
+        buf = io.StringIO()
+        pstats.Stats(profiler, stream=buf).sort_stats("cumulative").print_stats(45)
+        pstats.Stats(profiler, stream=buf).sort_stats("tottime").print_stats(30)
+        dest = Path(os.environ["MVC_BENCH_PROFILE"]) / f"profile_{kind}_{task.get('repo', '')}.txt"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(buf.getvalue())
     return out
 
 
@@ -424,6 +451,8 @@ def ratios(r: dict, nbytes: int) -> dict[str, float | None]:
     for k in ("first commit", "next commit", "lossless commit", "checkout HEAD", "checkout worst",
               "checkout HEAD, levels kept", "mvc checkout"):
         out[f"{k} peak extra RSS / checkpoint"] = r[k]["peak_extra_rss"] / nbytes
+        if "peak_extra_gpu" in r[k]:
+            out[f"{k} peak extra GPU memory / checkpoint"] = r[k]["peak_extra_gpu"] / nbytes
     return out
 
 
@@ -445,6 +474,7 @@ def write_section(path: Path, body: str) -> None:
 
 def table(rep: dict) -> str:
     r, q, nb = rep["results"], rep["ratios"], rep["checkpoint_bytes"]
+    gpu = any("peak_extra_gpu" in m for m in r.values() if isinstance(m, dict))
     save, load = r["torch.save"]["seconds"], r["torch.load"]["seconds"]
     z = r.get("zipnn compress")
     rows = [("torch.save (incl. fsync)", r["torch.save"], "1x"),
@@ -470,15 +500,19 @@ def table(rep: dict) -> str:
     lines = [f"bench_scale: {rep['params'] / 1e6:.1f}M parameters {rep['shape']}, checkpoint "
              f"{nb / 1e9:.2f} GB (weights + AdamW moments), device {rep['device']}, "
              f"{rep['cpus']} CPUs, torch {rep['torch']}",
-             "", "| step | time | vs peer | peak extra RSS (x checkpoint) | ratio |",
-             "|---|---|---|---|---|"]
+             "", "| step | time | vs peer | peak extra RSS (x checkpoint) | ratio |"
+             + (" peak extra GPU (x checkpoint) |" if gpu else ""),
+             "|---|---|---|---|---|" + ("---|" if gpu else "")]
     for row in rows:
         if row is None:
             continue
         name, m, vs = row
         ratio = f"{nb / m['stored']:.2f}x" if m.get("stored") else ""
+        extra = (f" {m['peak_extra_gpu'] / 1e9:.2f} GB ({m['peak_extra_gpu'] / nb:.2f}x) |"
+                 if gpu and "peak_extra_gpu" in m else (" - |" if gpu else ""))
         lines.append(f"| {name} | {m['seconds']:.2f} s | {vs} | "
-                     f"{m['peak_extra_rss'] / 1e9:.2f} GB ({m['peak_extra_rss'] / nb:.2f}x) | {ratio} |")
+                     f"{m['peak_extra_rss'] / 1e9:.2f} GB ({m['peak_extra_rss'] / nb:.2f}x) | {ratio} |"
+                     + extra)
     lines.append("")
     for k in ("first commit", "next commit"):
         m = r[k]

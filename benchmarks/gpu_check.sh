@@ -1,0 +1,30 @@
+#!/bin/bash
+# One call on a lent CUDA machine (issue 27): the CUDA-marked tests, then bench_scale on the
+# GPU. Run from the repository root with the runtime wheels that machine lacks in .whl/
+# (cffi, pycparser, lmdb, pygit2; docs/development.md) and mvc/_mvc_native.abi3.so carried.
+#   bash benchmarks/gpu_check.sh [bench_scale args...]      (results under $OUT)
+set -u
+OUT=${OUT:-/tmp/gpu-check}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+nvidia-smi -L
+python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
+nproc
+{
+  echo "== CUDA tests"
+  timeout "${MVC_GPU_TEST_TIMEOUT:-180}" python3 -m pytest -q -p no:cacheprovider -n 8 -rs \
+    tests/repo/test_device_boundaries.py tests/quant/test_quant_tensor.py \
+    tests/quant/test_quant_error.py tests/codecs/test_codec_quantized.py \
+    tests/codecs/test_codec_lossless.py tests/codecs/test_codec_registry.py \
+    tests/state/test_io_state.py tests/state/test_io_remainder.py \
+    tests/integrations/test_grad_ema.py ${MVC_GPU_EXTRA_TESTS:-} 2>&1 | tail -40
+  echo "== bench_scale --device cuda $*"
+  timeout "${MVC_GPU_BENCH_TIMEOUT:-330}" python3 benchmarks/bench_scale.py --device cuda --json "$@"
+} 2>&1 | tee "$OUT/gpu_check.log"
