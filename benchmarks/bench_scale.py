@@ -359,7 +359,10 @@ def run_child(task: dict, timeout: float = 3600) -> dict:
                           capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
     if proc.returncode != 0:
         raise RuntimeError(f"{task['kind']} failed:\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # progress as each step lands, so a run cut short still says what it measured
+    print(f"  {task['kind']}: {json.dumps(out, default=str)}", file=sys.stderr, flush=True)
+    return out
 
 
 # ------------------------------------------------------------------ the run
