@@ -8,9 +8,12 @@
 
 Every rank encodes and stores its own tensors and shards; the coordinator publishes the
 commit (`mvc.dcp.writer`); `save(state, writer)` is `dcp.save` that also says whether the commit
-landed when the save failed (`DcpPublishedError`).  A load reads the regions each rank asks for, at any world size
+landed when the save failed (`DcpPublishedError`); `async_save(state, writer)` is
+`dcp.async_save` whose future gives the commit id or raises the typed mvc error
+(`mvc.dcp.asyncsave`).  A load reads the regions each rank asks for, at any world size
 (`mvc.dcp.reader`).  See docs/distributed.md.
 """
+from mvc.dcp.asyncsave import async_save
 from mvc.dcp.lossy import all_gather, all_sum
 from mvc.dcp.reader import DcpLayoutError, MvcStorageReader
 from mvc.dcp.writer import (
@@ -23,4 +26,4 @@ from mvc.dcp.writer import (
 )
 
 __all__ = ["DcpLayoutError", "DcpOptionError", "DcpPublishedError", "DcpValueError", "Landed",
-           "MvcStorageReader", "MvcStorageWriter", "all_gather", "all_sum", "save"]
+           "MvcStorageReader", "MvcStorageWriter", "all_gather", "all_sum", "async_save", "save"]

@@ -32,7 +32,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,16 +110,35 @@ class PeerFailedError(MvcError):
 
 
 # ------------------------------------------------------------------ collectives
+#: The process group a save's collectives run on (None: the default group).  Set per save by
+#: the writer (`collective_group`): an async save runs in a background thread, typically on
+#: a checkpoint group of its own, while the training loop's collectives use the default one.
+_GROUP: ContextVar[Any] = ContextVar("mvc_dcp_group", default=None)
+
+
+@contextmanager
+def collective_group(group: Any) -> Iterator[None]:
+    """Run this thread's `all_gather` / `all_sum` on `group` (None: the default group)."""
+    token = _GROUP.set(group)
+    try:
+        yield
+    finally:
+        _GROUP.reset(token)
+
+
 def _group_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(_GROUP.get())
 
 
 def all_gather(obj: Any) -> list[Any]:
     """`obj` of every rank, in rank order ([obj] without a process group)."""
-    if _group_size() == 1:
+    size = _group_size()
+    if size == 1:
         return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    out: list[Any] = [None] * size
+    dist.all_gather_object(out, obj, group=_GROUP.get())
     return out
 
 
@@ -126,7 +147,7 @@ def all_sum(values: list[float]) -> list[float]:
     if _group_size() == 1 or not values:
         return list(values)
     t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=_GROUP.get())
     return t.tolist()
 
 

@@ -144,9 +144,15 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
     raised after the commit landed (`save` says so with `DcpPublishedError`).  A save of
     the branch head's state with the head's message, step and metrics (a retry of a save
     whose outcome was lost) makes no commit: `commit_id` is the head, `reused` is True.
+    `allow_empty=False`: a save whose snapshot is exactly the head's is
+    `NothingToCommitError` (git's "nothing to commit"), as for `Repo.commit`.
+    `process_group`: the group given to `dcp.save` / `dcp.async_save`, on which the lossy
+    path's own collectives then run too (None: the default group).  Picklable, for DCP's
+    process-based async executor (the repository travels by path).
     """
 
     def __init__(self, repo: str | os.PathLike | Repo, message: str, *, lossless: bool = False,
+                 allow_empty: bool = True, process_group: Any = None,
                  **commit_options: Any) -> None:
         super().__init__()
         if not isinstance(message, str) or not message.strip():
@@ -159,6 +165,10 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
         self._repo = RepoOnDemand(repo)
         self.message = message
         self.lossless = bool(lossless)
+        self.allow_empty = bool(allow_empty)
+        #: the group the save's own collectives (the lossy path's) run on: the one given to
+        #: `dcp.save` / `dcp.async_save` as `process_group` (None: the default group)
+        self.process_group = process_group
         self.options = dict(commit_options)
         self.is_coordinator = True
         self.rank = 0
@@ -178,7 +188,16 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
         """The quality record of the last save's quantization (the same on every rank)."""
         return self._chosen[1]
 
-    # -------------------------------------------------------------- the repository
+    # -------------------------------------------------------------- pickling
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (DCP's process-based async executor ships the writer to a checkpoint
+        process): the repository by path, reopened there on first use; no process group (the
+        checkpoint process makes its own, which DCP passes as the default one)."""
+        state = dict(self.__dict__)
+        state["_repo"] = RepoOnDemand(self._repo.path)
+        state["process_group"] = None
+        return state
+
     # -------------------------------------------------------------- StorageWriter
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         """A new save begins; `checkpoint_id`, when given, is another repository's path."""
@@ -249,8 +268,10 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
         quantized: dict[str, QuantizedTensor] = {}
         config = quality = None
         if shared.how.lossy:
-            quantized, config, quality = lossy.choose(
-                tensors, shards, shared.how, pipeline.parent_centroids(parent, tx.read_quantized))
+            with lossy.collective_group(self.process_group):
+                quantized, config, quality = lossy.choose(
+                    tensors, shards, shared.how,
+                    pipeline.parent_centroids(parent, tx.read_quantized))
         self._chosen = (config, quality)
         mine = pipeline.WritePlan(names=list(tensors), tensors=tensors, parent=parent,
                                   settings=tx.settings, quantized=quantized)
@@ -289,7 +310,7 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
             self.commit_id, self.reused = out.commit, out.reused
 
         out = tx.publish(manifest, records, info, ref=shared.ref, again=shared.again,
-                         landed=landed)
+                         landed=landed, allow_empty=self.allow_empty)
         # Past the commit point nothing here may fail: DCP broadcasts this to every rank.
         metadata.storage_data = Landed(out.commit, out.reused)
 

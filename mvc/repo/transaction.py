@@ -128,20 +128,26 @@ class CommitTransaction:
 
     def publish(self, manifest: pipeline.Manifest, records: Iterable[TensorRecord],
                 info: pipeline.CommitInfo, *, ref: str, again: bool = False,
-                landed: Callable[[Published], None] | None = None) -> Published:
+                landed: Callable[[Published], None] | None = None,
+                allow_empty: bool = True) -> Published:
         """Publish records written earlier (by any number of writers) under the write lock:
         `ref` moves from the manifest's parent to the new commit, or `RefConflictError`.
 
         `again`: the parent may be an earlier attempt of this very commit (its outcome was
         lost): when `ref` is still at it and its snapshot is exactly the one this would
         write, no commit is made (`Published.reused`).  `landed` is called under the lock
-        the moment the commit point has passed, before anything else can fail."""
+        the moment the commit point has passed, before anything else can fail.
+        `allow_empty=False`: a snapshot exactly the parent's (and not a retry's, above) is
+        `NothingToCommitError`, as for `commit`."""
         records = list(records)
         with self.maintenance.write_lock(self.lock_timeout):
             head = manifest.parent
             sid = self._same_as(head, ref, manifest, records) if again else None
             if head is not None and sid is not None:
                 out = Published(head, sid, reused=True)
+            elif not allow_empty and head is not None and self.refs.read_ref(ref) == head \
+                    and self._is_snapshot_of(head, manifest, records):
+                raise NothingToCommitError(head)
             else:
                 out = Published(*pipeline.publish(manifest, records, info, blobs=self.blobs,
                                                   refs=self.refs, ref=ref))

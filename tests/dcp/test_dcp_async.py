@@ -1,0 +1,130 @@
+"""`dcp.async_save` through `MvcStorageWriter` (issue 28, item 2): real gloo ranks, world size
+1 and 2, each saving on a checkpoint group while its training loop goes on
+(tests/helpers/dcp_async_worker.py says what the ranks do); one-process tests of the future's
+typed errors and of the writer's pickling (DCP's process-based executor ships it)."""
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from locations import HELPERS
+
+from mvc.dcp import DcpPublishedError, MvcStorageWriter, async_save
+from mvc.dcp.asyncsave import typed_error
+from mvc.repo.repository import NotARepositoryError, Repo
+from mvc.repo.transaction import NothingToCommitError
+
+
+def run_ranks(root: Path, world: int) -> list[dict]:
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")]))
+    procs = [subprocess.Popen([sys.executable, str(HELPERS / "dcp_async_worker.py"), str(r),
+                               str(world), str(root)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    reports = []
+    for r in range(world):
+        path = root / f"rank{r}.pt"
+        assert path.exists(), f"rank {r} reported nothing:\n{outs[r][-4000:]}"
+        reports.append(torch.load(path, weights_only=False))
+    return reports
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["world1", "world2"])
+def ranks(request, tmp_path_factory) -> tuple[Path, list[dict]]:
+    root = tmp_path_factory.mktemp(f"dcp_async{request.param}")
+    Repo.init(root / "repo").close()
+    return root, run_ranks(root, request.param)
+
+
+def flat(state: dict) -> dict:
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    return flatten_state_dict(state)[0]
+
+
+def test_async_lossless_restores_the_staged_state_bit_exactly(ranks):
+    root, reports = ranks
+    for r in reports:
+        assert r["same_keys"] and r["mismatch"] == []
+        assert r["c1"] == reports[0]["c1"] is not None    # every rank's future: the commit
+    with Repo(root / "repo") as repo:
+        assert repo.read_commit(reports[0]["c1"]).message == "async lossless"
+
+
+def test_async_lossy_restores_the_checkout_within_the_recorded_quality(ranks):
+    root, reports = ranks
+    r0 = reports[0]
+    assert r0["config2"] is not None and all(r["config2"] == r0["config2"] for r in reports)
+    q = r0["quality2"]
+    assert q["gate"] == "proxy" and q["value"] <= 0.05 and q["sharded"] is True
+    with Repo(root / "repo") as repo:
+        assert repo.read_commit(r0["c2"]).message == "async lossy"
+        out = repo.read_state(r0["c2"])
+    loaded, checkout = flat(r0["loaded2"]), flat(out)
+    assert sorted(loaded) == sorted(checkout)
+    for k, v in loaded.items():        # dcp.load == checkout, bit for bit
+        assert v == checkout[k] if not isinstance(v, torch.Tensor) else torch.equal(v, checkout[k]), k
+    quantized = 0
+    for k, v in flat(r0["saved2"]["model"]).items():
+        got = flat(out["model"])[k]
+        err = float(torch.linalg.vector_norm(got - v) / torch.linalg.vector_norm(v))
+        assert err <= q["tensor_cap"], k
+        quantized += err > 0
+    assert quantized >= 2
+
+
+def test_errors_surface_on_the_future_typed_on_every_rank(ranks):
+    root, reports = ranks
+    for r in reports:
+        assert r["empty_first"].startswith("ok ")
+        assert r["empty"] == "NothingToCommitError"
+        assert r["bad_repo"] == "NotARepositoryError"
+        assert r["failing"] == "DcpValueError"
+    with Repo(root / "repo") as repo:   # nothing after the first "again" landed
+        assert repo.head() == reports[0]["empty_first"][3:]
+        assert repo.fsck().ok
+
+
+def _state() -> dict:
+    torch.manual_seed(0)
+    return {"model": {"w": torch.randn(64, 64), "b": torch.randn(64)}}
+
+
+def test_one_process_future_gives_the_commit_and_typed_errors(tmp_path):
+    Repo.init(tmp_path / "repo").close()
+    s = _state()
+    cid = async_save(s, MvcStorageWriter(tmp_path / "repo", message="a", lossless=True)).result()
+    with Repo(tmp_path / "repo") as repo:
+        assert repo.head() == cid
+        assert torch.equal(repo.read_state(cid)["model"]["w"], s["model"]["w"])
+    again = async_save(s, MvcStorageWriter(tmp_path / "repo", message="b", lossless=True,
+                                           allow_empty=False))
+    with pytest.raises(NothingToCommitError):
+        again.result()
+    with pytest.raises(NotARepositoryError):
+        async_save(s, MvcStorageWriter(tmp_path / "none", message="b")).result()
+
+
+def test_a_failure_after_the_commit_landed_is_published_error():
+    w = MvcStorageWriter("unused", message="x")
+    w.commit_id = "c" * 32
+    err = typed_error(RuntimeError("peer gone"), w)
+    assert isinstance(err, DcpPublishedError) and err.commit_id == "c" * 32
+
+
+def test_the_writer_pickles_without_its_open_repository_or_group(tmp_path):
+    Repo.init(tmp_path / "repo").close()
+    w = MvcStorageWriter(tmp_path / "repo", message="m", step=3, epsilon=0.05,
+                         process_group=object())
+    w.repo   # opened here
+    back = pickle.loads(pickle.dumps(w))
+    assert back.path == w.path and back.options == w.options and back.process_group is None
+    assert back.repo is not w.repo and back.repo.path == w.repo.path
+    w.close()
+    back.close()
