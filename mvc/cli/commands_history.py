@@ -33,6 +33,8 @@ def _decorations(repo: Repo) -> dict[str, list[str]]:
         deco.setdefault(oid, []).append(f"tag: {name}")
     if head and current is None:
         deco.setdefault(head, []).insert(0, "HEAD")
+    for oid in sorted(repo.odb.shallow_ids()):  # a shallow boundary, as git decorates it
+        deco.setdefault(oid, []).append("grafted")
     return deco
 
 
@@ -209,6 +211,8 @@ def log(rev: str, oneline: bool, graph: bool, max_count: int | None, all_refs: b
         echo(f"{bullet}commit {c.id}{refs}")
         if c.id in pruned:
             echo(f"{pad}Pruned: checkpoint not stored (gc retention policy)")
+        if "grafted" in deco.get(c.id, ()):
+            echo(f"{pad}Shallow: its parents were not fetched (`mvc fetch --unshallow` brings them)")
         echo(f"{pad}Author: {c.author}")
         echo(f"{pad}Date:   {c.time}")
         extra = []

@@ -16,6 +16,7 @@ from mvc.store.objstore import open_remote
 from mvc.store.objstore.storage import redact_url
 
 if TYPE_CHECKING:
+    from mvc.remote.shallow import Want
     from mvc.remote.transfer import TransferReport
     from mvc.repo.repository import Repo as RepoType
 
@@ -140,18 +141,37 @@ def push(remote_name: str | None, refs: tuple[str, ...], force: bool, all_branch
 
 @click.command()
 @click.argument("remote_name", metavar="[REMOTE]", required=False)
+@click.argument("rev", metavar="[REV]", required=False)
+@click.option("--depth", type=int, default=None, metavar="N",
+              help="Only the newest N commits of each branch fetched (of REV: default 1), with "
+                   "every object their checkpoints need; the repository becomes shallow.")
+@click.option("--unshallow", is_flag=True,
+              help="Bring the history a shallow clone or fetch left out (a plain fetch does too).")
 @quiet_option
-def fetch(remote_name: str | None, quiet: bool) -> None:
+def fetch(remote_name: str | None, rev: str | None, depth: int | None, unshallow: bool,
+          quiet: bool) -> None:
     """Copy the remote's branches (as the remote-tracking branches REMOTE/BRANCH, i.e.
     refs/remotes/REMOTE/BRANCH) and new tags, with the objects this repository lacks.
-    Default REMOTE: the current branch's upstream's, else origin."""
+    Default REMOTE: the current branch's upstream's, else origin.
+
+    With REV (a branch, tag or full commit id on the remote): that one commit and what its
+    checkpoint needs (--depth N: its newest N commits), kept as FETCH_HEAD too. A fetch
+    of whole branches completes a shallow repository's history."""
+    if unshallow and (depth is not None or rev is not None):
+        raise UsageError("--unshallow fetches whole histories: give it no REV and no --depth")
+    from mvc.remote.shallow import Want
+
+    want = Want(depth=1 if rev is not None and depth is None else depth, rev=rev)
     repo = Repo.discover()
     config = RemoteConfig(repo.mvc_dir)
     name = _default_remote(config, remote_name, _upstream(repo))
-    _fetch(repo, name, config.url(name), quiet)
+    if unshallow and not repo.odb.shallow_ids():
+        raise UsageError("--unshallow: this repository is not shallow (its history is complete)")
+    _fetch(repo, name, config.url(name), quiet, want)
 
 
-def _fetch(repo: RepoType, name: str, url: str, quiet: bool) -> TransferReport:
+def _fetch(repo: RepoType, name: str, url: str, quiet: bool, want: Want | None = None) -> TransferReport:
+    from mvc.remote.shallow import Want
     from mvc.remote.transfer import fetch as fetch_objects
 
     source = open_remote(url, spool_dir=repo.mvc_dir)
@@ -159,13 +179,27 @@ def _fetch(repo: RepoType, name: str, url: str, quiet: bool) -> TransferReport:
         with terminal_progress(quiet=quiet) as progress:
             store = repo.store
             report = fetch_objects(store.blobs, store.refs, source, name,
-                                   lock=store.maintenance.write_lock(), progress=progress)
+                                   lock=store.maintenance.write_lock(), progress=progress,
+                                   want=want or Want())
     finally:
         source.close()
     echo(f"fetch {name}: {_objects_line('received', report)}")
     for r in report.refs:
         echo(f"  {r.ref}: {_short(r.old)} -> {_short(r.new)} ({r.status})")
+    if report.fetch_head is not None:
+        echo(f"  FETCH_HEAD: {report.fetch_head} (`mvc checkout FETCH_HEAD -o FILE` writes it)")
+    _shallow_lines("fetch", report)
     return report
+
+
+def _shallow_lines(verb: str, report: TransferReport) -> None:
+    """Where a shallow repository's history stops, or that a fetch completed it."""
+    if report.shallow:
+        first = sorted(report.shallow)[0][:12]
+        more = f" and {len(report.shallow) - 1} more" if len(report.shallow) > 1 else ""
+        echo(f"{verb}: shallow: history stops at {first}{more} (`mvc fetch --unshallow` brings the rest)")
+    elif report.unshallowed:
+        echo(f"{verb}: the history is complete (no longer shallow)")
 
 
 @click.command()
@@ -207,17 +241,24 @@ def pull(remote_name: str | None, branch: str | None, quiet: bool) -> None:
 @click.command()
 @click.argument("url")
 @click.argument("directory", required=False)
+@click.option("--depth", type=int, default=None, metavar="N",
+              help="A shallow clone: the newest N commits of the default branch only, with every "
+                   "object their checkpoints need (delta parents included); no tags.")
 @quiet_option
-def clone(url: str, directory: str | None, quiet: bool) -> None:
+def clone(url: str, directory: str | None, depth: int | None, quiet: bool) -> None:
     """Create a repository in DIRECTORY (default: the URL's last component) from the remote
-    at URL, named origin, with every commit of its branches and tags (no --depth: a clone
-    is complete). HEAD is on a branch made from origin's main (else its first branch),
-    following it; the other branches are origin/NAME (`mvc branch -a`, `mvc switch NAME`)."""
+    at URL, named origin, with every commit of its branches and tags (--depth N: the newest
+    N of its default branch). HEAD is on a branch made from origin's main (else its first
+    branch), following it; the other branches are origin/NAME (`mvc branch -a`,
+    `mvc switch NAME`)."""
     from mvc.remote.porcelain import clone as clone_repo, default_clone_dir
+    from mvc.remote.shallow import check_depth
 
+    check_depth(depth)  # before anything is made
     with terminal_progress(quiet=quiet) as progress:
-        res = clone_repo(url, directory or default_clone_dir(url), progress=progress)
+        res = clone_repo(url, directory or default_clone_dir(url), progress=progress, depth=depth)
     echo(f"clone: {res.path}: {_objects_line('received', res.report)}")
+    _shallow_lines("clone", res.report)
     if res.branch is None:
         echo("clone: the remote is empty")
         return
@@ -237,3 +278,38 @@ def clone(url: str, directory: str | None, quiet: bool) -> None:
 
 
 COMMANDS = [remote, push, fetch, pull, clone]
+
+
+def checkout_remote(remote_arg: str, rev: str, output: str, *, fmt: str | None, only: tuple[str, ...],
+                    weights_only: bool, force: bool, quiet: bool) -> None:
+    """`mvc checkout --remote NAME REV -o FILE`: REV's checkpoint read straight from the remote
+    (a remote's name here, or its URL anywhere), reading only the objects it needs; no
+    repository is needed and none changes."""
+    from pathlib import Path
+
+    from mvc.io.files import save_checkpoint
+    from mvc.remote.readonly import open_remote_repo
+
+    if "://" in remote_arg:
+        url = remote_arg
+    else:
+        url = RemoteConfig(Repo.discover().mvc_dir).url(remote_arg)
+    path = Path(output)
+    if path.exists() and not force:
+        raise UsageError(f"{path} exists: a checkout from a remote does not write over a file "
+                         "(add --force, or give another -o FILE)")
+    with open_remote_repo(url) as remote_repo:
+        cid = remote_repo.resolve(rev)
+        with terminal_progress(quiet=quiet) as progress:
+            state = remote_repo.read_state(cid, only=only or None, weights_only=weights_only,
+                                           progress=progress)
+    from mvc.io.dirs import is_dir_state, save_dir
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if is_dir_state(state):
+        save_dir(state, path, replace=force)
+        echo(f"Wrote directory {path} from {cid[:12]} of {redact_url(url)}")
+        return
+    with terminal_progress(quiet=quiet) as progress:
+        save_checkpoint(state, path, fmt, progress=progress)
+    echo(f"Wrote {path} ({human_bytes(path.stat().st_size)}) from {cid[:12]} of {redact_url(url)}")

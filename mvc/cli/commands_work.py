@@ -211,14 +211,18 @@ def _refuse_to_destroy(repo: Repo, path: Path, rev: str, to_output: bool, force:
 @click.option("-f", "--force", is_flag=True,
               help="Write over the target even when it holds work the repository does not have (a "
                    "modified or never committed file, a non-empty directory): that work is lost.")
+@click.option("--remote", "remote_name", metavar="NAME", default=None,
+              help="Read REV straight from remote NAME (or a remote URL), reading only the objects "
+                   "its checkpoint needs, without a clone or fetch. Needs -o.")
 @quiet_option
 def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...], weights_only: bool,
-             force: bool, quiet: bool) -> None:
+             force: bool, remote_name: str | None, quiet: bool) -> None:
     """Write the checkpoint of REV to checkpoint.path and move HEAD to REV, as git checkout
     does (attached for a branch name, detached otherwise).
 
     With -o FILE: write a copy of REV's checkpoint to FILE and leave HEAD, the branch and
-    checkpoint.path alone (like git show REV:path > FILE). --only / --weights-only restore
+    checkpoint.path alone (like git show REV:path > FILE); with --remote NAME too, read REV
+    from that remote without cloning it. --only / --weights-only restore
     part of the state, reading only the payloads it needs; a partial state is never the
     working checkpoint, so they need -o. On a terminal a progress bar shows the tensors
     restored (-q: none).
@@ -233,6 +237,14 @@ def checkout(rev: str, output: str | None, fmt: str | None, only: tuple[str, ...
     # a usage error answers at once, not after seconds of imports).
     if (only or weights_only) and output is None:
         raise UsageError("--only / --weights-only write a partial copy: give the file with -o FILE")
+    if remote_name is not None:
+        if output is None:
+            raise UsageError("--remote reads a checkpoint into a file: give it with -o FILE")
+        from mvc.cli.commands_remote import checkout_remote
+
+        checkout_remote(remote_name, rev, output, fmt=fmt, only=only, weights_only=weights_only,
+                        force=force, quiet=quiet)
+        return
     repo = Repo.discover()
     path = _checkpoint_path(repo, output, "output file (-o)")
     # Resolve once: the id read is the id HEAD moves to, and HEAD attaches only to the

@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 from mvc.errors import UsageError
 from mvc.progress import NO_PROGRESS, Progress
 from mvc.remote.config import ORIGIN, REMOTES, RemoteConfig
+from mvc.remote.shallow import Want, check_depth
 from mvc.remote.tracking import Upstream, set_upstream
 from mvc.remote.transfer import (
     NonFastForwardError,
@@ -126,16 +127,21 @@ class CloneResult:
     lossy: bool = False
 
 
-def clone(url: str, dest: str | os.PathLike[str], *, progress: Progress = NO_PROGRESS) -> CloneResult:
+def clone(url: str, dest: str | os.PathLike[str], *, progress: Progress = NO_PROGRESS,
+          depth: int | None = None) -> CloneResult:
     """Create a repository at `dest` (absent or empty) with remote ``origin`` = `url`, fetch
     everything, and put HEAD on a branch made from the remote's ``main`` (else its first
     branch), following ``origin/main``; the remote's other branches are the remote-tracking
     branches ``origin/NAME`` (`mvc switch NAME` makes one a branch), as git's clone does.
 
+    `depth`: a shallow clone (`mvc.remote.shallow`): that branch only, its newest `depth`
+    commits with every object their snapshots need (delta parents included), no tags.
+
     The repository is built in a working directory (`CLONE_TMP`) and moved into place by one
     rename once complete, so `dest` is only ever as it was or a whole clone.  On an error the
     working directory is removed; a clone killed outright leaves it behind, and the next clone
     into `dest` removes it (a live clone holds a lock on its own, which keeps it)."""
+    check_depth(depth)
     path = Path(dest).resolve()
     existed = _check_target(path)
     remote = open_remote(url)
@@ -149,7 +155,7 @@ def clone(url: str, dest: str | os.PathLike[str], *, progress: Progress = NO_PRO
         work, held = _make_work_dir(parent, prefix)
         remote.blobs.spool_dir = str(work)  # on the clone's disk, not in a memory-backed /tmp
         try:
-            result = _fill(work, url, remote, progress)
+            result = _fill(work, url, remote, progress, depth)
             _move_into_place(work, path, existed)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
@@ -183,15 +189,16 @@ def _check_target(path: Path) -> bool:
     return True
 
 
-def _fill(work: Path, url: str, remote: Remote, progress: Progress) -> CloneResult:
-    """Make the repository in `work`: remote origin, everything fetched, HEAD on a branch
-    following its remote-tracking branch."""
+def _fill(work: Path, url: str, remote: Remote, progress: Progress, depth: int | None) -> CloneResult:
+    """Make the repository in `work`: remote origin, everything fetched (`depth`: the newest
+    commits of the default branch), HEAD on a branch following its remote-tracking branch."""
     repo = Repo.init(work)
     try:
         RemoteConfig(repo.mvc_dir).add(ORIGIN, url)
         store = repo.store
+        want = Want(depth=depth, default_branch=depth is not None)
         report = fetch(store.blobs, store.refs, remote, ORIGIN,
-                       lock=store.maintenance.write_lock(), progress=progress)
+                       lock=store.maintenance.write_lock(), progress=progress, want=want)
         result = CloneResult(work, report, None, None)
         tracking = dict(store.refs.iter_refs(f"{REMOTES}{ORIGIN}/"))
         if tracking:

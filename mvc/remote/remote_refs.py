@@ -119,17 +119,23 @@ def _unusable(name: str, value: str) -> str | None:
     return None
 
 
-def walk_heads(remote_odb: ObjectDB, local: ObjectDB, found: RemoteRefs) -> list[Reached]:
+def walk_heads(remote_odb: ObjectDB, local: ObjectDB, found: RemoteRefs, *,
+               depth: int | None = None) -> list[Reached]:
     """Everything the remote's good branches and tags reach that `local` lacks, one ref
     at a time: a ref whose history cannot be read is skipped (and taken out of
     `found.heads`), the others are walked as usual.  Only a whole walk's objects count as
-    held for the next ref, so one bad ref never vouches for another's history."""
+    held for the next ref, so one bad ref never vouches for another's history.
+
+    `depth`: the newest `depth` commits of each ref only (`mvc.remote.shallow`).  The
+    commits at `local`'s shallow boundary are walked through, not taken as held with their
+    history: a fetch that reaches them brings the parents they lack."""
     reached: list[Reached] = []
     ids: set[str] = set()
     kinds: dict[str, str] = {}
+    boundary = local.shallow_ids()
 
     def had(oid: str) -> bool:
-        return oid in ids or local.blobs.has(oid)
+        return oid in ids or (oid not in boundary and local.blobs.has(oid))
 
     for ref, value in sorted(found.heads.items()):
         try:
@@ -137,7 +143,7 @@ def walk_heads(remote_odb: ObjectDB, local: ObjectDB, found: RemoteRefs) -> list
             if kinds.get(value, "commit") != "commit" or (
                     value not in kinds and local.blobs.has(value) and not local.is_commit(value)):
                 raise DataError(f"it names {value}, which is not a commit")
-            got = list(remote_odb.reachable([value], have=had))
+            got = list(remote_odb.reachable([value], have=had, depth=depth))
         except DataError as exc:
             del found.heads[ref]
             found.skip(ref, _first_line(exc))

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
-from mvc.errors import MvcError
+from mvc.errors import MvcError, UsageError
 from mvc.progress import NO_PROGRESS, Progress
 from mvc.remote.config import REMOTES
 from mvc.remote.negotiate import known_chunks, remote_history
@@ -42,12 +42,23 @@ from mvc.repo import refs as R
 from mvc.repo.objectdb import ObjectDB, Reached
 from mvc.repo.pruned import PRUNED, pruned_ids
 from mvc.remote.remote_refs import (
+    RemoteRefs,
     plan_replacements,
     read_remote_refs,
     usable_head,
     walk_heads,
     walk_view,
 )
+from mvc.remote.shallow import (
+    FETCH_HEAD,
+    Want,
+    boundary,
+    exact_reads,
+    record_fetch_head,
+    select,
+    settle_after,
+)
+from mvc.repo import shallow
 from mvc.repo.replace import REPLACE
 from mvc.repo.replace_verify import VERIFIED, replacement_differs
 from mvc.store import ANY, BlobStore, RefConflictError, RefStore
@@ -64,6 +75,13 @@ class NonFastForwardError(MvcError):
     push --force), or the branches diverged."""
 
     exit_code = 142
+
+
+class ShallowPushError(UsageError):
+    """A push from a shallow repository that would leave the remote a commit without its
+    history (the remote lacks a commit at this repository's shallow boundary)."""
+
+    exit_code = 183
 
 
 @dataclass
@@ -86,6 +104,12 @@ class TransferReport:
     refs: list[RefResult] = field(default_factory=list)
     #: Remote refs a fetch left out, and why (`mvc.remote.remote_refs`).
     skipped_refs: dict[str, str] = field(default_factory=dict)
+    #: A fetch's: the shallow boundary after it (empty: the history is complete), and the
+    #: commits whose parents it brought (their marks removed).
+    shallow: set[str] = field(default_factory=set)
+    unshallowed: set[str] = field(default_factory=set)
+    #: The commit a fetch of one revision took (`FETCH_HEAD`).
+    fetch_head: str | None = None
 
 
 def is_ancestor(odb: ObjectDB, old: str, new: str) -> bool:
@@ -188,6 +212,12 @@ def push(odb: ObjectDB, remote: Remote, updates: dict[str, str], *, force: bool 
     there = present(remote.blobs, {r.oid: odb.blobs.size(r.oid) for r in reached})
     progress.end()
     missing = [r for r in reached if r.oid not in there.found]
+    cut = sorted(odb.shallow_ids() & {r.oid for r in missing if r.kind == "commit"})
+    if cut:
+        raise ShallowPushError(
+            f"push to {remote.url}: commit {cut[0][:12]} is a shallow boundary here (its parents "
+            "were never fetched) and the remote lacks it, so it would get a commit without its "
+            "history; `mvc fetch --unshallow` first, or push to the remote this was fetched from")
     report.skipped = len(reached) - len(missing)
     chunks, snaps, commits = _dependency_order(missing)
     total = sum(odb.blobs.size(o) for o in chunks + snaps + commits)
@@ -232,7 +262,7 @@ def push(odb: ObjectDB, remote: Remote, updates: dict[str, str], *, force: bool 
 # ---------------------------------------------------------------------------- fetch
 def fetch(blobs: BlobStore, refs: RefStore, remote: Remote, name: str, *,
           lock: AbstractContextManager[None] | None = None,
-          progress: Progress = NO_PROGRESS) -> TransferReport:
+          progress: Progress = NO_PROGRESS, want: Want = Want()) -> TransferReport:
     """Copy what `remote`'s branches and tags reach into `blobs`, then set
     ``refs/remotes/<name>/<branch>`` to each remote branch and create each remote tag
     that is not here (an existing tag is never moved).  `lock`: held while writing.
@@ -240,18 +270,30 @@ def fetch(blobs: BlobStore, refs: RefStore, remote: Remote, name: str, *,
     The remote is not trusted (`mvc.remote.remote_refs`): a bad ref is skipped with a
     warning (`TransferReport.skipped_refs`), a replacement is adopted only once it is
     checked to restore what it replaces (or is the only copy of a checkpoint not held
-    here), and a pruned mark only for a commit not held here."""
+    here), and a pruned mark only for a commit not held here.
+
+    `want` (`mvc.remote.shallow.Want`): only the default branch or one revision (a commit
+    id is kept as `FETCH_HEAD`), and only the newest `want.depth` commits of each, with
+    every object their snapshots need; the commits left without their parents are marked
+    as this repository's shallow boundary.  Any fetch that brings a marked commit's parents
+    removes its mark (a full fetch completes a shallow repository)."""
     report = TransferReport()
     remote.storage.check_exists()  # a mistyped directory or bucket is an error, not "empty"
     if not remote.check_format():
+        if want.rev is not None:
+            select(want, RemoteRefs(), ObjectDB(remote.blobs, refs), name)  # says: no such rev
         return report  # an empty remote
+    if want.partial:
+        exact_reads(remote)
     local = ObjectDB(blobs, refs)
     # The remote's refs read once (a listing and parallel GETs) into memory: the walk looks
     # up refs/replace/<snapshot> for every snapshot, which would be a request each.
     found = read_remote_refs(remote, refs, blobs)
     view = walk_view(found, refs)
+    remote_odb = ObjectDB(remote.blobs, view)
+    select(want, found, remote_odb, name)
     progress.phase(f"finding objects in {remote.url}", unit="objects")
-    walked = walk_heads(ObjectDB(remote.blobs, view), local, found)
+    walked = walk_heads(remote_odb, local, found, depth=want.depth)
     plan = plan_replacements(remote, view, local, found, walked)
     progress.end()
     chunks, snaps, commits = _dependency_order(walked)
@@ -292,9 +334,17 @@ def fetch(blobs: BlobStore, refs: RefStore, remote: Remote, name: str, *,
         for cid in sorted(found.pruned & fetched):
             if refs.read_ref(PRUNED + cid) is None:
                 refs.update_ref(PRUNED + cid, None, cid, f"fetch: {name}")
-        _store(blobs, [got[o] for o in commits], report, progress)
+        # The boundary's marks before its commits: a commit stored here either has its
+        # history or says it does not (mvc.repo.shallow).
+        shallow.mark(refs, boundary(walked, blobs), f"fetch: {name} (shallow)")
+        _store(blobs, [got[o] for o in commits if not blobs.has(o)], report, progress)
+        report.unshallowed = settle_after(local, refs, walked, f"fetch: {name}")[1]
+        report.shallow = local.shallow_ids()
         progress.end()
+        report.fetch_head = record_fetch_head(refs, want, found, f"fetch: {name} {want.rev}")
         for ref, value in sorted(found.heads.items()):
+            if ref == FETCH_HEAD:
+                continue
             if ref.startswith(R.HEADS):
                 tracking = f"{REMOTES}{name}/{ref[len(R.HEADS):]}"
                 old = refs.read_ref(tracking)

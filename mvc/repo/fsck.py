@@ -19,6 +19,7 @@ from mvc.repo.objectdb import Damage, ObjectDB, Reached
 from mvc.repo.objects import Snapshot, TensorRecord, object_kind
 from mvc.repo.records import is_known_codec, is_quantized, parent_ref, payload_size_problems
 from mvc.repo.replace import OID, REPLACE, follow_replacement
+from mvc.repo.shallow import SHALLOW
 from mvc.repo.replace_verify import original_is_whole, replacement_differs, unverified_replacements
 from mvc.repo.unreadable import UNREADABLE_HELP, split_damage
 from mvc.store import CorruptRefError, ReflogEntry, RefStore, StoreMaintenance
@@ -80,7 +81,8 @@ def check_repository(odb: ObjectDB, maintenance: StoreMaintenance,
                     problems.append(f"ref {name}: points to missing ref {target}")
             except MvcError as exc:
                 corrupt(exc)
-        elif value not in present:
+        elif value not in present and not name.startswith(SHALLOW):
+            # (A shallow mark on a commit not stored marks nothing: what a killed fetch leaves.)
             problems.append(f"ref {name}: points to missing object {value}")
     _check_reflogs(refs, all_refs, corrupt, unreadable, problems)
 

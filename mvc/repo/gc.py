@@ -20,6 +20,7 @@ from mvc.repo.objectdb import Damage, ObjectDB
 from mvc.repo.reader import TensorReader
 from mvc.repo.pruned import PRUNED
 from mvc.repo.replace import REPLACE
+from mvc.repo import shallow
 from mvc.repo.replace_verify import settle_unverified, unverified_replacements
 from mvc.repo.retention import RetentionPolicy, apply_retention, plan_retention
 from mvc.repo.unreadable import UNREADABLE_HELP, is_intact, salvage, split_damage
@@ -177,6 +178,8 @@ def collect_garbage(odb: ObjectDB, reader: TensorReader, refs: TransactionalRefS
             refs.update_refs(stale, "gc: drop replacements of unreachable snapshots")
             for u in stale:
                 refs.delete_reflog(u.name)
+        # Shallow marks on commits gone (or never stored: a killed fetch's) mark nothing.
+        shallow.drop_stale(refs, keep.__contains__, "gc: drop marks of unreachable commits")
         # Objects retention and compaction wrote are not in `stored`: all of them are reachable.
         doomed = [oid for oid in stored if oid not in keep]
         sizes = {oid: blobs.size(oid) for oid in doomed}
@@ -263,7 +266,7 @@ def _deleted_ref_logs(refs: TransactionalRefStore, cutoff: float) -> tuple[list[
     expired: list[str] = []
     grace: list[str] = []
     for name in refs.reflog_names():
-        if name.startswith((REPLACE, PRUNED)) or refs.read_ref(name) is not None:
+        if name.startswith((REPLACE, PRUNED, shallow.SHALLOW)) or refs.read_ref(name) is not None:
             continue
         log = refs.reflog(name)
         if not log or log[-1].new is not None:

@@ -38,6 +38,7 @@ from mvc.repo.pruned import PRUNED, pruned_ids
 # snapshots with it).
 from mvc.repo.records import parent_ref
 from mvc.repo.replace import REPLACE, ReplacementError, follow_replacement
+from mvc.repo.shallow import SHALLOW, is_shallow, shallow_ids
 from mvc.store import BlobStore, ObjectMissingError, OnCorrupt, RefStore
 
 #: Largest object `is_commit` reads to look at its header: commits are small, and a
@@ -125,13 +126,26 @@ class ObjectDB:
         self.refs = refs
 
     # ------------------------------------------------------------------ objects
-    def read_commit(self, oid: str) -> Commit:
-        """The commit `oid` (MalformedObjectError if it is another kind of object)."""
+    def read_commit(self, oid: str, *, shallow: Collection[str] | None = None,
+                    graft: bool = True) -> Commit:
+        """The commit `oid` (MalformedObjectError if it is another kind of object).
+
+        A shallow boundary (`mvc.repo.shallow`) reads with no parents, as git grafts it, so
+        that no walk goes where this repository holds nothing; `graft=False` reads the
+        parents it names.  `shallow`: the boundary set, when the caller read it already."""
         data = self.blobs.get(oid)
         kind = object_kind(data)
         if kind != "commit":
             raise MalformedObjectError(f"{oid}: referenced as a commit but is a {kind}")
-        return Commit.decode(data, oid)
+        commit = Commit.decode(data, oid)
+        if graft and commit.parents and (
+                oid in shallow if shallow is not None else is_shallow(self.refs, oid)):
+            commit.parents = []
+        return commit
+
+    def shallow_ids(self) -> set[str]:
+        """The shallow boundary: commits held here without their parents (`mvc.repo.shallow`)."""
+        return shallow_ids(self.refs)
 
     def resolve_snapshot_id(self, oid: str) -> str:
         """The snapshot actually read for `oid`: gc may have replaced it by an identical
@@ -165,20 +179,20 @@ class ObjectDB:
                  ignore_reflogs: Collection[str] = (), *, reflogs: bool = True) -> set[str]:
         """Every commit id a ref or a reflog entry names: what history is, for gc and fsck.
 
-        `refs/replace/` is not history (it names snapshots), nor `refs/pruned/` (marks on
-        commits history reaches anyway), nor the reflogs named in `ignore_reflogs` (those gc
+        `refs/replace/` is not history (it names snapshots), nor `refs/pruned/` and
+        `refs/shallow/` (marks on commits history reaches anyway), nor the reflogs named in `ignore_reflogs` (those gc
         expires); `reflogs=False`: what refs alone name. An unreadable ref or
         reflog record raises (gc must not guess), unless `on_corrupt` takes it
         (fsck reports it and goes on).
         """
         roots: set[str] = set()
         for name, value in self.refs.iter_refs("", on_corrupt=on_corrupt):
-            if value and not R.is_symbolic(value) and not name.startswith((REPLACE, PRUNED)):
+            if value and not R.is_symbolic(value) and not name.startswith((REPLACE, PRUNED, SHALLOW)):
                 roots.add(value)
         if not reflogs:
             return roots
         for name in self.refs.reflog_names(on_corrupt=on_corrupt):
-            if name.startswith((REPLACE, PRUNED)) or name in ignore_reflogs:
+            if name.startswith((REPLACE, PRUNED, SHALLOW)) or name in ignore_reflogs:
                 continue
             for entry in self.refs.reflog(name, on_corrupt=on_corrupt):
                 for v in (entry.old, entry.new):
@@ -187,9 +201,10 @@ class ObjectDB:
         return roots
 
     # ------------------------------------------------------------------ the walker
-    def _load(self, cid: str, via: str | None, on_damage: OnDamage | None) -> Commit | None:
+    def _load(self, cid: str, via: str | None, on_damage: OnDamage | None,
+              shallow: Collection[str] = ()) -> Commit | None:
         try:
-            return self.read_commit(cid)
+            return self.read_commit(cid, shallow=shallow)
         except DataError as exc:
             if on_damage is None:
                 raise
@@ -197,7 +212,7 @@ class ObjectDB:
             return None
 
     def walk_commits(self, roots: Iterable[str], *, order: Order = "any", have: Have = None,
-                     on_damage: OnDamage | None = None) -> Iterator[Commit]:
+                     on_damage: OnDamage | None = None, depth: int | None = None) -> Iterator[Commit]:
         """Every commit reachable from `roots` (commit ids) through parents, each once.
 
         `order`: "any" (cheapest), "topo" (every commit after all its parents) or
@@ -205,20 +220,46 @@ class ObjectDB:
         child is yielded, so taking the first n reads about n commits).
         `have`: commits not wanted, with their history (not entered).
         `on_damage`: see the module doc; an unreadable commit is skipped with its
-        history behind it.
+        history behind it.  A shallow boundary's parents are not walked (`read_commit`).
+        `depth` (with order "any"): only the commits fewer than `depth` parent steps from a
+        root (a shallow fetch's `--depth`), nearest first.
         """
         had = _predicate(have)
-        if order == "date":
-            yield from self._walk_by_date(roots, had, on_damage)
+        shallow = self.shallow_ids()
+        if depth is not None:
+            if order != "any":
+                raise ValueError("a walk limited by depth is in order 'any'")
+            yield from self._walk_depth(roots, had, on_damage, shallow, depth)
+        elif order == "date":
+            yield from self._walk_by_date(roots, had, on_damage, shallow)
         elif order == "topo":
-            yield from self._walk_topo(roots, had, on_damage)
+            yield from self._walk_topo(roots, had, on_damage, shallow)
         elif order == "any":
-            yield from self._walk_any(roots, had, on_damage)
+            yield from self._walk_any(roots, had, on_damage, shallow)
         else:
             raise ValueError(f"unknown order {order!r}")
 
+    def _walk_depth(self, roots: Iterable[str], had: Callable[[str], bool],
+                    on_damage: OnDamage | None, shallow: Collection[str],
+                    depth: int) -> Iterator[Commit]:
+        # Breadth first, so a commit is counted at its nearest distance from a root.
+        seen: set[str] = set()
+        level: list[tuple[str, str | None]] = [(r, None) for r in sorted(set(roots))]
+        for _ in range(depth):
+            nxt: list[tuple[str, str | None]] = []
+            for cid, via in level:
+                if cid in seen or had(cid):
+                    continue
+                seen.add(cid)
+                commit = self._load(cid, via, on_damage, shallow)
+                if commit is None:
+                    continue
+                yield commit
+                nxt.extend((p, cid) for p in commit.parents if p not in seen)
+            level = nxt
+
     def _walk_any(self, roots: Iterable[str], had: Callable[[str], bool],
-                  on_damage: OnDamage | None) -> Iterator[Commit]:
+                  on_damage: OnDamage | None, shallow: Collection[str]) -> Iterator[Commit]:
         seen: set[str] = set()
         stack: list[tuple[str, str | None]] = [(r, None) for r in sorted(set(roots))]
         while stack:
@@ -226,14 +267,14 @@ class ObjectDB:
             if cid in seen or had(cid):
                 continue
             seen.add(cid)
-            commit = self._load(cid, via, on_damage)
+            commit = self._load(cid, via, on_damage, shallow)
             if commit is None:
                 continue
             yield commit
             stack.extend((p, cid) for p in reversed(commit.parents) if p not in seen)
 
     def _walk_topo(self, roots: Iterable[str], had: Callable[[str], bool],
-                   on_damage: OnDamage | None) -> Iterator[Commit]:
+                   on_damage: OnDamage | None, shallow: Collection[str]) -> Iterator[Commit]:
         # Depth-first, emitting a commit once every parent is out: an explicit stack, since
         # histories are far deeper than Python's recursion limit.
         seen: set[str] = set()
@@ -241,7 +282,7 @@ class ObjectDB:
             if root in seen or had(root):
                 continue
             seen.add(root)
-            first = self._load(root, None, on_damage)
+            first = self._load(root, None, on_damage, shallow)
             if first is None:
                 continue
             stack: list[tuple[Commit, int]] = [(first, 0)]
@@ -253,14 +294,14 @@ class ObjectDB:
                     if p in seen or had(p):
                         continue
                     seen.add(p)
-                    parent = self._load(p, commit.id, on_damage)
+                    parent = self._load(p, commit.id, on_damage, shallow)
                     if parent is not None:
                         stack.append((parent, 0))
                     continue
                 yield commit
 
     def _walk_by_date(self, roots: Iterable[str], had: Callable[[str], bool],
-                      on_damage: OnDamage | None) -> Iterator[Commit]:
+                      on_damage: OnDamage | None, shallow: Collection[str]) -> Iterator[Commit]:
         seen: set[str] = set()
         heap: list[tuple[float, str, Commit]] = []
 
@@ -268,7 +309,7 @@ class ObjectDB:
             if cid in seen or had(cid):
                 return
             seen.add(cid)
-            commit = self._load(cid, via, on_damage)
+            commit = self._load(cid, via, on_damage, shallow)
             if commit is not None:
                 heapq.heappush(heap, (_neg_time(commit), cid, commit))
 
@@ -282,7 +323,7 @@ class ObjectDB:
 
     def reachable(self, roots: Iterable[str], *, have: Have = None,
                   on_damage: OnDamage | None = None,
-                  also_pruned: Collection[str] = ()) -> Iterator[Reached]:
+                  also_pruned: Collection[str] = (), depth: int | None = None) -> Iterator[Reached]:
         """Every object reachable from `roots` (commit ids), each once, minus `have`.
 
         Yields each commit, then the snapshot it names (`Reached.obj` is the
@@ -304,12 +345,16 @@ class ObjectDB:
         entered: the walk reaches it only through a kept commit naming it (or a
         delta encoded against it). `also_pruned`: more commits to treat so (gc's
         dry run of a retention policy).
+
+        `depth`: only the commits fewer than `depth` parent steps from a root, each with
+        everything its snapshot needs -- the delta parents too, which are older commits'
+        snapshots: what a shallow fetch brings (`walk_commits`).
         """
         had = _predicate(have)
         snapshots: set[str] = set()
         chunks: set[str] = set()
         pruned = pruned_ids(self.refs) | set(also_pruned)
-        for commit in self.walk_commits(roots, have=had, on_damage=on_damage):
+        for commit in self.walk_commits(roots, have=had, on_damage=on_damage, depth=depth):
             yield Reached(commit.id, "commit", commit)
             if commit.id in pruned:
                 continue

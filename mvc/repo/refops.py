@@ -6,11 +6,18 @@ no config and no tensors, so opening a repository to list or move refs never imp
 """
 from __future__ import annotations
 
+import re
+
 from mvc.repo import refs as R
+from mvc.repo import shallow
 from mvc.repo.objectdb import ObjectDB
 from mvc.repo.revparse import UnknownRevisionError, check_spelling, resolve_base, split_suffixes
 from mvc.store import (ANY, InvalidRefError, RefConflictError, RefStore, RefUpdate,
                        TransactionalRefStore)
+
+
+#: A revision that can only be a commit id or id prefix.
+_HEXISH = re.compile(r"[0-9a-f]{4,32}")
 
 
 def commit_target(refs: RefStore) -> tuple[str, str | None]:
@@ -47,23 +54,38 @@ class RefOps:
         resolved (no suffix; `HEAD` counts as the branch it is attached to), else None."""
         check_spelling(rev)
         base, steps = split_suffixes(rev)
-        oid, ref = resolve_base(base, read_ref=self.refs.read_ref, resolve_ref=self.resolve_ref,
-                                ids_with_prefix=self.odb.blobs.ids_with_prefix,
-                                is_commit=self.odb.is_commit, reflog=self.refs.reflog)
+        try:
+            oid, ref = resolve_base(base, read_ref=self.refs.read_ref, resolve_ref=self.resolve_ref,
+                                    ids_with_prefix=self.odb.blobs.ids_with_prefix,
+                                    is_commit=self.odb.is_commit, reflog=self.refs.reflog)
+        except UnknownRevisionError:
+            # An id this shallow repository lacks may be a commit behind its boundary.
+            boundary = sorted(self.odb.shallow_ids())
+            if boundary and _HEXISH.fullmatch(base.lower()):
+                raise shallow.beyond(boundary[0], f"unknown revision {base!r} (it may be a commit before the boundary)") from None
+            raise
         for op, n in steps:
             if op == "~":
                 for _ in range(n):
                     parents = self.odb.read_commit(oid).parents
                     if not parents:
+                        self._check_boundary(rev, oid)
                         raise UnknownRevisionError(f"{rev!r}: {oid[:12]} has no parent")
                     oid = parents[0]
             elif n:  # ^n: the n-th parent; ^0 is the commit itself
                 parents = self.odb.read_commit(oid).parents
                 if len(parents) < n:
+                    self._check_boundary(rev, oid)
                     raise UnknownRevisionError(f"{rev!r}: {oid[:12]} has no parent #{n}")
                 oid = parents[n - 1]
         branch = ref[len(R.HEADS):] if ref and ref.startswith(R.HEADS) and not steps else None
         return oid, branch
+
+    def _check_boundary(self, rev: str, oid: str) -> None:
+        """`BeyondShallowError` when `oid` has no parents here only because it is a shallow
+        boundary (its parents were not fetched)."""
+        if shallow.is_shallow(self.refs, oid):
+            raise shallow.beyond(oid, f"{rev!r} goes past {oid[:12]}")
 
     def resolve(self, rev: str = "HEAD") -> str:
         """The commit id a revision names (see `Repo.resolve`)."""

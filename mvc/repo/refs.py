@@ -6,6 +6,8 @@ import re
 from mvc.errors import MvcError, UsageError
 
 HEAD = "HEAD"
+#: The commit the last fetch of one revision took (`mvc fetch REMOTE REV`), as git's.
+FETCH_HEAD = "FETCH_HEAD"
 HEADS = "refs/heads/"
 TAGS = "refs/tags/"
 #: Remote-tracking branches: refs/remotes/REMOTE/BRANCH (written by fetch, push and clone only).

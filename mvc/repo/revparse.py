@@ -6,7 +6,7 @@ import re
 from typing import Callable, NamedTuple, Sequence
 
 from mvc.errors import MvcError
-from mvc.repo.refs import HEAD, HEADS, REMOTES, TAGS, is_symbolic, symbolic_target
+from mvc.repo.refs import FETCH_HEAD, HEAD, HEADS, REMOTES, TAGS, is_symbolic, symbolic_target
 from mvc.store import InvalidRefError, ReflogEntry
 
 _HEX = re.compile(r"^[0-9a-f]{4,32}$")
@@ -73,7 +73,8 @@ def resolve_base(name: str, *, read_ref: Callable[[str], str | None],
                  reflog: Callable[[str], Sequence[ReflogEntry]] | None = None) -> Resolved:
     """Resolve a revision without suffixes to a commit id, in this order:
 
-    a full id of an existing commit (it wins over any name), ``HEAD``, a full ref
+    a full id of an existing commit (it wins over any name), ``HEAD``, ``FETCH_HEAD`` (what
+    the last fetch of one revision took; never attached), a full ref
     name (``refs/heads/X`` / ``refs/tags/X`` / ``refs/remotes/R/X``, exactly that ref),
     a branch, a tag, a remote-tracking branch (``origin/main``: git's order, so a local
     branch named ``origin/main`` wins), then a unique id prefix of 4 hex digits or more.
@@ -99,6 +100,8 @@ def resolve_base(name: str, *, read_ref: Callable[[str], str | None],
         return Resolved(low, None)
     if name == HEAD:
         return _through(HEAD, name, read_ref, resolve_ref)
+    if name == FETCH_HEAD and _read(read_ref, FETCH_HEAD) is not None:
+        return Resolved(_through(FETCH_HEAD, name, read_ref, resolve_ref).oid, None)
     if name.startswith("refs/"):
         if not name.startswith(NAMING):
             raise UnknownRevisionError(

@@ -103,7 +103,7 @@ def test_date_order_reads_lazily():
     ids = h.line(30)
     reads = []
     real = h.db.read_commit
-    h.db.read_commit = lambda oid: (reads.append(oid), real(oid))[1]  # type: ignore[method-assign]
+    h.db.read_commit = lambda oid, **kw: (reads.append(oid), real(oid, **kw))[1]  # type: ignore[method-assign]
     walk = h.db.walk_commits([ids[-1]], order="date")
     assert next(walk).id == ids[-1]
     assert len(reads) <= 2

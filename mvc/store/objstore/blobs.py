@@ -14,19 +14,17 @@ Layout under the remote's root:
 * ``packs/<upload>/<pack id>.pack`` / ``.idx`` -- the same, written by one push
   (`mvc.store.objstore.presence`: a resumed push finds them without reading every index).
 
-Every read verifies content against the id (`IntegrityError`), in bounded
-memory: a remote is untrusted, and its objects can be GBs.  An object is read
-in ranges of at most `READ_RANGE` bytes and hashed as they come; one larger
-than a range is spooled to a temporary file (in `spool_dir`) and handed out
-only once all of it hashed to its id -- as bytes, or, from
-``get_many(..., views=True)``, as a read-only view of that file mapped into
-memory.  What an index declares is checked before anything is downloaded: an
-entry longer than `PACK_MAX_OBJECT` or past the end of its pack is
-`CorruptRemoteError`.  Packs are read per run of adjacent objects (at most one
-range), never whole; a single read also brings the objects around the one
-asked for, kept (verified) in a cache of `_CACHE_BYTES`, so a history walk
-over packed commits and snapshots makes few requests.  Pack indexes are loaded
-once and reloaded when an id is not found in them.
+Every read verifies content against the id (`IntegrityError`), in bounded memory: a remote is
+untrusted, and its objects can be GBs.  An object is read in ranges of at most `READ_RANGE`
+bytes and hashed as they come; one larger than a range is spooled to a temporary file (in
+`spool_dir`) and handed out only once all of it hashed to its id -- as bytes, or, from
+``get_many(..., views=True)``, as a read-only view of that file mapped into memory.  What an
+index declares is checked before anything is downloaded: an entry longer than `PACK_MAX_OBJECT`
+or past the end of its pack is `CorruptRemoteError`.  Packs are read per run of adjacent objects
+(at most one range), never whole; a single read also brings the objects around the one asked
+for (`window`), kept (verified) in a cache of `_CACHE_BYTES`, so a history walk over packed
+commits and snapshots makes few requests.  Pack indexes are loaded once and reloaded when an id
+is not found in them.
 """
 from __future__ import annotations
 
@@ -104,15 +102,15 @@ def decode_index(data: bytes, where: str) -> list[tuple[str, int, int]]:
     return [(raw.hex(), off, n) for raw, off, n in _ENTRY.iter_unpack(body)]
 
 
-def _spans(members: list[_Member]) -> list[list[_Member]]:
+def _spans(members: list[_Member], gap: int = _GAP) -> list[list[_Member]]:
     """`members` (sorted by offset) grouped into runs that one ranged read of at most
-    `READ_RANGE` bytes covers (gaps of up to `_GAP` read and dropped)."""
+    `READ_RANGE` bytes covers (gaps of up to `gap` read and dropped)."""
     spans: list[list[_Member]] = []
     cur: list[_Member] = []
     start = end = 0
     for m in members:
         off, n, _ = m
-        if cur and off - end <= _GAP and max(end, off + n) - start <= READ_RANGE:
+        if cur and off - end <= gap and max(end, off + n) - start <= READ_RANGE:
             cur.append(m)
             end = max(end, off + n)
             continue
@@ -129,8 +127,9 @@ class RemoteBlobStore(BlobStore):
 
     `workers` uploads / downloads run in parallel in `put_many` and `get_many`.  Objects
     larger than one read range are spooled to temporary files in `spool_dir` (default: the
-    system's temporary directory) while they are verified.
-    """
+    system's temporary directory) while they are verified.  `window` / `gap`: what a read
+    brings besides the objects asked for (0 / 0: nothing, `mvc.store.objstore.sparse`)."""
+    window, gap = _WINDOW, _GAP
 
     def __init__(self, storage: ObjectStorage, workers: int = 8, spool_dir: str | None = None) -> None:
         self.storage = storage
@@ -246,7 +245,7 @@ class RemoteBlobStore(BlobStore):
 
         def fits(m: _Member) -> bool:
             return (m[1] <= PACK_MAX_OBJECT and m[0] + m[1] <= size
-                    and max(end, m[0] + m[1]) - min(start, m[0]) <= _WINDOW)
+                    and max(end, m[0] + m[1]) - min(start, m[0]) <= self.window)
         grew = True
         while grew and hi - lo < _WINDOW_OBJECTS:
             grew = False
@@ -368,7 +367,7 @@ class RemoteBlobStore(BlobStore):
             self._check_entry(oid, pid, off, n)
             by_pack.setdefault(pid, []).append((off, n, oid))
         for pid, members in by_pack.items():
-            jobs.extend((pid, span) for span in _spans(sorted(members)))
+            jobs.extend((pid, span) for span in _spans(sorted(members), self.gap))
         yield from ready
         del ready
         yield from run_bounded(jobs, lambda job, budget: self._job(job, budget, views),
