@@ -72,6 +72,8 @@ class How:
     tensor_cap: float = DEFAULT_TENSOR_CAP
     policy: QuantPolicy | None = None
     seed: int = 0
+    optimizer: str = "exact"            # commit.optimizer: "compressed" (mvc.dcp.moments)
+    moment_cap: float | None = None     # quality.moment_cap (None: the default)
 
     @property
     def lossy(self) -> bool:
@@ -93,13 +95,15 @@ class How:
             return cls("lossless", policy=policy)
         if how.mode == "fixed":
             assert how.config is not None
-            return cls("fixed", config=how.config.to_dict(), policy=policy)
+            return cls("fixed", config=how.config.to_dict(), policy=policy,
+                       optimizer=how.optimizer, moment_cap=how.moment_cap)
         cap = options.get("tensor_cap")
         if cap is None:
             cap = how.tensor_cap
         return cls("search", space=how.space or SearchSpace(),
                    epsilon=float(PROXY_EPSILON if how.epsilon is None else how.epsilon),
-                   tensor_cap=float(DEFAULT_TENSOR_CAP if cap is None else cap), policy=policy)
+                   tensor_cap=float(DEFAULT_TENSOR_CAP if cap is None else cap), policy=policy,
+                   optimizer=how.optimizer, moment_cap=how.moment_cap)
 
 
 class PeerFailedError(MvcError):

@@ -54,9 +54,10 @@ from mvc.integrations.repo_handle import RepoOnDemand, UsesRepo
 from mvc.repo.repository import Repo
 from mvc.repo.shards import SHARD_KEY, covers_whole, shard_meta, shard_name, shard_of
 from mvc.repo.transaction import Published
+from mvc.search.record import QualityRecord
 from mvc.search.space import SearchSpace
 
-from mvc.dcp import lossy
+from mvc.dcp import lossy, moments
 from mvc.dcp.layout import Paths, merged_paths, skeleton, tensor_names
 
 #: Options `MvcStorageWriter` takes besides `lossless` (as `Repo.commit` takes them).
@@ -120,6 +121,7 @@ class _Shared:
     names: dict[str, str]     # fqn -> tensor name in the commit
     paths: Paths              # fqn -> path in the nested state
     how: lossy.How
+    glob: dict[str, tuple[list[int], torch.dtype]]   # tensor name -> global shape, dtype
 
 
 @dataclass(frozen=True)
@@ -240,7 +242,13 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
         tensors = [item.index.fqn for item in items if item.type != WriteItemType.BYTE_IO]
         names = tensor_names(paths, dict.fromkeys(tensors))
         how = lossy.How.of(repo, self.lossless, self.options)
-        self._shared = _Shared(ref, head, parent, again, names, paths, how)
+        glob: dict[str, tuple[list[int], torch.dtype]] = {}
+        for item in items:
+            td = item.tensor_data
+            if item.type != WriteItemType.BYTE_IO and td is not None:
+                glob.setdefault(names[item.index.fqn], (list(td.size), td.properties.dtype))
+        glob = {n: glob[n] for n in names.values() if n in glob}   # in the state's order
+        self._shared = _Shared(ref, head, parent, again, names, paths, how, glob)
         return [dataclasses.replace(p, storage_data=self._shared) for p in plans]
 
     def _same_request(self, commit: Commit) -> bool:
@@ -267,14 +275,22 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
         parent = tx.parent(shared.parent, shared.how.lossy)
         quantized: dict[str, QuantizedTensor] = {}
         config = quality = None
+        opt = moments.Moments()
         if shared.how.lossy:
+            init = pipeline.parent_centroids(parent, tx.read_quantized)
             with lossy.collective_group(self.process_group):
-                quantized, config, quality = lossy.choose(
-                    tensors, shards, shared.how,
-                    pipeline.parent_centroids(parent, tx.read_quantized))
+                quantized, config, quality = lossy.choose(tensors, shards, shared.how, init)
+                if config is not None and shared.how.optimizer == "compressed":
+                    # after the weights, as `plan_quantization` does: joint pruning reads them
+                    opt = moments.compress(tensors, shards, quantized, shared.glob, init,
+                                           shared.how.moment_cap)
+            quantized.update(opt.quantized)
+            if opt.report and quality is not None:
+                quality = QualityRecord.from_json(quality).updated(**opt.report).to_json()
         self._chosen = (config, quality)
         mine = pipeline.WritePlan(names=list(tensors), tensors=tensors, parent=parent,
-                                  settings=tx.settings, quantized=quantized)
+                                  settings=tx.settings, quantized=quantized,
+                                  domains=opt.domains, moments=opt.bounds)
         records = tx.write(mine, mine.names)
         for rec in records:
             if rec.name in shards:
