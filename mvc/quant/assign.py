@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from mvc.quant._kernels import Partition, assign_into, level_sums
+from mvc.quant.backend import on_host_kernels
 from mvc.quant.errors import QuantConfigError
 
 BACKENDS = ("auto", "native", "torch")
@@ -38,7 +39,7 @@ def midpoints(centroids: torch.Tensor) -> torch.Tensor:
 
 def native_ok(x: torch.Tensor, dtype: torch.dtype) -> bool:
     """Whether the native kernels serve this device / level dtype."""
-    return x.device.type == "cpu" and dtype in (torch.uint8, torch.int16)
+    return on_host_kernels(x) and dtype in (torch.uint8, torch.int16)
 
 
 def assign(x: torch.Tensor, centroids: torch.Tensor, *, dtype: torch.dtype | None = None,

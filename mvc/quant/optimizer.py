@@ -86,6 +86,7 @@ from mvc.quant._kernels import (
     scan_f32,
 )
 from mvc.quant.assign import level_dtype
+from mvc.quant.backend import on_host_kernels
 from mvc.quant.config import check_bins
 from mvc.quant.error import error_sums, table_error_sums
 from mvc.quant.errors import QuantError
@@ -202,7 +203,7 @@ def _scan(t: torch.Tensor) -> tuple[int, int]:
     """(non-finite, < 0) entry counts of `t` (-inf is both; NaN only the first), one
     native pass for CPU float32."""
     flat = t.detach().reshape(-1)
-    if flat.device.type == "cpu" and flat.dtype == torch.float32:
+    if on_host_kernels(flat) and flat.dtype == torch.float32:
         bad, neg, _, _ = scan_f32(flat.contiguous())
         return bad, neg
     return int((~torch.isfinite(flat)).sum()), int((flat < 0).sum())
@@ -225,7 +226,7 @@ def moment_ratio_bound(m: torch.Tensor, v: torch.Tensor) -> float:
     what restore clamps a compressed first moment to (Adam's step stays bounded)."""
     mf = m.detach().reshape(-1).float()
     vf = v.detach().reshape(-1).float()
-    if mf.device.type == "cpu" and vf.device.type == "cpu":
+    if on_host_kernels(mf) and on_host_kernels(vf):
         # one native pass, correctly rounded sqrt and division, no masked copies
         return ratio_max(mf.contiguous(), vf.contiguous())
     pos = vf > 0
@@ -254,9 +255,9 @@ def quantize_moment(m: torch.Tensor, bins: int, *, pruned: torch.Tensor | None =
 
 
 def _native_moment(m: torch.Tensor, wq: QuantizedTensor | None, bins: int) -> bool:
-    ok = (m.device.type == "cpu" and m.dtype == torch.float32
+    ok = (on_host_kernels(m) and m.dtype == torch.float32
           and level_dtype(bins) in (torch.uint8, torch.int16))
-    return ok and (wq is None or (wq.levels.device.type == "cpu"
+    return ok and (wq is None or (on_host_kernels(wq.levels)
                                   and wq.levels.dtype in (torch.uint8, torch.int16)))
 
 
@@ -298,7 +299,7 @@ def _quantize_log(v: torch.Tensor, bins: int, *, protect: float, seed: int, alph
                   sigma: float, init: torch.Tensor | None) -> QuantizedTensor:
     # `quantize_second_moment` once v is known to be non-negative.
     flat = v.detach().reshape(-1)
-    if flat.device.type == "cpu" and flat.dtype == torch.float32 \
+    if on_host_kernels(flat) and flat.dtype == torch.float32 \
             and level_dtype(bins) in (torch.uint8, torch.int16):
         # Native: log(v) of the positive entries in one pass, their levels spread back in
         # another; no mask, no masked copies, no float64 copy.

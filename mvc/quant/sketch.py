@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from mvc.quant._kernels import Partition, loghist
+from mvc.quant.backend import on_host_kernels
 from mvc.quant.errors import NonFiniteTensorError, QuantConfigError
 
 MIN_ALPHA = 1e-3
@@ -109,19 +110,27 @@ def _native_hist(x: torch.Tensor, tab: _Table, part: Partition | None = None
     return counts[:nb], counts[nb:], zero, bad
 
 
+#: Elements per chunk of the torch sketch: its float64 and int64 temporaries (~30 bytes an
+#: element) stay a few hundred MiB whatever the tensor's size (issue 27: device memory).
+_HIST_CHUNK = 1 << 23
+
+
 def _torch_hist(x: torch.Tensor, tab: _Table) -> tuple[np.ndarray, np.ndarray, int, int]:
     nb = len(tab.bounds)
-    finite = torch.isfinite(x)
-    bad = int(x.numel() - finite.sum().item())
-    if bad:
-        x = x[finite]
     bounds = _device_bounds(tab.alpha, str(x.device))
-    ax = x.abs()
-    key = torch.searchsorted(bounds, ax.to(torch.float64))
-    key = key + nb * (x < 0).to(key.dtype)
-    key = torch.where(ax == 0, torch.full_like(key, 2 * nb), key)
-    counts = torch.bincount(key, minlength=2 * nb + 1).cpu().numpy().astype(np.int64)
-    return counts[:nb].copy(), counts[nb:2 * nb].copy(), int(counts[2 * nb]), bad
+    # Counts accumulate on the device and cross to the host once, with the non-finite count:
+    # one synchronisation per tensor, not one per chunk.
+    counts = torch.zeros(2 * nb + 2, dtype=torch.int64, device=x.device)
+    for s in range(0, x.numel(), _HIST_CHUNK):
+        xc = x[s:s + _HIST_CHUNK]
+        ax = xc.abs()
+        key = torch.searchsorted(bounds, ax.to(torch.float64))
+        key += nb * (xc < 0).to(key.dtype)
+        key.masked_fill_(ax == 0, 2 * nb)
+        key.masked_fill_(~torch.isfinite(xc), 2 * nb + 1)  # NaN / +-Inf: counted, never binned
+        counts += torch.bincount(key, minlength=2 * nb + 2)
+    c = counts.cpu().numpy().astype(np.int64)
+    return c[:nb].copy(), c[nb:2 * nb].copy(), int(c[2 * nb]), int(c[2 * nb + 1])
 
 
 def _trim(counts: np.ndarray, lo: int) -> tuple[np.ndarray, int]:
@@ -182,7 +191,7 @@ class LogSketch:
         flat = _flat_f32(x)
         if backend not in ("auto", "native", "torch"):
             raise QuantConfigError(f"unknown sketch backend {backend!r}")
-        use_native = backend == "native" or (backend == "auto" and flat.device.type == "cpu")
+        use_native = backend == "native" or (backend == "auto" and on_host_kernels(flat))
         if use_native and flat.device.type != "cpu":
             raise QuantConfigError("the native sketch backend needs a CPU tensor")
         if part is not None and not use_native:
