@@ -170,9 +170,12 @@ def checked_level_histogram(q: QuantizedTensor) -> torch.Tensor | None:
         counts = level_census(lv.contiguous(), q.n_levels)
     else:
         li = lv.to(torch.int64)
-        if li.numel() and (int(li.min()) < 0 or int(li.max()) >= q.n_levels):
+        if lv.dtype != torch.uint8 and li.numel() and bool((li < 0).any()):
             return None
+        # a level past the top lengthens the histogram: one check, no min/max reads
         counts = torch.bincount(li, minlength=q.n_levels)
+        if counts.numel() > q.n_levels:
+            return None
     if counts is None:
         return None
     _COUNTS[q] = (q.levels._version, counts)

@@ -46,6 +46,7 @@ from mvc.errors import InternalError, UsageError
 from mvc.native.parallel import pmap
 from mvc.progress import Progress, phase
 from mvc.quant import QuantizedTensor
+from mvc.quant.transfer import quantized_to_host
 from mvc.repo import lossy
 from mvc.repo.objects import (Commit, Snapshot, TensorRecord, check_tensor_shape,
                               checked_encoding)
@@ -216,7 +217,9 @@ def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
     names = list(flat.tensors)
     return CommitPlan(
         WritePlan(names=names, tensors=dict(flat.tensors), parent=parent, settings=settings,
-                  quantized=q.quantized, domains=q.domains, moments=q.moments),
+                  # the encoders, the parent comparison and the level caches all work on the
+                  # host: a GPU-made quantization crosses in one batch here, not tensor by tensor
+                  quantized=quantized_to_host(q.quantized), domains=q.domains, moments=q.moments),
         Manifest(names=list(names), skeleton=flat.skeleton,
                  config=q.config.to_dict() if q.config is not None else None,
                  quality=q.quality.to_json() if q.quality is not None else None,

@@ -31,6 +31,7 @@ from mvc.native.parallel import pmap
 from mvc.progress import Progress, phase
 from mvc.quant import QuantizedTensor
 from mvc.quant.optimizer import restore
+from mvc.quant.transfer import quantized_to_device
 from mvc.repo.levelcache import BaseEntries, DiskLevelCache, LevelCache
 from mvc.repo.lossy import (
     BrokenChainError,
@@ -82,7 +83,8 @@ class TensorReader:
         if only or weights_only:
             skeleton = prune(skeleton, only=only, weights_only=weights_only)
             records = _needed(snap.tensors, skeleton["entries"])
-        tensors = self.read_all(sid, records, progress=progress, cache_levels=cache_levels)
+        tensors = self.read_all(sid, records, progress=progress, cache_levels=cache_levels,
+                                device=torch.device(map_location) if map_location is not None else None)
         # Shards of a sharded save (mvc.dcp) come back as the full tensors the skeleton names.
         return unflatten(skeleton, assemble(records, tensors), map_location=map_location or "cpu")
 
@@ -149,7 +151,8 @@ class TensorReader:
         return hit
 
     def read_all(self, snapshot_id: str, records: list[TensorRecord], *,
-                 progress: Progress | None = None, cache_levels: bool = True) -> dict[str, torch.Tensor]:
+                 progress: Progress | None = None, cache_levels: bool = True,
+                 device: torch.device | None = None) -> dict[str, torch.Tensor]:
         """Every tensor of a snapshot, by name (in record order).
 
         The quantized tensors are decoded on the native thread pool (chain walks,
@@ -163,21 +166,34 @@ class TensorReader:
         commit that follows in this process reads its parent without decoding (a Tracker's
         resume). They cost about a quarter of a float32 state on top of it: a checkout that
         no commit follows in this process (the CLI's `mvc checkout`) passes False.
+
+        `device`: where the tensors are wanted. For a CUDA device the quantized tensors' levels
+        (1-2 bytes a value) cross to it, through pinned memory while the host decodes the next
+        tensor, and the level -> value lookup runs there; the same bits as a host lookup (a
+        table lookup rounds nothing). Adam moment pairs are still restored on the host: their
+        bound takes a float32 sqrt, whose last bit the host's vector code and a GPU need not
+        agree on. Other tensors come back on the host.
         """
         with phase(progress, "reading", total_bytes=sum(r.raw_bytes for r in records),
                    total_items=len(records)) as p:
-            return self._read_all(snapshot_id, records, p, cache_levels)
+            return self._read_all(snapshot_id, records, p, cache_levels, device)
 
     def _read_all(self, snapshot_id: str, records: list[TensorRecord],
-                  progress: Progress, cache_levels: bool = True) -> dict[str, torch.Tensor]:
+                  progress: Progress, cache_levels: bool = True,
+                  device: torch.device | None = None) -> dict[str, torch.Tensor]:
         quant = [r for r in records if is_quantized(r)]
         memo: dict[str, Snapshot] = {}
         out: dict[str, torch.Tensor] = {}
+        moments = [r for r in quant if r.meta.get("moment")]
+        on_host = {r.name for r in moments} | {_partner(r, records).name for r in moments}
+        lookup_on = device if device is not None and device.type == "cuda" else None
 
         def decode(rec: TensorRecord) -> None:
             if is_quantized(rec):
-                out[rec.name] = _values(rec, self.read_quantized(snapshot_id, rec, memo,
-                                                                 cache_levels=cache_levels))
+                q = self.read_quantized(snapshot_id, rec, memo, cache_levels=cache_levels)
+                if lookup_on is not None and rec.name not in on_host:
+                    q = quantized_to_device(q, lookup_on)
+                out[rec.name] = _values(rec, q)
             else:
                 out[rec.name] = read_tensor(self.odb.blobs, rec)
             progress.advance(rec.raw_bytes, 1)
@@ -189,7 +205,6 @@ class TensorReader:
         for rec in records:
             if rec.name not in out:
                 decode(rec)
-        moments = [r for r in quant if r.meta.get("moment")]
         pmap(lambda rec: _bound_first_moment(rec, out[rec.name], out), moments)
         return {rec.name: out[rec.name] for rec in records}
 
