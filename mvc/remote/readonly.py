@@ -129,6 +129,8 @@ def open_remote_repo(url: str, *, cache_dir: str | os.PathLike[str] | None = Non
                      workers: int = 8) -> RemoteRepo:
     """The repository at remote `url` (``s3://bucket/prefix``, ``file:///dir``), read-only.
     `cache_dir`: a local directory that keeps every object read (made if absent)."""
+    if cache_dir is not None:
+        cache_dir = os.path.expanduser(os.fspath(cache_dir))
     remote = open_remote(url, workers=workers, spool_dir=cache_dir)
     cache = open_cache(cache_dir) if cache_dir is not None else None
     try:
