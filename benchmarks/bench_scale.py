@@ -259,6 +259,13 @@ def child(task: dict) -> dict:
 
         profiler = cProfile.Profile()
         profiler.enable()
+    tprof = None
+    if task.get("torch_profile"):
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+        tprof = profile(activities=acts)
+        tprof.__enter__()
     t0 = time.perf_counter()
     if kind == "save":
         with open(os.path.join(work, "save.pt"), "wb") as f:
@@ -325,6 +332,16 @@ def child(task: dict) -> dict:
         # what the step allocated on the device beyond its input (the caching allocator's
         # own high-water mark, not nvidia-smi's reserved pool)
         out["peak_extra_gpu"] = max(0, torch.cuda.max_memory_allocated() - base_gpu)
+    if tprof is not None:
+        _sync(device)
+        tprof.__exit__(None, None, None)
+        ka = tprof.key_averages()
+        sort = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
+        text = (ka.table(sort_by=sort, row_limit=40) + "\n\n"
+                + ka.table(sort_by="self_cpu_time_total", row_limit=40))
+        dest = Path(task["torch_profile"]) / f"torch_profile_{kind}.txt"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text)
     if profiler is not None:
         import io
         import pstats
@@ -422,6 +439,15 @@ def main(argv: list[str] | None = None) -> dict:
         r["checkout worst"] = run_child({"kind": "checkout", "repo": "repo", "cache": False,
                                          "rev": r[deepest]["commit"], **common})
         r["checkout worst"]["of"] = deepest
+        if os.environ.get("MVC_BENCH_TORCH_PROFILE"):
+            # after the timed steps, on a repository of their own: torch.profiler's view of the
+            # commits and the checkout (device kernels, host ops), written under that folder
+            prof = {**common, "torch_profile": os.environ["MVC_BENCH_TORCH_PROFILE"]}
+            run_child({"kind": "commit_first", "ckpt": paths[0], "repo": "repo-prof",
+                       "step": args.steps, **prof})
+            run_child({"kind": "commit_next", "ckpt": paths[1], "repo": "repo-prof",
+                       "step": args.steps + args.gap, **prof})
+            run_child({"kind": "checkout", "repo": "repo-prof", **prof})
     report = {"params": nparams, "shape": shape, "device": dev, "checkpoint_bytes": nbytes,
               "train_s": train_s, "steps": [args.steps, args.steps + args.gap],
               "cpus": os.cpu_count(), "torch": torch.__version__, "results": r,

@@ -3,6 +3,7 @@
 # GPU. Run from the repository root with the runtime wheels that machine lacks in .whl/
 # (cffi, pycparser, lmdb, pygit2; docs/development.md) and mvc/_mvc_native.abi3.so carried.
 #   bash benchmarks/gpu_check.sh [bench_scale args...]      (results under $OUT)
+# MVC_GPU_TESTS: test paths (default: the device tests); MVC_GPU_BENCH=0 skips the benchmark.
 set -u
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
@@ -16,15 +17,22 @@ fi
 export PYTHONUNBUFFERED=1
 nvidia-smi -L
 python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
-nproc
-{
-  echo "== CUDA tests"
-  timeout "${MVC_GPU_TEST_TIMEOUT:-180}" python3 -m pytest -q -p no:cacheprovider -n 8 -rs \
-    tests/repo/test_device_boundaries.py tests/quant/test_quant_tensor.py \
-    tests/quant/test_quant_error.py tests/codecs/test_codec_quantized.py \
-    tests/codecs/test_codec_lossless.py tests/codecs/test_codec_registry.py \
-    tests/state/test_io_state.py tests/state/test_io_remainder.py \
-    tests/integrations/test_grad_ema.py ${MVC_GPU_EXTRA_TESTS:-} 2>&1 | tail -40
+TESTS=${MVC_GPU_TESTS:-"tests/repo/test_device_boundaries.py tests/repo/test_device_path.py \
+  tests/quant/test_quant_tensor.py tests/quant/test_quant_error.py tests/codecs/test_codec_quantized.py \
+  tests/codecs/test_codec_lossless.py tests/codecs/test_codec_registry.py tests/state/test_io_state.py \
+  tests/state/test_io_remainder.py tests/integrations/test_grad_ema.py"}
+echo "== CUDA tests"
+# shellcheck disable=SC2086
+timeout "${MVC_GPU_TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -p no:benchmark \
+  -W ignore -n 8 -rfEs --tb=short --junitxml="$OUT/junit.xml" $TESTS > "$OUT/tests.log" 2>&1
+echo "pytest rc $?"
+grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
+grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20
+if [ "${MVC_GPU_BENCH:-1}" != 0 ]; then
   echo "== bench_scale --device cuda $*"
-  timeout "${MVC_GPU_BENCH_TIMEOUT:-330}" python3 benchmarks/bench_scale.py --device cuda --json "$@"
-} 2>&1 | tee "$OUT/gpu_check.log"
+  timeout "${MVC_GPU_BENCH_TIMEOUT:-330}" python3 benchmarks/bench_scale.py --device cuda --json "$@" \
+    > "$OUT/bench.log" 2>&1
+  echo "bench rc $?"
+  sed -n '/^bench_scale:/,/^{/p' "$OUT/bench.log"
+  grep -E "^  [a-z_]+: " "$OUT/bench.log" | cut -c1-160
+fi
