@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from mvc.progress import Progress
 from mvc.remote.remote_refs import read_remote_refs, walk_view
-from mvc.remote.shallow import default_branch, exact_reads
+from mvc.remote.shallow import UnknownRemoteRevisionError, default_branch, exact_reads
+from mvc.repo.revparse import UnknownRevisionError
 from mvc.repo import refs as R
 from mvc.repo.objectdb import ObjectDB
 from mvc.repo.objects import Commit
@@ -64,8 +65,11 @@ class RemoteRepo:
 
     # ------------------------------------------------------------------ revisions
     def resolve(self, rev: str = "HEAD") -> str:
-        """The commit id `rev` names on the remote (`UnknownRevisionError` if none)."""
-        return self.refops.resolve(rev)
+        """The commit id `rev` names on the remote (`UnknownRemoteRevisionError` if none)."""
+        try:
+            return self.refops.resolve(rev)
+        except UnknownRevisionError as exc:
+            raise UnknownRemoteRevisionError(f"{self.url}: {exc}") from None
 
     def branches(self) -> list[tuple[str, str]]:
         """(name, commit id) of the remote's branches."""

@@ -29,7 +29,7 @@ from mvc.repo.objectdb import ObjectDB, Reached
 from mvc.repo.refops import RefOps
 from mvc.repo.revparse import UnknownRevisionError
 from mvc.repo.shallow import BeyondShallowError
-from mvc.remote.remote_refs import RemoteRefs, check_named
+from mvc.remote.remote_refs import BadRemoteRefError, RemoteRefs, check_named
 from mvc.store import ANY, BlobStore, MemoryRefStore, ObjectMissingError, RefStore
 from mvc.store.objstore import Remote
 
@@ -130,6 +130,15 @@ def resolve_remote(found: RemoteRefs, remote_odb: ObjectDB, rev: str, name: str)
     raise UnknownRemoteRevisionError(
         f"the remote {name!r} has no branch, tag or commit {rev!r} (`mvc branch -r` lists the "
         "branches a fetch saw there)")
+
+
+def check_walked(want: Want, chosen: Iterable[str], found: RemoteRefs, name: str) -> None:
+    """`BadRemoteRefError` when the revision a fetch was asked for (`chosen`: the ref `select`
+    took for it) was skipped by the walk: its history on the remote cannot be read."""
+    for ref in chosen:
+        if want.rev is not None and ref in found.skipped:
+            raise BadRemoteRefError(f"{want.rev!r} on the remote {name!r} cannot be fetched: "
+                                    f"{found.skipped[ref]}")
 
 
 def boundary(walked: list[Reached], has: BlobStore) -> set[str]:

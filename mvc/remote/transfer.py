@@ -53,6 +53,7 @@ from mvc.remote.shallow import (
     FETCH_HEAD,
     Want,
     boundary,
+    check_walked,
     exact_reads,
     record_fetch_head,
     select,
@@ -292,8 +293,10 @@ def fetch(blobs: BlobStore, refs: RefStore, remote: Remote, name: str, *,
     view = walk_view(found, refs)
     remote_odb = ObjectDB(remote.blobs, view)
     select(want, found, remote_odb, name)
+    chosen = list(found.heads)
     progress.phase(f"finding objects in {remote.url}", unit="objects")
     walked = walk_heads(remote_odb, local, found, depth=want.depth)
+    check_walked(want, chosen, found, name)
     plan = plan_replacements(remote, view, local, found, walked)
     progress.end()
     chunks, snaps, commits = _dependency_order(walked)

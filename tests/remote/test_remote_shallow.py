@@ -21,6 +21,7 @@ from remote_helpers import S3Server, same_state
 
 from mvc.remote import open_remote_repo
 from mvc.remote.porcelain import clone
+from mvc.remote.remote_refs import BadRemoteRefError
 from mvc.remote.shallow import BadDepthError, UnknownRemoteRevisionError, Want
 from mvc.remote.transfer import ShallowPushError, fetch, push
 from mvc.repo.repository import Repo
@@ -184,6 +185,8 @@ def test_remote_checkout_equals_the_local_one(history, remote_url, tmp_path, mon
     assert same_state(torch.load(work / "ckpt.pt", weights_only=True), states[ids[-3]])
     with Repo(root) as src:
         assert same_state(torch.load(work / "ckpt.pt", weights_only=True), src.read_state("main~2"))
+    code, out, err = run(work, "checkout", "--remote", "origin", "no-such", "-o", "y.pt")
+    assert code == 182 and "no-such" in err and not (work / "y.pt").exists()
     # without a repository: the URL
     code, out, err = run(tmp_path, "checkout", "--remote", remote_url, ids[4], "-o", "x.pt")
     assert code == 0, err
@@ -255,3 +258,21 @@ def test_shallow_push_to_the_origin_works(history, remote_url, tmp_path):
     again = clone(remote_url, Path(tmp_path / "again"))
     with Repo(again.path) as repo:
         assert repo.fsck().ok and len(repo.log()) == N + 1
+
+
+def test_a_revision_whose_history_is_damaged_on_the_remote_fails_by_name(history, tmp_path):
+    root, ids, _, _, _ = history
+    url = f"file://{tmp_path / 'remote'}"
+    with Repo(root) as src:
+        push(src.odb, open_remote(url), {"refs/heads/main": ids[-1]})
+    for pack in (tmp_path / "remote" / "packs").rglob("*.pack"):  # every small object unreadable
+        pack.write_bytes(bytes(len(pack.read_bytes())))
+    repo = Repo.init(tmp_path / "r")
+    remote = open_remote(url)
+    try:
+        with pytest.warns(UserWarning), pytest.raises(BadRemoteRefError):
+            fetch(repo.store.blobs, repo.store.refs, remote, "origin", want=Want(depth=1, rev="main"))
+        assert list(repo.store.blobs.iter_ids()) == [] and repo.odb.shallow_ids() == set()
+    finally:
+        remote.close()
+        repo.close()
