@@ -109,6 +109,9 @@ def describe_gate(q: QualityRecord | Mapping[str, Any]) -> str:
     elif gate == "proxy":
         main = (f"proxy: weighted relative L2 reconstruction error {r.value:.4g} <= "
                 f"{eps:g} (not a loss bound)")
+    elif r.mirror_check and r.mirror_degradation is not None:
+        main = (f"metric: relative degradation {_pct(r.degradation)}, of its mirror "
+                f"{_pct(r.mirror_degradation)} (bound {eps:.2%} on both; no noise bound)")
     else:
         main = (f"metric: relative degradation {_pct(r.degradation)} <= {eps:.2%} "
                 "(one measurement, no noise bound)")

@@ -69,11 +69,13 @@ def quantization(config: Config, lossless: bool | None, quant: QuantConfig | Non
                                      quality=quality, epsilon=epsilon,
                                      tensor_cap=config.get("quality.tensor_cap"),
                                      fixed_rule=str(config.get("commit.fixed_gate")),
-                                     moment_cap=config.get("quality.moment_cap"))
+                                     moment_cap=config.get("quality.moment_cap"),
+                                     mirror=bool(config.get("quality.mirror")))
     return Quantization("search", space=space, quality=quality, epsilon=epsilon,
                                  policy=policy, optimizer=optimizer,
                                  tensor_cap=config.get("quality.tensor_cap"),
-                                 moment_cap=config.get("quality.moment_cap"))
+                                 moment_cap=config.get("quality.moment_cap"),
+                                 mirror=bool(config.get("quality.mirror")))
 
 
 def warn_lossless_after_lossy(how: Quantization, lossless: bool | None, config: Config, odb: ObjectDB,

@@ -50,6 +50,10 @@ DEFAULTS: dict[str, Any] = {
     # Guard rail on every trial of the config search, whatever the quality gate: each quantized
     # tensor's relative L2 error ||q - w|| / ||w|| must stay within it (provisional value).
     "quality.tensor_cap": 0.5,
+    # A quality.hook returning one loss is also measured on each passing trial's mirror,
+    # w - (q - w), and the trial accepted only when both are within quality.epsilon: selection
+    # cannot pick a trial for its calibration noise (docs/quality.md). false: the trial alone.
+    "quality.mirror": True,
     # Guard rail on compressed optimizer second moments: ||sqrt(v') - sqrt(v)|| / ||sqrt(v)|| of each
     # must stay within it, else that moment is stored exactly (first moments: never worse than zeros).
     "quality.moment_cap": 1.0,

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
                                    search_trials, serve_trials)
     from mvc.search.fidelity import (DEFAULT_THRESHOLDS, Fidelity, FidelityError,
                                      FidelityOutputs, fidelity)
-    from mvc.search.gate import DEFAULT_CONFIDENCE, DEFAULT_TENSOR_CAP, tensor_distortion
+    from mvc.search.gate import (DEFAULT_CONFIDENCE, DEFAULT_MIRROR, DEFAULT_TENSOR_CAP,
+                                 tensor_distortion)
     from mvc.search.guided import MonotoneOracle, diagonal, guided_search
     from mvc.search.neighbourhood import SWITCH_MARGIN, neighbourhood
     from mvc.search.parallel import ranks
@@ -42,7 +43,7 @@ _EXPORTS: dict[str, str] = {name: "mvc.search." + module for module, names in {
     "driver": ["DEFAULT_EXCLUDE", "SearchResult", "default_policy", "find_config", "search_trials",
                "serve_trials"],
     "fidelity": ["DEFAULT_THRESHOLDS", "Fidelity", "FidelityError", "FidelityOutputs", "fidelity"],
-    "gate": ["DEFAULT_CONFIDENCE", "DEFAULT_TENSOR_CAP", "tensor_distortion"],
+    "gate": ["DEFAULT_CONFIDENCE", "DEFAULT_MIRROR", "DEFAULT_TENSOR_CAP", "tensor_distortion"],
     "guided": ["MonotoneOracle", "diagonal", "guided_search"],
     "neighbourhood": ["SWITCH_MARGIN", "neighbourhood"],
     "parallel": ["ranks"],
@@ -57,6 +58,7 @@ __all__ = [
     "DEFAULT_CONFIDENCE",
     "DEFAULT_EPSILON",
     "DEFAULT_EXCLUDE",
+    "DEFAULT_MIRROR",
     "DEFAULT_TENSOR_CAP",
     "DEFAULT_THRESHOLDS",
     "Fidelity",

@@ -34,12 +34,14 @@ from mvc.quant.optimizer import OPTIMIZER_STATE_PATTERNS
 from mvc.search.fidelity import FidelityJudge, FidelityOutputs
 from mvc.search.gate import (
     DEFAULT_CONFIDENCE,
+    DEFAULT_MIRROR,
     DEFAULT_TENSOR_CAP,
     MetricJudge,
     PerExampleJudge,
     ProxyJudge,
     Verdict,
     check_tensor_cap,
+    mirror_candidate,
 )
 from mvc.search.guided import MonotoneOracle, guided_search
 from mvc.search.measure import choose_judge
@@ -117,10 +119,10 @@ class _Runner:
     def __init__(self, prep: TrialSource, space: SearchSpace, evaluate: Evaluate | None,
                  epsilon: float, seed: int, init: Mapping[str, torch.Tensor] | None = None,
                  tensor_cap: float = DEFAULT_TENSOR_CAP,
-                 confidence: float = DEFAULT_CONFIDENCE) -> None:
+                 confidence: float = DEFAULT_CONFIDENCE, mirror: bool = DEFAULT_MIRROR) -> None:
         self.prep, self.space, self.evaluate = prep, space, evaluate
         self.epsilon, self.seed = epsilon, seed
-        self.tensor_cap, self.confidence = tensor_cap, confidence
+        self.tensor_cap, self.confidence, self.mirror = tensor_cap, confidence, mirror
         self.init = dict(init or {})
         self.evaluations = 0
         self.judge: MetricJudge | PerExampleJudge | FidelityJudge = ProxyJudge(epsilon)
@@ -145,7 +147,7 @@ class _Runner:
         # The exact state's measurement (a fidelity gate's reference outputs) lives in
         # the judge for this search only: a new commit measures its own state afresh.
         raw = self._call(dict(self.prep.tensors))
-        self.judge = choose_judge(raw, self.epsilon, self.confidence)
+        self.judge = choose_judge(raw, self.epsilon, self.confidence, self.mirror)
         if isinstance(raw, FidelityOutputs):
             self.epsilon = self.judge.epsilon
             self.metric = "fidelity:" + raw.gate.metric
@@ -180,7 +182,14 @@ class _Runner:
             return self.judge.verdict(m.proxy, "the proxy")
         cand = {n: (q.dequantize() if q is not None else t)
                 for n, t, q in ((n, t, qmap[n]) for n, t in self.prep.tensors.items())}
-        return self.judge.verdict(self._call(cand), "the quality function")
+        v = self.judge.verdict(self._call(cand), "the quality function")
+        if isinstance(self.judge, MetricJudge) and self.judge.wants_mirror(v):
+            # the scalar gate's mirror check (mvc.search.gate): w - delta for w + delta
+            quantized = {n for n, q in qmap.items() if q is not None}
+            mirror = mirror_candidate(self.prep.tensors, cand, quantized)
+            del cand
+            v = self.judge.with_mirror(v, self._call(mirror), "the quality function")
+        return v
 
     # -------------------------------------------------------------- trials
     def trial(self, metric: str, idx: tuple[int, ...]) -> _Trial:
@@ -325,7 +334,8 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
                 seed: int = 0, radius: int = 1, metric_name: str | None = None,
                 init: Mapping[str, torch.Tensor] | None = None,
                 tensor_cap: float | None = None,
-                confidence: float = DEFAULT_CONFIDENCE) -> SearchResult:
+                confidence: float = DEFAULT_CONFIDENCE,
+                mirror: bool = DEFAULT_MIRROR) -> SearchResult:
     """Search the config cube for the most compressive config its gate accepts.
 
     tensors:  flat name -> tensor (`mvc.io.flatten(state).tensors`).
@@ -348,6 +358,10 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
     tensor_cap: every trial must keep each quantized tensor's relative L2 error within
               it, whatever the gate (None: DEFAULT_TENSOR_CAP; math.inf: off).
     confidence: one-sided confidence of the per-example gate's upper bound.
+    mirror:   the scalar gate also measures each passing trial's mirrored candidate
+              w - (q - w) and accepts only when both are within epsilon, so that selection
+              cannot pick a trial for its calibration noise (`mvc.search.gate`); False: the
+              trial alone.  Other gates ignore it.
     """
     space = space or SearchSpace()
     policy = policy or default_policy()
@@ -361,7 +375,8 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
     if previous is not None and not isinstance(previous, QuantConfig):
         raise SearchError(f"previous must be a QuantConfig, got {type(previous).__name__}")
     prep = Prepared(tensors, dict(grads or {}), policy, space.alpha)
-    run = _Runner(prep, space, evaluate, float(epsilon), seed, init, cap, float(confidence))
+    run = _Runner(prep, space, evaluate, float(epsilon), seed, init, cap, float(confidence),
+                  bool(mirror))
     par = active()
     if par is None:
         return _find(run, previous, radius, metric_name)
@@ -371,7 +386,8 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
     # Workers build the same runner from these (and their own tensors, gradients, function).
     par.send(("start", {"policy": policy, "space": space, "epsilon": float(epsilon),
                         "seed": seed, "init": dict(init or {}), "cap": cap,
-                        "confidence": float(confidence), "metric_name": metric_name}))
+                        "confidence": float(confidence), "metric_name": metric_name,
+                        "mirror": bool(mirror)}))
     run.par = par
     try:
         return _find(run, previous, radius, metric_name)
@@ -426,7 +442,7 @@ def _serve(par: Ranks, kw: dict[str, Any], tensors: Mapping[str, torch.Tensor],
            evaluate: Evaluate | None, grads: Mapping[str, torch.Tensor] | None) -> None:
     prep = Prepared(tensors, dict(grads or {}), kw["policy"], kw["space"].alpha)
     run = _Runner(prep, kw["space"], evaluate, kw["epsilon"], kw["seed"], kw["init"],
-                  kw["cap"], kw["confidence"])
+                  kw["cap"], kw["confidence"], kw.get("mirror", DEFAULT_MIRROR))
     while True:
         msg = par.send()
         if msg == ("done", None):

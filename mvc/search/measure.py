@@ -27,9 +27,11 @@ from mvc.quant.optimizer import moment_error_sums
 from mvc.search.fidelity import FidelityJudge, FidelityOutputs
 from mvc.search.gate import (
     DEFAULT_CONFIDENCE,
+    DEFAULT_MIRROR,
     MetricJudge,
     PerExampleJudge,
     as_measurement,
+    mirror_candidate,
     tensor_distortion,
 )
 
@@ -44,14 +46,16 @@ Judge = MetricJudge | PerExampleJudge | FidelityJudge
 DEFAULT_MOMENT_CAP = 1.0
 
 
-def choose_judge(raw: Any, epsilon: float, confidence: float = DEFAULT_CONFIDENCE) -> Judge:
-    """The gate selected by what the quality function returned on the exact state."""
+def choose_judge(raw: Any, epsilon: float, confidence: float = DEFAULT_CONFIDENCE,
+                 mirror: bool = DEFAULT_MIRROR) -> Judge:
+    """The gate selected by what the quality function returned on the exact state
+    (`mirror`: the scalar gate's mirror check, `mvc.search.gate`)."""
     if isinstance(raw, FidelityOutputs):
         return FidelityJudge(raw)
     base = as_measurement(raw, "the quality function")
     if isinstance(base, torch.Tensor):
         return PerExampleJudge(base, epsilon, confidence)
-    return MetricJudge(base, epsilon)
+    return MetricJudge(base, epsilon, mirror)
 
 
 def distortions(tensors: Mapping[str, torch.Tensor],
@@ -81,11 +85,13 @@ def moment_distortion(q: QuantizedTensor, domain: str, x: torch.Tensor) -> float
 
 def measure(tensors: Mapping[str, torch.Tensor], qmap: Mapping[str, QuantizedTensor | None], *,
             evaluate: Callable[[dict[str, torch.Tensor]], Any] | None, epsilon: float,
-            tensor_cap: float, confidence: float = DEFAULT_CONFIDENCE) -> dict[str, Any]:
+            tensor_cap: float, confidence: float = DEFAULT_CONFIDENCE,
+            mirror: bool = DEFAULT_MIRROR) -> dict[str, Any]:
     """JSON-ready record of one quantization as the gates see it (see the module docstring).
 
     tensors:  flat name -> exact tensor; qmap: name -> its quantization (None: exact).
     evaluate: the quality function on flat tensors, or None (the guard rail only).
+    mirror:   the scalar gate's mirror check, as the search applies it (`mvc.search.gate`).
     """
     worst, worst_name = distortions(tensors, qmap)
     rec: dict[str, Any] = {
@@ -94,15 +100,21 @@ def measure(tensors: Mapping[str, torch.Tensor], qmap: Mapping[str, QuantizedTen
         "worst_tensor": worst_name, "within_cap": worst <= tensor_cap}
     if evaluate is None:
         return rec
-    judge = choose_judge(evaluate(dict(tensors)), epsilon, confidence)
+    judge = choose_judge(evaluate(dict(tensors)), epsilon, confidence, mirror)
     cand = {n: (q.dequantize() if q is not None else t)
             for n, t, q in ((n, t, qmap.get(n)) for n, t in tensors.items())}
     v = judge.verdict(evaluate(cand), "the quality function")
+    calls = 2
+    if isinstance(judge, MetricJudge) and judge.wants_mirror(v):
+        quantized = {n for n, q in qmap.items() if q is not None}
+        v = judge.with_mirror(v, evaluate(mirror_candidate(tensors, cand, quantized)),
+                              "the quality function")
+        calls = 3
     finite = v.value < float("inf")
     rec.update({"gate": judge.gate, "baseline": judge.baseline,
                 "quality_value": v.value if finite else None,
                 "degradation": v.degradation if finite else None,
-                "epsilon": judge.epsilon, "evaluations": 2, "within_bound": v.feasible})
+                "epsilon": judge.epsilon, "evaluations": calls, "within_bound": v.feasible})
     for k, val in judge.record(v).items():
         rec[k] = val if not isinstance(val, float) or val < float("inf") else None
     return rec

@@ -31,6 +31,7 @@ from mvc.native.parallel import pmap
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy, quantize_state
 from mvc.quant.optimizer import moment_ratio_bound, quantize_optimizer_state, zeroed_moment
 from mvc.search.driver import default_policy
+from mvc.search.gate import DEFAULT_MIRROR
 from mvc.search.measure import DEFAULT_MOMENT_CAP, measure, moment_distortion
 from mvc.search.record import QualityRecord
 from mvc.search.space import SearchSpace
@@ -55,7 +56,8 @@ class Quantization:
     """How a commit stores its tensors: `mode` "lossless", "fixed" (`config`) or "search"
     (`space`, judged by `quality(candidate_state) -> loss` within `epsilon`, or by the proxy;
     every trial keeps each quantized tensor's relative L2 error within `tensor_cap`, None: the
-    search's default); `optimizer` "exact" or "compressed" (Adam moments, ExCP-style).
+    search's default; `mirror`: the scalar gate's mirror check, None: the default, on);
+    `optimizer` "exact" or "compressed" (Adam moments, ExCP-style).
 
     A "fixed" commit is measured by the same gates (`quality`, `epsilon`, `tensor_cap`) but
     not searched; `fixed_rule` says what a measurement outside its bound does: "warn"
@@ -71,6 +73,7 @@ class Quantization:
     tensor_cap: float | None = None
     fixed_rule: str = "warn"
     moment_cap: float | None = None
+    mirror: bool | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("lossless", "fixed", "search"):
@@ -183,7 +186,8 @@ def gate_fixed(tensors: Mapping[str, torch.Tensor], qmap: Mapping[str, Quantized
     cap = mvc.search.DEFAULT_TENSOR_CAP if how.tensor_cap is None else how.tensor_cap
     evaluate = _evaluator(how.quality, to_state)
     epsilon = mvc.search.DEFAULT_EPSILON if how.epsilon is None else how.epsilon
-    m = measure(tensors, qmap, evaluate=evaluate, epsilon=epsilon, tensor_cap=cap)
+    m = measure(tensors, qmap, evaluate=evaluate, epsilon=epsilon, tensor_cap=cap,
+                mirror=_mirror(how))
     rec = record.updated(mode="fixed").merged({k: v for k, v in m.items() if k != "quality_value"})
     if evaluate is not None:
         rec = rec.updated(metric=f"fixed-config:{m['gate']}", value=m["quality_value"],
@@ -209,6 +213,10 @@ def gate_fixed(tensors: Mapping[str, torch.Tensor], qmap: Mapping[str, Quantized
     return rec
 
 
+def _mirror(how: Quantization) -> bool:
+    return DEFAULT_MIRROR if how.mirror is None else bool(how.mirror)
+
+
 def _measured(m: Mapping[str, Any]) -> str:
     def num(x: Any) -> str:
         return "inf" if x is None else f"{x:.4g}"
@@ -218,7 +226,10 @@ def _measured(m: Mapping[str, Any]) -> str:
         return f"{num(m.get('fidelity'))} > {m['epsilon']:g}"
     if m["gate"] == "per-example-ucb":
         return f"upper bound {num(m.get('ucb'))} > {m['epsilon']:g}"
-    return f"relative degradation {num(m.get('degradation'))} > {m['epsilon']:g}"
+    deg, mirror = m.get("degradation"), m.get("mirror_degradation")
+    if deg is not None and deg <= m["epsilon"] and m.get("mirror_check"):
+        return f"relative degradation of its mirror {num(mirror)} > {m['epsilon']:g}"
+    return f"relative degradation {num(deg)} > {m['epsilon']:g}"
 
 
 def search(tensors: Mapping[str, torch.Tensor], how: Quantization,
@@ -239,7 +250,7 @@ def search(tensors: Mapping[str, torch.Tensor], how: Quantization,
         tensors, evaluate=_evaluator(quality, to_state), epsilon=how.epsilon, previous=start,
         grads=grads, policy=how.policy or _default_policy(), space=how.space,
         metric_name=getattr(quality, "__name__", None) if quality else None,
-        init=init, tensor_cap=how.tensor_cap)
+        init=init, tensor_cap=how.tensor_cap, mirror=_mirror(how))
     if result.config is None:
         return None, {}, result.quality.updated(stored="lossless: no feasible configuration")
     return result.config, dict(result.qmap), result.quality

@@ -107,6 +107,9 @@ class QualityRecord:
     examples: int | None = _f(_int)
     ucb: float | None = _f(_num)
     suspicious: bool | None = _f(_bool)
+    # the scalar gate's mirror check (issue 29)
+    mirror_check: bool | None = _f(_bool)
+    mirror_degradation: float | None = _f(_num)  # the winner's mirrored candidate
     # the fidelity gate
     fidelity: float | None = _f(_num)
     fidelity_ucb: float | None = _f(_num)

@@ -155,10 +155,24 @@ def test_noisy_scalar_metric_accepts_a_damaging_config_the_per_example_gate_refu
         return losses(t["model/fc.weight"], idx)
 
     flat = {"model/fc.weight": w}
-    weak = find_config(flat, evaluate=scalar, epsilon=eps, space=SPACE)
-    assert weak.config == AGGRESSIVE                  # the scalar gate certifies the damage
+    # The scalar gate on the trial alone (before issue 29) certifies the damage.
+    weak = find_config(flat, evaluate=scalar, epsilon=eps, space=SPACE, mirror=False)
+    assert weak.config == AGGRESSIVE
     assert weak.quality.to_json()["gate"] == "metric" and weak.quality.to_json()["degradation"] <= eps
     assert weak.quality.to_json()["max_distortion"] <= DEFAULT_TENSOR_CAP   # the cap does not catch it
+    assert weak.quality.mirror_check is False and weak.quality.mirror_degradation is None
+    # With its mirror check (the default) the same scalar function refuses it: the mirrored
+    # candidate w - delta measures the luck with the other sign (the loss is quadratic in w).
+    mirrored = find_config(flat, evaluate=scalar, epsilon=eps, space=SPACE)
+    mq = mirrored.quality
+    assert mirrored.config != AGGRESSIVE and mq.gate == "metric" and mq.mirror_check is True
+    tried = {(t["config"]["bins"], t["config"]["prune"]): t for t in mq.trials or []}
+    assert tried[(6, 0.5)]["degradation"] <= eps < tried[(6, 0.5)]["mirror"]
+    assert tried[(6, 0.5)]["feasible"] is False
+    if mirrored.config is not None:
+        assert mq.degradation <= eps and mq.mirror_degradation <= eps
+        chosen = mirrored.qmap["model/fc.weight"].dequantize()
+        assert float((losses(chosen, everything).mean() - o_all.mean()) / o_all.mean()) <= eps
 
     strong = find_config(flat, evaluate=per_example, epsilon=eps, space=SPACE)
     q = strong.quality.to_json()

@@ -70,7 +70,12 @@ def test_exhaustive_search_honours_epsilon_and_reuses_the_winner(trained):
     assert (value - base) / base <= 0.01
     assert res.quality.to_json()["baseline"] == base and res.quality.to_json()["value"] == value
     assert res.quality.to_json()["degradation"] <= 0.01 and res.quality.to_json()["epsilon"] == 0.01
-    assert res.evaluations == res.quality.to_json()["evaluations"] == len(res.quality.to_json()["trials"]) + 1
+    # the baseline, every trial, and the mirror of every trial that passed on its own
+    trials = res.quality.to_json()["trials"]
+    mirrored = [t for t in trials if "mirror" in t]
+    assert mirrored and all(t["degradation"] <= 0.01 for t in mirrored)
+    assert res.evaluations == res.quality.to_json()["evaluations"] == len(trials) + 1 + len(mirrored)
+    assert res.quality.mirror_check and res.quality.mirror_degradation <= 0.01
     assert res.quality.to_json()["metric"].startswith("quality:")
     json.dumps(res.quality.to_json(), allow_nan=False)
     # the qmap is exactly what quantize_state gives for the chosen config
@@ -107,9 +112,12 @@ def test_neighbourhood_search_is_cheap_and_never_more_aggressive(trained):
         assert c.bins >= prev.bins and c.prune <= prev.prune and c.protect >= prev.protect
         assert nxt.evaluations < first.evaluations
     assert nxt.quality.to_json()["degradation"] <= 0.01
-    # from its own previous winner the steady state costs at most baseline + 2 trials
+    # from its own previous winner the steady state costs at most baseline + 2 trials (and
+    # the mirror of each trial that passed on its own: the scalar gate's mirror check)
     steady = find_config(flat, evaluate=evaluate, grads=ema, previous=first.config)
-    assert steady.quality.to_json()["mode"] == "neighbourhood" and steady.evaluations <= 3
+    trials = steady.quality.to_json()["trials"]
+    assert steady.quality.to_json()["mode"] == "neighbourhood" and len(trials) <= 2
+    assert steady.evaluations == 1 + len(trials) + sum("mirror" in t for t in trials) <= 5
     assert steady.config.bins == first.config.bins
 
 
