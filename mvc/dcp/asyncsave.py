@@ -9,10 +9,12 @@ copies the state to host memory on the caller's thread (its `DefaultStager`: the
 the loop waits for), then runs the whole save -- plan, every rank's write (the lossy path's
 collectives included), the coordinator's publish -- on a background thread; with
 ``async_checkpointer_type=PROCESS`` in a checkpoint process instead (the writer pickles: the
-repository travels by path).  The save's collectives should not share a group with the
-training loop's, which run meanwhile: give DCP a checkpoint group (``process_group=``, a gloo
-group) and the writer the same one (`MvcStorageWriter(..., process_group=)`), or call
-`async_save` here, which hands its `process_group` to both.
+repository travels by path; the caller's writer then never sees `commit_id`, which lives in the
+checkpoint process's copy, so a failure after the commit point is not told apart there).
+The save's collectives should not share a group with the training loop's, which run
+meanwhile: give DCP a checkpoint group (``process_group=``, a gloo group) and the writer the
+same one (`MvcStorageWriter(..., process_group=)`), or call `async_save` here, which hands
+its `process_group` to both.
 
 DCP's future raises its `CheckpointException` (every rank's errors, gathered).  The future
 `async_save` returns raises the typed mvc error instead: this rank's own, else the first

@@ -86,9 +86,22 @@ def test_errors_surface_on_the_future_typed_on_every_rank(ranks):
         assert r["empty"] == "NothingToCommitError"
         assert r["bad_repo"] == "NotARepositoryError"
         assert r["failing"] == "DcpValueError"
-    with Repo(root / "repo") as repo:   # nothing after the first "again" landed
-        assert repo.head() == reports[0]["empty_first"][3:]
+    with Repo(root / "repo") as repo:   # nothing landed between "again" and the next save
+        assert repo.read_commit(reports[0]["c4"][3:]).parents == [reports[0]["empty_first"][3:]]
         assert repo.fsck().ok
+
+
+def test_process_based_executor_ships_the_writer(ranks):
+    root, reports = ranks
+    got = reports[0]["c4"]
+    assert got.startswith("ok ") and all(r["c4"] == got for r in reports)
+    with Repo(root / "repo") as repo:
+        cid = got[3:]
+        assert repo.read_commit(cid).message == "process"
+        out = repo.read_state(cid)
+    for k, v in flat(reports[0]["saved4"]).items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(v, flat(out)[k]), k
 
 
 def _state() -> dict:

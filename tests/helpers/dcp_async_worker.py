@@ -11,7 +11,9 @@ this rank saw goes to DIR/rank<R>.pt:
 2. `torch.distributed.checkpoint.async_save` itself with a lossy writer (epsilon=0.05), a
    step while it runs; the full state as saved, and as `dcp.load` restores it;
 3. errors on the future: the same state again with allow_empty=False (nothing to commit),
-   a repository that does not exist, and a rank that fails in `write_data` (rank WORLD-1).
+   a repository that does not exist, and a rank that fails in `write_data` (rank WORLD-1);
+4. a lossless save through DCP's process-based executor (the writer pickled into a
+   checkpoint process per rank).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import set_state_dict
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from dcp_worker import build, full, local, state_of, train
 from mvc.dcp import DcpValueError, MvcStorageReader, MvcStorageWriter, async_save
@@ -99,6 +102,14 @@ def main(rank: int, world: int, root: Path) -> None:
         process_group=ckpt))
     report["failing"] = outcome(async_save(
         state, FailingWriter(repo, message="never", lossless=True), process_group=ckpt))
+
+    # 4. DCP's process-based executor: the writer is pickled into a checkpoint process
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    train(model, opt, 1, 11)
+    report["saved4"] = full(model, opt)
+    report["c4"] = outcome(async_save(
+        state_of(model, opt), MvcStorageWriter(repo, message="process", lossless=True),
+        process_group=ckpt, async_checkpointer_type=AsyncCheckpointerType.PROCESS))
     torch.save(report, root / f"rank{rank}.pt")
     dist.barrier()
     sys.stdout.flush()
