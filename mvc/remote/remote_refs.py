@@ -127,15 +127,15 @@ def walk_heads(remote_odb: ObjectDB, local: ObjectDB, found: RemoteRefs, *,
     held for the next ref, so one bad ref never vouches for another's history.
 
     `depth`: the newest `depth` commits of each ref only (`mvc.remote.shallow`).  The
-    commits at `local`'s shallow boundary are walked through, not taken as held with their
-    history: a fetch that reaches them brings the parents they lack."""
+    commits at `local`'s shallow boundary, and those above it, are walked through, not taken
+    as held with their history: a fetch that reaches them brings the parents they lack."""
     reached: list[Reached] = []
     ids: set[str] = set()
     kinds: dict[str, str] = {}
-    boundary = local.shallow_ids()
+    partial = _incomplete(local, found.heads.values())
 
     def had(oid: str) -> bool:
-        return oid in ids or (oid not in boundary and local.blobs.has(oid))
+        return oid in ids or (oid not in partial and local.blobs.has(oid))
 
     for ref, value in sorted(found.heads.items()):
         try:
@@ -152,6 +152,22 @@ def walk_heads(remote_odb: ObjectDB, local: ObjectDB, found: RemoteRefs, *,
         ids.update(r.oid for r in got)
         kinds.update((r.oid, r.kind) for r in got)
     return reached
+
+
+def _incomplete(local: ObjectDB, tips: Iterable[str]) -> set[str]:
+    """The commits held here whose history stops at the shallow boundary (the boundary
+    included): a fetch walks through them rather than taking them as held with their history.
+    Empty in a complete repository.  Walked from every root here and the remote's `tips`
+    that are held (commits only: a shallow repository's history is short)."""
+    boundary = local.shallow_ids()
+    if not boundary:
+        return set()
+    roots = local.root_ids() | {t for t in tips if local.blobs.has(t)}
+    out: set[str] = set()
+    for c in local.walk_commits(roots, order="topo", on_damage=lambda _d: None):
+        if c.id in boundary or any(p in out for p in c.parents):
+            out.add(c.id)
+    return out
 
 
 @dataclass

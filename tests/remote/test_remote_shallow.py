@@ -276,3 +276,25 @@ def test_a_revision_whose_history_is_damaged_on_the_remote_fails_by_name(history
     finally:
         remote.close()
         repo.close()
+
+
+def test_a_plain_fetch_completes_a_deeper_shallow_clone(history, remote_url, tmp_path):
+    """The boundary is below the tip: the fetch walks down through the commits held above it
+    (not taking them as held with their history) and brings the rest."""
+    root, ids, states, _, _ = history
+    res = clone(remote_url, tmp_path / "c", depth=3)
+    with Repo(res.path) as repo:
+        assert repo.odb.shallow_ids() == {ids[-3]}
+        assert [c.id for c in repo.log()] == ids[:-4:-1]
+        before = set(repo.store.blobs.iter_ids())
+        remote = open_remote(remote_url)
+        report = fetch(repo.store.blobs, repo.store.refs, remote, "origin")
+        remote.close()
+        with Repo(root) as src:
+            every = {r.oid for r in src.odb.reachable([ids[-1]])}
+        assert set(repo.store.blobs.iter_ids()) == every
+        assert report.objects == len(every - before)  # nothing held came again
+        assert report.unshallowed == {ids[-3]} and repo.odb.shallow_ids() == set()
+        assert [c.id for c in repo.log()] == ids[::-1]
+        assert repo.fsck().ok
+        assert same_state(repo.read_state(ids[0]), states[ids[0]])
