@@ -130,6 +130,14 @@ def rank_main(rank: int, root: Path, hidden: int, reps: int, n_eval: int) -> Non
 
 
 # ------------------------------------------------------------------ the parent
+def by_index(state: dict) -> dict:
+    """DCP's optimizer state (keyed by parameter FQN) keyed by the parameters' positions, in
+    the model's parameter order."""
+    order = [k for k in state["model"] if k in state["optim"]["state"]]
+    optim = dict(state["optim"], state={i: state["optim"]["state"][k] for i, k in enumerate(order)})
+    return dict(state, optim=optim)
+
+
 def stored(repo: object, cid: str) -> tuple[int, int, int]:
     """(stored bytes of the commit's tensors, raw bytes, records)."""
     snap = repo.read_snapshot(repo.read_commit(cid).snapshot)  # type: ignore[attr-defined]
@@ -177,9 +185,11 @@ def main() -> None:
             "wall_1_rank_s": t1, "wall_2_ranks_s": t2, "wall_ratio": t1 / t2,
             "same_config": one[0][2] == two[0][2]}
 
-    # the same state from one process: read back exactly from the lossless sharded commit
+    # the same state from one process: read back exactly from the lossless sharded commit, its
+    # optimizer state keyed by parameter index as `optimizer.state_dict()` keys it (a Tracker's
+    # commit), so that both commits compress the moments alike (commit.optimizer = compressed)
     with Repo(root / "sharded_lossless") as src:
-        state = src.read_state(r0["commit_lossless"])
+        state = by_index(src.read_state(r0["commit_lossless"]))
         s_lossless = stored(src, r0["commit_lossless"])
     with Repo(root / "sharded_fixed") as src:
         s_fixed = stored(src, r0["commit_fixed"])
