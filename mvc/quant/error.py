@@ -28,6 +28,14 @@ from mvc.quant.tensor import QuantizedTensor, level_values
 
 #: Elements per chunk of the torch path (bounds its temporaries to a few MiB).
 _CHUNK = 1 << 20
+#: On an accelerator the sums take 4x longer chunks: each chunk is ~20 kernel launches, and a
+#: GPU commit's time was measured to be launch overhead, not arithmetic (issue 27: 88k launches,
+#: 0.46 s of kernels in a 124M first commit). The temporaries stay ~200 MiB.
+_DEVICE_CHUNK = 1 << 22
+
+
+def _device_chunk(t: torch.Tensor) -> int:
+    return _CHUNK if t.device.type == "cpu" else _DEVICE_CHUNK
 
 ErrorSums = tuple[float, float, float, float, float, float]
 
@@ -61,16 +69,17 @@ def table_error_sums(levels: torch.Tensor, x: torch.Tensor, table: torch.Tensor,
         s = qerr_sums(x, levels.contiguous(), table, w)
         return (float(s[0]), float(s[1]), float(s[2]), float(s[3]), float(s[4]), float(s[5]))
     acc = torch.zeros(6, dtype=torch.float64, device=levels.device)
-    for s0 in range(0, levels.numel(), _CHUNK):
-        lc = levels[s0:s0 + _CHUNK]
-        xc = x[s0:s0 + _CHUNK].to(torch.float64)
+    step = _device_chunk(levels)
+    for s0 in range(0, levels.numel(), step):
+        lc = levels[s0:s0 + step]
+        xc = x[s0:s0 + step].to(torch.float64)
         idx = lc if lc.dtype in (torch.int32, torch.int64) else lc.to(torch.int32)
         d = torch.index_select(table, 0, idx).to(torch.float64).sub_(xc)
         d.masked_fill_(lc == prot, 0.0)
         dd, xx, ax = d.mul_(d), xc * xc, xc.abs()
         parts = [dd.sum(), xx.sum(), (ax * dd).sum(), (ax * xx).sum()]
         if w is not None:
-            aw = w[s0:s0 + _CHUNK].to(torch.float64).abs()
+            aw = w[s0:s0 + step].to(torch.float64).abs()
             parts += [(aw * dd).sum(), (aw * xx).sum()]
         else:
             parts += [acc.new_zeros(()), acc.new_zeros(())]

@@ -216,8 +216,9 @@ _LOG_CHUNK = 1 << 20
 def _log32(x: torch.Tensor) -> torch.Tensor:
     """float32(log(float64(x))), chunk by chunk: no float64 copy of the whole tensor."""
     out = torch.empty(x.numel(), dtype=torch.float32, device=x.device)
-    for s in range(0, x.numel(), _LOG_CHUNK):
-        out[s:s + _LOG_CHUNK] = x[s:s + _LOG_CHUNK].to(torch.float64).log()  # not log_(): x may be float64
+    step = _LOG_CHUNK if x.device.type == "cpu" else _LOG_CHUNK << 2  # fewer launches on a GPU
+    for s in range(0, x.numel(), step):
+        out[s:s + step] = x[s:s + step].to(torch.float64).log()  # not log_(): x may be float64
     return out
 
 

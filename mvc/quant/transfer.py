@@ -1,10 +1,12 @@
-"""Quantizations across the host/accelerator boundary, many at a time.
+"""Quantizations across the host/accelerator boundary.
 
 A commit made from CUDA tensors quantizes them on the GPU, then entropy-codes the levels in C
-on the host; a checkout does the reverse. Moving one tensor at a time makes the host wait for
-the device once per tensor (a synchronous copy into pageable memory). Here every tensor's
-levels go through one pinned staging buffer with asynchronous copies, and the host waits once.
-Levels are 1-2 bytes a parameter, so the staging buffer is a quarter of a float32 state at most.
+on the host; a checkout does the reverse. What crosses is the levels (1-2 bytes a value) and
+small tables, never the float values: a quarter of a float32 state or less.
+
+Plain (pageable) copies on purpose: an H200 profile of a 124M-parameter commit (issue 27)
+spent 0.2-0.3 s in `cudaHostAlloc` when the levels went through one pinned staging buffer,
+more than the copies themselves take from pageable memory.
 """
 from __future__ import annotations
 
@@ -17,63 +19,17 @@ from mvc.quant.tensor import QuantizedTensor
 
 K = TypeVar("K")
 
-_ALIGN = 64  # each tensor's slice starts on a cache line (and any dtype's alignment)
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-def _staged(sources: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Host copies of same-device CUDA tensors, through one pinned buffer, then one wait."""
-    offsets, total = [], 0
-    for t in sources:
-        offsets.append(total)
-        total += -(-_nbytes(t) // _ALIGN) * _ALIGN
-    staging = torch.empty(total, dtype=torch.uint8, pin_memory=True)
-    out = []
-    for t, off in zip(sources, offsets):
-        dst = staging[off:off + _nbytes(t)].view(t.dtype).view(t.shape)
-        dst.copy_(t, non_blocking=True)
-        out.append(dst)
-    torch.cuda.current_stream(sources[0].device).synchronize()
-    return out
+HOST = torch.device("cpu")
 
 
 def quantized_to_host(qs: Mapping[K, QuantizedTensor]) -> dict[K, QuantizedTensor]:
-    """`qs` with every quantization in host memory: those on the host as they are, those on a
-    CUDA device copied in one batch per device (levels and protected values through pinned
-    staging, one wait); other accelerators one tensor at a time."""
-    out: dict[K, QuantizedTensor] = dict(qs)
-    by_device: dict[torch.device, list[K]] = {}
-    for key, q in qs.items():
-        if q.levels.device.type == "cpu":
-            continue
-        if q.levels.device.type != "cuda" or any(t.device != q.levels.device
-                                                 for t in (q.centroids, q.protected)):
-            out[key] = q.to("cpu")
-            continue
-        by_device.setdefault(q.levels.device, []).append(key)
-    for keys in by_device.values():
-        parts = [p for key in keys for p in (qs[key].levels.contiguous(), qs[key].protected.contiguous())]
-        host = _staged(parts)
-        for i, key in enumerate(keys):
-            q = qs[key]
-            out[key] = QuantizedTensor(host[2 * i], q.centroids.cpu(), host[2 * i + 1], q.dtype, q.bins)
-    return out
+    """`qs` with every quantization in host memory (those there already as they are), moved
+    in one pass before any of them is encoded: the encoders' threads then never wait for the
+    device."""
+    return {key: q.to(HOST) for key, q in qs.items()}
 
 
 def quantized_to_device(q: QuantizedTensor, device: torch.device) -> QuantizedTensor:
-    """`q` on `device`; from the host to a CUDA device the levels (and protected values) go
-    through pinned memory asynchronously, so the copy overlaps the host's next tensor (the
-    caching host allocator keeps the staging alive until the copy is done)."""
-    device = torch.device(device)
-    if device.type != "cuda" or q.levels.device.type != "cpu":
-        return q.to(device)
-
-    def send(t: torch.Tensor) -> torch.Tensor:
-        if t.numel() == 0:
-            return t.to(device)
-        return t.contiguous().pin_memory().to(device, non_blocking=True)
-
-    return QuantizedTensor(send(q.levels), q.centroids.to(device), send(q.protected), q.dtype, q.bins)
+    """`q` on `device`: its levels, centroids and protected values (a checkout then looks the
+    values up there)."""
+    return q.to(device)

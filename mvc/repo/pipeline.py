@@ -218,7 +218,7 @@ def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
     return CommitPlan(
         WritePlan(names=names, tensors=dict(flat.tensors), parent=parent, settings=settings,
                   # the encoders, the parent comparison and the level caches all work on the
-                  # host: a GPU-made quantization crosses in one batch here, not tensor by tensor
+                  # host: a GPU-made quantization crosses here, before the encoders' threads start
                   quantized=quantized_to_host(q.quantized), domains=q.domains, moments=q.moments),
         Manifest(names=list(names), skeleton=flat.skeleton,
                  config=q.config.to_dict() if q.config is not None else None,

@@ -168,11 +168,11 @@ class TensorReader:
         no commit follows in this process (the CLI's `mvc checkout`) passes False.
 
         `device`: where the tensors are wanted. For a CUDA device the quantized tensors' levels
-        (1-2 bytes a value) cross to it, through pinned memory while the host decodes the next
-        tensor, and the level -> value lookup runs there; the same bits as a host lookup (a
-        table lookup rounds nothing). Adam moment pairs are still restored on the host: their
-        bound takes a float32 sqrt, whose last bit the host's vector code and a GPU need not
-        agree on. Other tensors come back on the host.
+        (1-2 bytes a value, a quarter of the float32 bytes) cross to it and the level -> value
+        lookup runs there; the same bits as a host lookup (a table lookup rounds nothing).
+        Adam moment pairs are still restored on the host: their bound takes a float32 sqrt,
+        whose last bit an H200 and the host's vector code were measured to disagree on.
+        Other tensors come back on the host.
         """
         with phase(progress, "reading", total_bytes=sum(r.raw_bytes for r in records),
                    total_items=len(records)) as p:
@@ -290,10 +290,11 @@ def _bound_first_moment(rec: TensorRecord, m: torch.Tensor, restored: dict[str, 
     mf, vf = m.view(-1), v.reshape(-1)  # m is a fresh restore: dense, so the view writes m
     for a in range(0, mf.numel(), _CLAMP_CHUNK):
         mc = mf[a:a + _CLAMP_CHUNK]
-        # v is brought to m's device (both come from the host-resident caches or decoders
-        # today: a no-op), so the clamp never depends on where each happened to be read
-        limit = vf[a:a + _CLAMP_CHUNK].to(mc.device).float().clamp_min(0).sqrt_().mul_(bound).to(m.dtype)
-        torch.clamp(mc, min=-limit, max=limit, out=mc)
+        # The limit is always taken on the host, whatever device m and v are on: a GPU's float32
+        # sqrt differs from the host's vector sqrt in the last bit (measured on an H200), and a
+        # restore must not depend on where it ran. The clamp itself rounds nothing.
+        limit = vf[a:a + _CLAMP_CHUNK].cpu().float().clamp_min(0).sqrt_().mul_(bound).to(m.dtype)
+        torch.clamp(mc, min=-limit.to(mc.device), max=limit.to(mc.device), out=mc)
 
 
 #: Elements per chunk of the first-moment bound: a power of two, so chunk boundaries fall on

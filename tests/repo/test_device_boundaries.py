@@ -256,7 +256,7 @@ def test_warm_start_centroids_are_handed_over_on_the_host(tmp_path):
     assert moves == [torch.device("cpu")]
 
 
-def test_first_moment_bound_is_taken_on_the_moments_device():
+def test_first_moment_bound_is_taken_on_the_host():
     g = torch.Generator().manual_seed(3)
     m, v = torch.randn(3000, generator=g), torch.rand(3000, generator=g) * 1e-3
     rec = type("Rec", (), {"meta": {"moment": {"partner": "v", "ratio_bound": 2.0}}, "name": "m"})()

@@ -155,7 +155,7 @@ def test_cuda_history_matches_the_host_one(tmp_path):  # pragma: no cover - no G
 
 
 @cuda
-def test_cuda_quantizations_cross_in_one_batch():  # pragma: no cover - no GPU in CI
+def test_cuda_quantizations_cross_both_ways():  # pragma: no cover - no GPU in CI
     from mvc.quant.transfer import quantized_to_device, quantized_to_host
 
     g = torch.Generator().manual_seed(0)
