@@ -43,8 +43,9 @@ calibration set g is mostly that set's sampling noise, and g . delta has a rando
 sign from trial to trial; the search takes the most compressive trial that measures
 within epsilon, so among many trials it selects the one whose noise was luckiest.
 Issue 29: a 22M-parameter sentence encoder (all-MiniLM-L6-v2) with the mean
-retrieval loss of 100 calibration pairs as its quality function was accepted at
-16 bins (9.0x) at the default epsilon, its calibration loss "0.5% better than the
+retrieval loss of 100 calibration pairs as its quality function was accepted (on one
+split of benchmarks/bench_scalar_gate.py's pairs, docs/quality.md) at 16 bins (9.0x)
+at the default epsilon, its calibration loss "0.5% better than the
 original", while 19.5% of its held-out top-1 answers changed.  The mirrored
 candidate w - delta (`mirror_candidate`: every quantized tensor reflected through
 its exact value, so a pruned weight doubles) measures -g . delta + 1/2 delta' H delta:
