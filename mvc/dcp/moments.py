@@ -29,7 +29,6 @@ moment whose second moment is laid out differently on some rank gets no restore 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +38,7 @@ import torch
 from mvc.quant import LogSketch, QuantizedTensor, quantize_prepared
 from mvc.quant._kernels import log_positive   # the exact log values one process quantizes
 from mvc.quant.assign import level_dtype
+from mvc.quant.backend import on_host_kernels
 from mvc.quant.error import relative_error
 from mvc.quant.optimizer import (
     LOG_SIGMA,
@@ -47,7 +47,8 @@ from mvc.quant.optimizer import (
     infer_param_map,
     moment_error_sums,
     moment_ratio_bound,
-    parse_state_name,
+    parse_moment_name,
+    weights_by_name,
     zeroed_moment,
 )
 from mvc.quant.partition import thresholds
@@ -63,16 +64,9 @@ ALPHA = {"linear": 0.01, "log": 0.002}
 SIGMA = {"linear": 0.2, "log": LOG_SIGMA}
 PRUNE_MOMENT = 0.85
 MIN_NUMEL = 128
-_FQN_STATE = re.compile(r"^(?P<prefix>(?:.*/)?)state/(?P<param>[^/]+)/(?P<key>[^/]+)$")
-
-
-def moment_of(name: str) -> tuple[str, str | int, str] | None:
-    """(state prefix, parameter FQN or index, key) of an optimizer moment's name, else None."""
-    parsed: tuple[str, str | int, str] | None = parse_state_name(name)
-    if parsed is None:
-        m = _FQN_STATE.match(name)
-        parsed = (m["prefix"], m["param"], m["key"]) if m else None
-    return parsed if parsed is not None and parsed[2] in MOMENT_KEYS else None
+#: (state prefix, parameter FQN or index, key) of an optimizer moment's name, else None: the
+#: one-process commit's own parse.
+moment_of = parse_moment_name
 
 
 @dataclass
@@ -178,10 +172,7 @@ def _jobs(tensors: Mapping[str, torch.Tensor], shards: Mapping[str, dict],
         # index-keyed state: the alignment one process infers, over the global shapes
         mapping = infer_param_map({g: torch.empty(shape, dtype=dtype, device="meta")
                                    for g, (shape, dtype) in glob.items()})
-    by_fqn: dict[str, list[str]] = {}
-    for g in glob:
-        if parse_state_name(g) is None and _FQN_STATE.match(g) is None:
-            by_fqn.setdefault(g.rsplit("/", 1)[-1], []).append(g)
+    by_fqn = weights_by_name(glob)
     jobs: dict[str, tuple[str, Any]] = {}
     for n, t in tensors.items():
         parsed = moment_of(of[n])
@@ -194,8 +185,7 @@ def _jobs(tensors: Mapping[str, torch.Tensor], shards: Mapping[str, dict],
             if isinstance(param, int):
                 wname = mapping.get((prefix, param))
             else:
-                found = by_fqn.get(param, [])
-                wname = found[0] if len(found) == 1 else None
+                wname = by_fqn.get(param)
             if wname is not None:
                 rec = wname if n not in shards else shard_name(
                     wname, shards[n]["offsets"], list(t.shape))
@@ -214,7 +204,7 @@ def _values(t: torch.Tensor, domain: str, wq: QuantizedTensor | None
     flat = t.detach().reshape(-1)
     if domain == "log":
         keep = flat > 0
-        if flat.device.type == "cpu" and flat.dtype == torch.float32:
+        if on_host_kernels(flat) and flat.dtype == torch.float32:
             return log_positive(flat.contiguous()), keep
         return _log32(flat[keep]), keep
     keep = flat != 0

@@ -3,7 +3,10 @@ quantization), for Adam/AdamW and SGD with momentum.
 
 Which tensors.  Flattened optimizer state is named ``<prefix>state/<i>/<key>``
 (e.g. ``optimizer/state/3/exp_avg``, with i the parameter's position in the
-optimizer's parameter list).  By key:
+optimizer's parameter list: ``optimizer.state_dict()``), or ``<prefix>state/<fqn>/<key>``
+(e.g. ``optim/state/layers.0.weight/exp_avg``: keyed by the parameter's name, as
+``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict`` and DCP save it).
+By key:
 
     exp_avg, momentum_buffer   first moment / momentum  -> "linear" domain
     exp_avg_sq, max_exp_avg_sq second moment            -> "log" domain
@@ -69,7 +72,7 @@ compressed, only without joint pruning.
 from __future__ import annotations
 
 import re
-from typing import Literal, Mapping, NamedTuple
+from typing import Iterable, Literal, Mapping, NamedTuple
 
 import numpy as np
 import torch
@@ -95,13 +98,18 @@ from mvc.quant.tensor import QuantizedTensor, level_values, quantize
 
 Domain = Literal["linear", "log"]
 DOMAINS = ("linear", "log")
-#: Flattened optimizer state: ``.../state/<param index>/...``.
-OPTIMIZER_STATE_PATTERNS = ("*state/[0-9]*",)
+#: Flattened optimizer state: ``.../state/<param index>/...``, and the moments and step
+#: counters of state keyed by parameter name (``.../state/<fqn>/exp_avg``): what the weight
+#: search leaves out.
+OPTIMIZER_STATE_PATTERNS = ("*state/[0-9]*", "*state/*/exp_avg", "*state/*/exp_avg_sq",
+                            "*state/*/max_exp_avg_sq", "*state/*/momentum_buffer",
+                            "*state/*/step")
 #: Repository policy for optimizer state: kept exact or compressed by this module.
 OPTIMIZER_POLICIES = ("exact", "compressed")
 MOMENT_KEYS: dict[str, Domain] = {"exp_avg": "linear", "momentum_buffer": "linear",
                                   "exp_avg_sq": "log", "max_exp_avg_sq": "log"}
 _STATE_RE = re.compile(r"^(?P<prefix>(?:.*/)?)state/(?P<index>\d+)/(?P<key>[^/]+)$")
+_FQN_STATE_RE = re.compile(r"^(?P<prefix>(?:.*/)?)state/(?P<param>[^/]+)/(?P<key>[^/]+)$")
 _BUFFER_RE = re.compile(r"(?:^|[./])(?:running_mean|running_var|num_batches_tracked)$")
 
 
@@ -124,9 +132,39 @@ def parse_state_name(name: str) -> tuple[str, int, str] | None:
     return (m["prefix"], int(m["index"]), m["key"]) if m else None
 
 
+def parse_moment_name(name: str) -> tuple[str, int | str, str] | None:
+    """(state prefix, parameter index or name, key) of a flattened optimizer moment (a key of
+    `MOMENT_KEYS`), keyed by index or by parameter name; else None."""
+    parsed: tuple[str, int | str, str] | None = parse_state_name(name)
+    if parsed is None:
+        m = _FQN_STATE_RE.match(name)
+        parsed = (m["prefix"], m["param"], m["key"]) if m else None
+    return parsed if parsed is not None and parsed[2] in MOMENT_KEYS else None
+
+
+def is_state_name(name: str) -> bool:
+    """Whether a flattened name is optimizer state: any key of index-keyed state, the moments
+    and step counter of state keyed by parameter name."""
+    if parse_state_name(name) is not None or parse_moment_name(name) is not None:
+        return True
+    m = _FQN_STATE_RE.match(name)
+    return m is not None and m["key"] == "step"
+
+
+def weights_by_name(names: Iterable[str]) -> dict[str, str]:
+    """{parameter name: flattened tensor name} for the non-state tensors among `names` whose
+    last path segment (``model/layers.0.weight`` -> ``layers.0.weight``) no other one shares:
+    how a moment keyed by parameter name finds its weight."""
+    seen: dict[str, list[str]] = {}
+    for n in names:
+        if not is_state_name(n):
+            seen.setdefault(n.rsplit("/", 1)[-1], []).append(n)
+    return {fqn: found[0] for fqn, found in seen.items() if len(found) == 1}
+
+
 def moment_domain(name: str) -> Domain | None:
     """The domain a flattened state name is compressed in, or None if it stays exact."""
-    parsed = parse_state_name(name)
+    parsed = parse_moment_name(name)
     return MOMENT_KEYS.get(parsed[2]) if parsed else None
 
 
@@ -402,17 +440,20 @@ def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],
     weight_qmap = weight_qmap or {}
     init = init or {}
     mapping = _normalize_map(param_map) if param_map is not None else infer_param_map(tensors)
+    by_name = weights_by_name(tensors)
     jobs: list[tuple[str, torch.Tensor, str, QuantizedTensor | None]] = []
     for name, t in tensors.items():
-        parsed = parse_state_name(name)
+        parsed = parse_moment_name(name)
         if parsed is None:
             continue
-        domain = MOMENT_KEYS.get(parsed[2])
-        if domain is None or not t.is_floating_point() or t.numel() < min_numel:
+        domain = MOMENT_KEYS[parsed[2]]
+        if not t.is_floating_point() or t.numel() < min_numel:
             continue
         wq = None
         if domain == "linear":
-            wname = mapping.get((parsed[0], parsed[1]), mapping.get(("*", parsed[1])))
+            param = parsed[1]
+            wname = (by_name.get(param) if isinstance(param, str)
+                     else mapping.get((parsed[0], param), mapping.get(("*", param))))
             wq = weight_qmap.get(wname) if wname is not None else None
             if wq is not None and tuple(wq.shape) != tuple(t.shape):
                 wq = None

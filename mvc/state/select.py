@@ -16,7 +16,9 @@ pattern names a container on its path (``model`` selects everything under it).
 - any tensor named like flattened optimizer state, ``.../state/<i>/<key>``
   (`mvc.quant.optimizer.OPTIMIZER_STATE_PATTERNS`: Adam's ``exp_avg``,
   ``exp_avg_sq``, ``step``, SGD's ``momentum_buffer``), e.g. an optimizer's
-  ``state_dict()`` stored under another key.
+  ``state_dict()`` stored under another key; and state keyed by parameter name,
+  ``.../state/<fqn>/<moment or step>`` (`mvc.quant.optimizer.is_state_name`), as
+  ``get_optimizer_state_dict`` gives it.
 
 Everything else stays: non-tensor leaves (step counters, config, RNG state) are
 small and always kept; a container emptied by the pruning is dropped, one that
@@ -30,7 +32,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from mvc.errors import UsageError
-from mvc.quant.optimizer import parse_state_name
+from mvc.quant.optimizer import is_state_name
 from mvc.state.nested import _ROOT_NAME, _Builder, _segment
 
 #: Dict keys whose whole value is optimizer state for `weights_only`.
@@ -110,7 +112,7 @@ class _Pruner:
 
     def _select(self, path: tuple) -> bool:
         name = "/".join(_segment(k) for k in path) or _ROOT_NAME
-        if self.weights_only and parse_state_name(name) is not None:
+        if self.weights_only and is_state_name(name):
             return False
         if self.only is None:
             return True
