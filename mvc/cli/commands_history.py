@@ -39,9 +39,12 @@ def _decorations(repo: Repo) -> dict[str, list[str]]:
 
 
 def describe_quant(q: dict) -> str:
-    """'bins 8, prune 0.2 (magnitude), protect 0.005' (+ embedding settings when they differ)."""
+    """'bins 8, prune 0.2 (magnitude), protect 0.005' (+ embedding settings when they differ;
+    'uniform, bins 8, ...' for the uniform quantizer family)."""
     out = f"bins {q.get('bins')}, prune {q.get('prune', 0):g} ({q.get('prune_metric')}), " \
           f"protect {q.get('protect', 0):g}"
+    if q.get("family", "kmeans") != "kmeans":
+        out = f"{q['family']}, {out}"
     if q.get("embedding_bins"):
         out += f"; embeddings: bins {q['embedding_bins']}"
     return out
@@ -168,7 +171,9 @@ def storage_line(c: Commit, raw: int, stored: int, new: int | None = None) -> st
         # No quantization: asked for (commit.mode lossless, --lossless), or the search found
         # no configuration within the bound; the pipeline records the latter in `stored`.
         return f"{sizes}; {r.stored or 'lossless'}"
-    how = f"lossy: {c.quant.get('bins')} bins, prune {c.quant.get('prune', 0):g}"
+    family = c.quant.get("family", "kmeans")
+    grid = "" if family == "kmeans" else f" {family}"
+    how = f"lossy: {c.quant.get('bins')}{grid} bins, prune {c.quant.get('prune', 0):g}"
     if r.gate_name == "none":
         return f"{sizes}; {how}, no gate (fixed config, relative L2 error {_or(r.value, 0):.3g})"
     if r.degradation is None:

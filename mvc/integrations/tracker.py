@@ -315,7 +315,9 @@ class Tracker:
         stored exactly (full size), which must never pass silently."""
         deg, cfg = record.closest_degradation, record.closest_config
         if deg is not None:
-            measured = (f"the closest trial, {cfg.get('bins')} bins / prune {cfg.get('prune')}, "
+            grid = f" {cfg['family']}" if cfg.get("family") else ""
+            measured = (f"the closest trial, {cfg.get('bins')}{grid} bins / prune "
+                        f"{cfg.get('prune')}, "
                         f"measured {deg:+.3g}")
             if record.closest_refused:
                 measured += f" and was refused by {record.closest_refused}"

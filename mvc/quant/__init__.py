@@ -23,9 +23,10 @@ from mvc.quant.partition import Thresholds, masks, thresholds
 from mvc.quant.sketch import LogSketch
 from mvc.quant.state import dequantize_state, quantize_state
 from mvc.quant.tensor import QuantizedTensor, quantize, quantize_prepared
+from mvc.quant.uniform import FAMILIES
 
 __all__ = [
-    "AssignStats", "LAYER_TYPES", "LayerQuant", "LogSketch", "NonFiniteTensorError", "QuantConfig",
+    "AssignStats", "FAMILIES", "LAYER_TYPES", "LayerQuant", "LogSketch", "NonFiniteTensorError", "QuantConfig",
     "QuantConfigError", "QuantError", "QuantPolicy", "QuantStateError", "QuantizedPartsError",
     "QuantizedTensor", "Thresholds", "approx_kmeans", "assign", "dequantize_state",
     "layer_type", "level_dtype", "magnitude", "masks", "quantize", "quantize_prepared",

@@ -1,9 +1,12 @@
 """Quantization configuration and the policy of which tensors are quantized at all.
 
-`QuantConfig` is one point of the search cube (bins, prune fraction and metric,
-protect fraction), with separate values for embedding tensors (None = same as the
-rest).  `QuantPolicy` picks the tensors to quantize: floating-point tensors with at
-least `min_numel` elements that are not biases or norm parameters; everything else
+`QuantConfig` is one point of the search cube (quantizer family, bins, prune fraction and
+metric, protect fraction), with separate values for embedding tensors (None = same as the
+rest).  `family` is "kmeans" (Inshrinkerator's non-uniform levels, the default, and what a
+stored config without the field means) or "uniform" (`mvc.quant.uniform`).
+
+`QuantPolicy` picks the tensors to quantize: floating-point tensors with at least
+`min_numel` elements that are not biases or norm parameters; everything else
 (small, integer, bool, complex tensors) stays lossless.  fnmatch patterns override:
 `exclude` always keeps a tensor lossless, `include` quantizes any float tensor.
 Both round-trip through JSON via `to_dict()` / `from_dict()`.
@@ -21,6 +24,7 @@ from mvc.quant.errors import QuantConfigError
 from mvc.quant.importance import check_metric
 from mvc.quant.partition import check_fraction
 from mvc.quant.sketch import check_alpha
+from mvc.quant.uniform import DEFAULT_FAMILY, check_family
 
 MAX_BINS = 1 << 20
 
@@ -40,6 +44,7 @@ class LayerQuant:
     prune: float
     prune_metric: str
     protect: float
+    family: str = DEFAULT_FAMILY
 
 
 def _from_dict(cls: type, data: Mapping[str, Any]) -> Any:
@@ -69,8 +74,10 @@ class QuantConfig:
     embedding_protect: float | None = None
     alpha: float = 0.01
     sigma: float = 0.2
+    family: str = DEFAULT_FAMILY
 
     def __post_init__(self) -> None:
+        check_family(self.family)
         check_bins(self.bins)
         check_fraction(self.prune, "prune")
         check_fraction(self.protect, "protect")
@@ -95,12 +102,17 @@ class QuantConfig:
             return LayerQuant(pick(self.embedding_bins, self.bins),
                               float(pick(self.embedding_prune, self.prune)),
                               pick(self.embedding_prune_metric, self.prune_metric),
-                              float(pick(self.embedding_protect, self.protect)))
-        return LayerQuant(self.bins, float(self.prune), self.prune_metric, float(self.protect))
+                              float(pick(self.embedding_protect, self.protect)), self.family)
+        return LayerQuant(self.bins, float(self.prune), self.prune_metric, float(self.protect),
+                          self.family)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict; `from_dict(to_dict())` gives an equal config."""
-        return asdict(self)
+        """A JSON-ready dict; `from_dict(to_dict())` gives an equal config.  The default family
+        (k-means) is left out: a k-means config is stored as it was before families existed."""
+        out = asdict(self)
+        if out["family"] == DEFAULT_FAMILY:
+            del out["family"]
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> QuantConfig:

@@ -59,7 +59,8 @@ def quantize_state(tensors: Mapping[str, torch.Tensor], config: QuantConfig,
     grads: optional gradients by name, enabling sensitivity protection / pruning.
     seed:  k-means++ seed used for every tensor (results are deterministic).
     init:  warm-start centroids by name (e.g. the parent commit's), used where the
-           bin count matches; they keep levels stable between commits.
+           bin count matches (the uniform family: where they are a grid of its size whose
+           step is still good); they keep levels stable between commits.
     Raises `NonFiniteTensorError` naming the first NaN/Inf tensor when nonfinite="raise".
     """
     if not isinstance(config, QuantConfig):
@@ -102,7 +103,7 @@ def quantize_state(tensors: Mapping[str, torch.Tensor], config: QuantConfig,
                 tthr = Thresholds(thr.prune, thr.prune_metric, thr.protect_magnitude, None)
             out[name] = quantize_prepared(t, x, sketches.pop(name), sens, tthr, bins,
                                           init=(init or {}).get(name),
-                                          seed=seed, sigma=config.sigma)
+                                          seed=seed, sigma=config.sigma, family=config.family)
     return out
 
 

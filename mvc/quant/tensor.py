@@ -30,6 +30,7 @@ from mvc.quant.importance import check_metric, sensitivity
 from mvc.quant.kmeans import approx_kmeans
 from mvc.quant.partition import Thresholds, check_fraction, masks, thresholds
 from mvc.quant.sketch import LogSketch, check_alpha
+from mvc.quant.uniform import DEFAULT_FAMILY, check_family, grid_size, uniform_plan
 
 _INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
@@ -195,16 +196,20 @@ def level_values(values: torch.Tensor, device: torch.device) -> torch.Tensor:
 def _levels_native(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
                    sens: torch.Tensor | None, thr: Thresholds, k: int,
                    generator: torch.Generator, sigma: float,
-                   init: np.ndarray | None = None, stats: AssignStats | None = None
-                   ) -> tuple[torch.Tensor, np.ndarray, LogSketch, torch.Tensor]:
+                   init: np.ndarray | None = None, stats: AssignStats | None = None,
+                   centres: np.ndarray | None = None
+                   ) -> tuple[torch.Tensor, np.ndarray, LogSketch | None, torch.Tensor]:
     # CPU: the partition is applied inside the histogram and assignment kernels.
+    # `centres` given (the uniform family's grid): no k-means, so no sketch of the kept values.
     part = _partition(thr, sens)
-    keep = sketch
-    if part is not None:
-        restricted = _magnitude_only_keep(sketch, thr)
-        keep = (restricted if restricted is not None
-                else LogSketch.from_tensor(x, sketch.alpha, part=part))
-    centres = approx_kmeans(keep, k, sigma=sigma, generator=generator, init=init)
+    keep: LogSketch | None = None
+    if centres is None:
+        keep = sketch
+        if part is not None:
+            restricted = _magnitude_only_keep(sketch, thr)
+            keep = (restricted if restricted is not None
+                    else LogSketch.from_tensor(x, sketch.alpha, part=part))
+        centres = approx_kmeans(keep, k, sigma=sigma, generator=generator, init=init)
     levels = torch.empty(x.numel(), dtype=level_dtype(k))
     mids = midpoints(torch.from_numpy(centres).to(torch.float32))
     if stats is not None:
@@ -221,16 +226,19 @@ def _levels_native(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
 def _levels_torch(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
                   sens: torch.Tensor | None, thr: Thresholds, k: int,
                   generator: torch.Generator, sigma: float,
-                  init: np.ndarray | None = None, stats: AssignStats | None = None
-                  ) -> tuple[torch.Tensor, np.ndarray, LogSketch, torch.Tensor]:
+                  init: np.ndarray | None = None, stats: AssignStats | None = None,
+                  centres: np.ndarray | None = None
+                  ) -> tuple[torch.Tensor, np.ndarray, LogSketch | None, torch.Tensor]:
     # `stats` is a native-pass extra: left unfilled here (the caller measures afterwards)
     prune_mask, protect_mask = masks(x, sens, thr)
-    keep = _magnitude_only_keep(sketch, thr)
-    if keep is None:
-        dropped = prune_mask if protect_mask is None else (
-            protect_mask if prune_mask is None else prune_mask | protect_mask)
-        keep = sketch.subtract(LogSketch.from_tensor(x[dropped], sketch.alpha))
-    centres = approx_kmeans(keep, k, sigma=sigma, generator=generator, init=init)
+    keep: LogSketch | None = None
+    if centres is None:
+        keep = _magnitude_only_keep(sketch, thr)
+        if keep is None:
+            dropped = prune_mask if protect_mask is None else (
+                protect_mask if prune_mask is None else prune_mask | protect_mask)
+            keep = sketch.subtract(LogSketch.from_tensor(x[dropped], sketch.alpha))
+        centres = approx_kmeans(keep, k, sigma=sigma, generator=generator, init=init)
     levels = assign(x, torch.from_numpy(centres).to(torch.float32), backend="torch")
     if prune_mask is not None:
         levels.masked_fill_(prune_mask, k)
@@ -245,17 +253,22 @@ def quantize_prepared(tensor: torch.Tensor, x: torch.Tensor, sketch: LogSketch,
                       sens: torch.Tensor | None, thr: Thresholds, bins: int, *,
                       seed: int = 0, sigma: float = 0.2,
                       init: torch.Tensor | None = None,
-                      stats: AssignStats | None = None) -> QuantizedTensor:
+                      stats: AssignStats | None = None,
+                      family: str = DEFAULT_FAMILY) -> QuantizedTensor:
     """Quantize with thresholds already chosen (e.g. per layer type over many tensors).
 
     `x` is `tensor` flattened to contiguous float32, `sketch` its LogSketch, `sens` its
     sensitivity scores (required when the thresholds use sensitivity, else may be None).
-    `init`: warm-start centroids (used when there are exactly `bins` of them).
+    `init`: warm-start centroids (used when there are exactly `bins` of them; for the uniform
+    family, the parent's grid, whose step is kept while still good).
+    `family`: "kmeans" (the default) or "uniform" (`mvc.quant.uniform`: a grid of
+    `grid_size(bins)` centroids, a dead zone that prunes; the result's `bins` is the grid size).
     `stats` (`AssignStats`, with optional float32 weights `w`): where the native assignment
     runs, it also fills in the result's error sums against `x` (`mvc.quant.error`) and its
     level counts, in the same pass; `sums` / `counts` stay None where it does not.
     """
     k = check_bins(bins)
+    check_family(family)
     if thr.needs_sensitivity and sens is None:
         raise QuantConfigError("these thresholds need sensitivity scores (a gradient)")
     if not thr.needs_sensitivity:
@@ -265,13 +278,18 @@ def quantize_prepared(tensor: torch.Tensor, x: torch.Tensor, sketch: LogSketch,
         raise QuantConfigError("quantize_prepared(): x / sens do not match the tensor")
     gen = _generator(seed)
     flat = tensor.detach().reshape(-1)
-    run = _levels_native if native_ok(x, level_dtype(k)) else _levels_torch
+    grid_np = None
+    init_k = grid_size(k) if family == "uniform" else k
     init_np = None
-    if init is not None and init.numel() == k:
+    if init is not None and init.numel() == init_k:
         init_np = init.detach().to("cpu", torch.float64).numpy()
+    if family == "uniform":
+        grid_np, thr = uniform_plan(sketch, thr, k, init_np)
+        k = grid_np.size
+    run = _levels_native if native_ok(x, level_dtype(k)) else _levels_torch
     levels, centres, keep, protected = run(x, flat, sketch, sens, thr, k, gen, sigma, init_np,
-                                           stats)
-    vals, _ = keep.buckets()
+                                           stats, grid_np)
+    vals = keep.buckets()[0] if keep is not None else np.zeros(0)
     if 0 < vals.size <= k:
         # Degenerate input (no more distinct buckets than centroids): bucket centres are
         # only alpha-close, the exact per-level means reproduce such tensors exactly.
@@ -287,7 +305,7 @@ def quantize(tensor: torch.Tensor, bins: int, *, prune: float = 0.0,
              prune_metric: str = "magnitude", protect: float = 0.0,
              grad: torch.Tensor | None = None, seed: int = 0, alpha: float = 0.01,
              sigma: float = 0.2, name: str | None = None,
-             init: torch.Tensor | None = None) -> QuantizedTensor:
+             init: torch.Tensor | None = None, family: str = DEFAULT_FAMILY) -> QuantizedTensor:
     """Quantize `tensor` to `bins` non-uniform levels, pruning and protecting fractions.
 
     prune:        fraction of least important parameters set to exactly 0.
@@ -300,11 +318,14 @@ def quantize(tensor: torch.Tensor, bins: int, *, prune: float = 0.0,
     name:         used in error messages.
     init:         warm-start centroids (e.g. the previous checkpoint's, same `bins`) instead
                   of k-means++: keeps levels stable between checkpoints, so deltas stay small.
+    family:       "kmeans" (default) or "uniform": a symmetric grid of `bins` non-zero levels
+                  with one step for the tensor and a dead zone at 0 (`mvc.quant.uniform`).
 
     Raises `NonFiniteTensorError` for NaN/Inf in `tensor` or `grad` and
     `QuantConfigError` for invalid arguments.
     """
     check_bins(bins)
+    check_family(family)
     check_fraction(prune, "prune")
     check_fraction(protect, "protect")
     check_metric(prune_metric)
@@ -322,4 +343,4 @@ def quantize(tensor: torch.Tensor, bins: int, *, prune: float = 0.0,
     thr = thresholds(sketch.abs(), sens_sketch, prune=prune, prune_metric=prune_metric,
                      protect=protect)
     return quantize_prepared(tensor, x, sketch, sens, thr, bins, seed=seed, sigma=sigma,
-                             init=init)
+                             init=init, family=family)

@@ -31,6 +31,7 @@ import torch
 from mvc.errors import InternalError
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy
 from mvc.quant.optimizer import OPTIMIZER_STATE_PATTERNS
+from mvc.quant.uniform import DEFAULT_FAMILY
 from mvc.search.fidelity import FidelityJudge, FidelityOutputs
 from mvc.search.gate import (
     DEFAULT_CONFIDENCE,
@@ -51,8 +52,9 @@ from mvc.search.prepared import Prepared
 from mvc.search.quality import DEFAULT_EPSILON, PROXY_EPSILON, proxy_name
 from mvc.search.quality import finite as _finite
 from mvc.search.record import QualityRecord
-from mvc.search.space import Point, SearchError, SearchSpace, short
-from mvc.search.trials import Measure, PieceKey, Pieces, TrialSource, quantize_config
+from mvc.search.space import Point, SearchError, SearchSpace, short, split_variant, variant
+from mvc.search.trials import (Measure, PieceKey, Pieces, TrialSource, quantize_config,
+                               source_families)
 from mvc.search.trials import worst as worst_of
 
 Evaluate = Callable[[dict[str, torch.Tensor]], Any]
@@ -132,6 +134,7 @@ class _Runner:
         self.best: dict[str, Point] = {}          # requested metric -> cheapest feasible point
         self.log: list[dict[str, Any]] = []
         self._last: dict[PieceKey, Pieces] = {}
+        self._last_family = DEFAULT_FAMILY        # the family `_last` was quantized in
         self.par: Ranks | None = None             # leading a parallel search over these
         self.rounds = 0                           # parallel rounds (batches of trials)
 
@@ -165,13 +168,14 @@ class _Runner:
     def quantize(self, config: QuantConfig
                  ) -> tuple[dict[str, QuantizedTensor | None], dict[PieceKey, Pieces]]:
         # A tensor quantized by the last trial or kept by a best trial, under the same
-        # (bins, thresholds), is not quantized again.
-        reuse = dict(self._last)
+        # (family, bins, thresholds), is not quantized again.
+        reuse = dict(self._last) if self._last_family == config.family else {}
         for point in self.best.values():
-            reuse.update(self.memo[point].keys)
+            if self.memo[point].config.family == config.family:
+                reuse.update(self.memo[point].keys)
         qmap, keys = quantize_config(self.prep, config, seed=self.seed, init=self.init,
                                      weigh=self.evaluate is None, reuse=reuse)
-        self._last = keys
+        self._last, self._last_family = keys, config.family
         return qmap, keys
 
     # -------------------------------------------------------------- scoring
@@ -293,8 +297,10 @@ def _exhaustive(run: _Runner, metrics: list[str]) -> Point | None:
     winners: list[Point] = []
     for metric in metrics:
         oracle = MonotoneOracle(functools.partial(_feasible, run, metric))
+        family = split_variant(metric)[0]
         for point, tr in run.memo.items():  # seed with what earlier trials showed
-            if point[0] == metric or sp.axes(emb)[1][point[1][1]] == 0:
+            if point[0] == metric or (split_variant(point[0])[0] == family
+                                      and sp.axes(emb)[1][point[1][1]] == 0):
                 oracle.seed(point[1], tr.feasible)
         prefetch = None
         if run.par is not None:
@@ -314,9 +320,21 @@ def _exhaustive(run: _Runner, metrics: list[str]) -> Point | None:
                 break
     if not winners:
         return None
-    return min(winners, key=lambda p: (cost(p[1]), run.memo[p].bits,
-                                       run.memo[p].verdict.preference,
-                                       metrics.index(p[0]) if p[0] in metrics else 0))
+
+    def order(p: Point) -> int:
+        return metrics.index(p[0]) if p[0] in metrics else 0
+
+    # Within a family the cost model decides (as before families); between families, the
+    # measured bits (level entropy plus protected values): the smaller stored size wins.
+    best: dict[str, Point] = {}
+    for p in winners:
+        fam = split_variant(p[0])[0]
+        cur = best.get(fam)
+        key = (cost(p[1]), run.memo[p].bits, run.memo[p].verdict.preference, order(p))
+        if cur is None or key < (cost(cur[1]), run.memo[cur].bits,
+                                 run.memo[cur].verdict.preference, order(cur)):
+            best[fam] = p
+    return min(best.values(), key=lambda p: (run.memo[p].bits, cost(p[1]), order(p)))
 
 
 def _feasible(run: _Runner, metric: str, idx: tuple[int, ...]) -> bool:
@@ -324,7 +342,11 @@ def _feasible(run: _Runner, metric: str, idx: tuple[int, ...]) -> bool:
 
 
 def _metrics(space: SearchSpace, prep: TrialSource) -> list[str]:
-    return [m for m in space.prune_metric if m != "sensitivity" or prep.has_sensitivity]
+    """The variants searched: every family of the space the source quantizes with, by every
+    prune metric it can serve."""
+    metrics = [m for m in space.prune_metric if m != "sensitivity" or prep.has_sensitivity]
+    families = source_families(prep)
+    return [v for v in space.variants(metrics) if split_variant(v)[0] in families]
 
 
 def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | None = None,
@@ -412,7 +434,11 @@ def search_trials(source: TrialSource, *, space: SearchSpace | None = None,
     epsilon = PROXY_EPSILON if epsilon is None else epsilon
     _check_epsilon(epsilon)
     cap = check_tensor_cap(DEFAULT_TENSOR_CAP if tensor_cap is None else tensor_cap)
-    run = _Runner(source, space or SearchSpace(), None, float(epsilon), seed, init, cap)
+    space = space or SearchSpace()
+    families = tuple(f for f in space.family if f in source_families(source))
+    # a source quantizing k-means only (a sharded save's) searches the space's k-means part
+    space = dataclasses.replace(space, family=families or (DEFAULT_FAMILY,))
+    run = _Runner(source, space, None, float(epsilon), seed, init, cap)
     return _find(run, None, 1, None)
 
 
@@ -476,10 +502,16 @@ def _find(run: _Runner, previous: QuantConfig | None, radius: int, metric_name: 
     emb, share = prep.embeddings, prep.embedding_share
     winner: Point | None = None
     mode = "exhaustive"
+    if previous is not None and not any(split_variant(m)[0] == previous.family for m in metrics):
+        previous = None  # a family this search does not cover: search afresh
     if previous is not None:
         mode = "neighbourhood"
-        current = previous.prune_metric if previous.prune_metric in metrics else metrics[0]
-        others = [m for m in metrics if m != current]
+        # the neighbourhood stays in the previous family (its levels keep deltas sparse); the
+        # other family is searched when the neighbourhood has nothing feasible
+        mine = [m for m in metrics if split_variant(m)[0] == previous.family]
+        current = variant(previous.family, previous.prune_metric)
+        current = current if current in mine else mine[0]
+        others = [m for m in mine if m != current]
         start = space.snap(previous, emb)
         outcome: Callable[[str, tuple[int, ...]], Outcome] = run.outcome
         if run.par is not None:

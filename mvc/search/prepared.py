@@ -15,6 +15,7 @@ from mvc.quant.errors import NonFiniteTensorError
 from mvc.quant.importance import sensitivity
 from mvc.layer_types import layer_type
 from mvc.quant.partition import Thresholds, thresholds
+from mvc.quant.uniform import DEFAULT_FAMILY, FAMILIES
 from mvc.search.quality import proxy_error
 from mvc.search.trials import Measure, PieceKey, Pieces, entropy_bits
 
@@ -73,12 +74,16 @@ class Prepared:
             return thr
         return Thresholds(thr.prune, thr.prune_metric, thr.protect_magnitude, None)
 
+    #: The quantizer families this source quantizes with (`FamilyTrialSource`).
+    families = FAMILIES
+
     def quantize(self, name: str, bins: int, thr: Thresholds, *, seed: int, sigma: float,
-                 init: torch.Tensor | None, weigh: bool) -> Pieces:
-        """{name: quantization of tensor `name`}.  The assignment pass also measures the
-        error sums and level counts (`AssignStats`) and leaves them where the proxy, the
-        guard rail and the bit count look them up: gradient-weighted when `weigh` (a proxy
-        search) and the tensor has a gradient of its shape."""
+                 init: torch.Tensor | None, weigh: bool, family: str = DEFAULT_FAMILY) -> Pieces:
+        """{name: quantization of tensor `name`} in quantizer family `family`.  The
+        assignment pass also measures the error sums and level counts (`AssignStats`) and
+        leaves them where the proxy, the guard rail and the bit count look them up:
+        gradient-weighted when `weigh` (a proxy search) and the tensor has a gradient of its
+        shape."""
         t = self.tensors[name]
         sens = sensitivity(t, self.grads[name], name=name) if (
             thr.needs_sensitivity and name in self.sens_sketches) else None
@@ -88,7 +93,7 @@ class Prepared:
                             if g is not None else None)
         x = t.detach().reshape(-1).to(torch.float32).contiguous()
         q = quantize_prepared(t, x, self.sketches[name], sens, thr, bins, seed=seed, sigma=sigma,
-                              init=init, stats=stats)
+                              init=init, stats=stats, family=family)
         seed_error_stats(q, t, g, stats.sums, stats.counts)
         return {name: q}
 

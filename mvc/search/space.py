@@ -13,6 +13,12 @@ every axis — the monotonicity Algorithm 4 relies on:
 Index vectors therefore compare componentwise: p <= q means q is at least as
 conservative as p on every axis.
 
+The quantizer family (`family`: "kmeans", "uniform", see `mvc.quant.uniform`) is not an
+axis -- neither family is more compressive than the other everywhere -- but a choice made
+like the pruning metric's: a point names its *variant*, the prune metric for the k-means
+family ("magnitude", as before families existed) or "uniform:<metric>", and the search runs
+per variant and keeps the winner with the fewest measured bits (`mvc.search.driver`).
+
 Expected compression (`SearchSpace.cost`) is a config-only cost model in bits per
 quantized parameter, cheap enough to order trials before running them:
 
@@ -36,9 +42,22 @@ from typing import Any
 from mvc.errors import MvcError, UsageError
 from mvc.quant import QuantConfig
 from mvc.quant.importance import METRICS
+from mvc.quant.uniform import DEFAULT_FAMILY, FAMILIES
 
-#: A point: (prune metric, index per axis).
+#: A point: (variant -- the prune metric, prefixed by a family other than k-means --, index
+#: per axis).
 Point = tuple[str, tuple[int, ...]]
+
+
+def variant(family: str, metric: str) -> str:
+    """A point's variant string: `metric` for the k-means family, "family:metric" otherwise."""
+    return metric if family == DEFAULT_FAMILY else f"{family}:{metric}"
+
+
+def split_variant(v: str) -> tuple[str, str]:
+    """(family, prune metric) of a variant string."""
+    family, sep, metric = v.rpartition(":")
+    return (family, metric) if sep else (DEFAULT_FAMILY, v)
 
 #: Bits a protected parameter costs in the cost model (its float32 value).
 PROTECTED_BITS = 32.0
@@ -81,6 +100,8 @@ class SearchSpace:
 
     Values may be given in any order: `axes` sorts them most-compressive first.
     `alpha` and `sigma` are passed to every trial's `QuantConfig` unchanged.
+    `family`: the quantizer families searched (default k-means only; "uniform" adds the
+    uniform grid, `mvc.quant.uniform`).
     """
 
     bins: tuple[int, ...] = (4, 6, 8, 12, 16, 32, 64)
@@ -90,9 +111,15 @@ class SearchSpace:
     protect: tuple[float, ...] = (0.0005, 0.005, 0.01)
     alpha: float = 0.01
     sigma: float = 0.2
+    family: tuple[str, ...] = (DEFAULT_FAMILY,)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        families = _axis(self.family, "family", str)
+        bad_f = [f for f in families if f not in FAMILIES]
+        if bad_f:
+            raise SearchSpaceError(f"unknown quantizer family(ies) {bad_f}; known: {FAMILIES}")
+        set_(self, "family", tuple(f for f in FAMILIES if f in families))
         set_(self, "bins", tuple(sorted(_axis(self.bins, "bins", int))))
         set_(self, "embedding_bins", tuple(sorted(_axis(self.embedding_bins, "embedding_bins", int))))
         set_(self, "prune", tuple(sorted(_axis(self.prune, "prune", float), reverse=True)))
@@ -122,21 +149,28 @@ class SearchSpace:
     def shape(self, embeddings: bool) -> tuple[int, ...]:
         return tuple(len(a) for a in self.axes(embeddings))
 
+    def variants(self, metrics: Sequence[str]) -> list[str]:
+        """Every (family, metric) variant searched, k-means first, for the given metrics."""
+        return [variant(f, m) for f in self.family for m in metrics]
+
     def config(self, point: Point, embeddings: bool) -> QuantConfig:
         """The QuantConfig of a point; with prune 0 the metric is normalized to magnitude."""
-        metric, idx = point
+        v, idx = point
+        family, metric = split_variant(v)
         ax = self.axes(embeddings)
         bins, prune, protect = ax[0][idx[0]], ax[1][idx[1]], ax[2][idx[2]]
         return QuantConfig(bins=bins, prune=prune,
                            prune_metric=metric if prune > 0 else "magnitude",
                            protect=protect,
                            embedding_bins=ax[3][idx[3]] if embeddings else None,
-                           alpha=self.alpha, sigma=self.sigma)
+                           alpha=self.alpha, sigma=self.sigma, family=family)
 
     def canonical(self, point: Point, embeddings: bool) -> Point:
         """The point with the metric normalized (prune 0 makes the metric irrelevant)."""
-        _, idx = point
-        return ("magnitude", idx) if self.axes(embeddings)[1][idx[1]] == 0 else point
+        v, idx = point
+        if self.axes(embeddings)[1][idx[1]] == 0:
+            return (variant(split_variant(v)[0], "magnitude"), idx)
+        return point
 
     def cost(self, idx: Sequence[int], embeddings: bool, embedding_share: float = 0.0) -> float:
         """Expected bits per quantized parameter of a point (see the module docstring)."""
@@ -203,4 +237,6 @@ def short(config: QuantConfig | None) -> dict[str, Any] | None:
                            "metric": config.prune_metric, "protect": config.protect}
     if config.embedding_bins is not None:
         out["embedding_bins"] = config.embedding_bins
+    if config.family != DEFAULT_FAMILY:
+        out["family"] = config.family
     return out

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 
 from mvc.quant import QuantConfig, QuantizedTensor
 from mvc.quant.partition import Thresholds
+from mvc.quant.uniform import DEFAULT_FAMILY
 
 #: This process's part of one tensor's quantization, by the name the process knows it
 #: under: a whole tensor's is {its name: its quantization}; a sharded tensor's, this
@@ -109,13 +110,35 @@ class TrialSource(Protocol):
         ...
 
 
+class FamilyTrialSource(TrialSource, Protocol):
+    """A source that also quantizes with other families than k-means (`mvc.quant.uniform`);
+    it lists them in `families`.  A source without that attribute is searched over k-means
+    only (`source_families`)."""
+
+    families: tuple[str, ...]
+
+    def quantize(self, name: str, bins: int, thr: Thresholds, *, seed: int, sigma: float,
+                 init: torch.Tensor | None, weigh: bool, family: str = DEFAULT_FAMILY
+                 ) -> Pieces:
+        """As `TrialSource.quantize`, in quantizer family `family`."""
+        ...
+
+
+def source_families(source: TrialSource) -> tuple[str, ...]:
+    """The quantizer families `source` can quantize with: its `families`, else k-means."""
+    got = getattr(source, "families", (DEFAULT_FAMILY,))
+    return tuple(got)
+
+
 def quantize_config(source: TrialSource, config: QuantConfig, *, seed: int,
                     init: Mapping[str, torch.Tensor], weigh: bool,
                     reuse: Mapping[PieceKey, Pieces] | None = None
                     ) -> tuple[dict[str, QuantizedTensor | None], dict[PieceKey, Pieces]]:
     """(quantization by `source.tensors`' names, None for the exact ones; the same by
     key) of every searched tensor by `config`; a key found in `reuse` is not
-    quantized again.  `init`: warm-start centroids by tensor name."""
+    quantized again (`reuse` must hold quantizations of `config.family` only: the key does
+    not name the family).  `init`: warm-start centroids by tensor name.  A family other than
+    k-means is asked of the source as `quantize(..., family=...)` (`FamilyTrialSource`)."""
     qmap: dict[str, QuantizedTensor | None] = {n: None for n in source.tensors}
     keys: dict[PieceKey, Pieces] = {}
     reuse = reuse or {}
@@ -125,7 +148,11 @@ def quantize_config(source: TrialSource, config: QuantConfig, *, seed: int,
         for name in names:
             key = (name, bins, source.tensor_thresholds(name, thr))
             got = reuse.get(key)
-            if got is None:
+            if got is None and config.family != DEFAULT_FAMILY:
+                got = cast(FamilyTrialSource, source).quantize(
+                    name, bins, key[2], seed=seed, sigma=config.sigma, init=init.get(name),
+                    weigh=weigh, family=config.family)
+            elif got is None:
                 got = source.quantize(name, bins, key[2], seed=seed, sigma=config.sigma,
                                       init=init.get(name), weigh=weigh)
             qmap.update(got)
