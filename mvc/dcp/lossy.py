@@ -48,7 +48,7 @@ from mvc.quant.errors import NonFiniteTensorError
 from mvc.layer_types import layer_type
 from mvc.quant.partition import Thresholds, thresholds
 from mvc.repo.commitopts import quantization
-from mvc.repo.repository import Repo
+from mvc.repo.config import Config
 from mvc.search import default_policy
 from mvc.search.driver import search_trials
 from mvc.search.gate import DEFAULT_TENSOR_CAP
@@ -80,16 +80,17 @@ class How:
         return self.mode != "lossless"
 
     @classmethod
-    def of(cls, repo: Repo, lossless: bool, options: Mapping[str, Any]) -> How:
-        """From the writer's options and the repository's ``commit.*`` configuration, with
-        `Repo.commit`'s precedence: lossless, then `quant=`, then `space=`, then the mode."""
+    def of(cls, config: Config, lossless: bool, options: Mapping[str, Any]) -> How:
+        """From the writer's options and the ``commit.*`` configuration (the repository's, or
+        a remote save's `config=`), with `Repo.commit`'s precedence: lossless, then `quant=`,
+        then `space=`, then the mode."""
         # DCP keys optimizer state by parameter name (``optim/state/fc1.weight/exp_avg``),
         # which the default policy's ``state/<index>`` pattern does not catch.
         policy = options.get("policy") or QuantPolicy(
             exclude=tuple(default_policy().exclude) + ("*/state/*", "state/*"))
         # Repo.commit's rules (precedence, a fixed mode's config, the proxy opt-in), without a
         # quality function: a storage writer has no model to evaluate.
-        how = quantization(repo.config, lossless, options.get("quant"), policy, None,
+        how = quantization(config, lossless, options.get("quant"), policy, None,
                            options.get("epsilon"), options.get("space"))
         if how.mode == "lossless":
             return cls("lossless", policy=policy)

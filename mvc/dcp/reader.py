@@ -33,11 +33,11 @@ from torch.distributed.checkpoint._nested_dict import FLATTEN_MAPPING
 from mvc.dtypes import parse_dtype
 from mvc.errors import UsageError
 from mvc.repo.objects import TensorRecord
-from mvc.integrations.repo_handle import RepoOnDemand, UsesRepo
 from mvc.repo.repository import Repo
 from mvc.repo.shards import shard_of
 
 from mvc.dcp.layout import fqn_view
+from mvc.dcp.remote import RemoteTarget, UsesTarget, is_url, open_target
 
 
 class DcpLayoutError(UsageError):
@@ -47,13 +47,20 @@ class DcpLayoutError(UsageError):
     exit_code = 163
 
 
-class MvcStorageReader(UsesRepo, StorageReader):
+class MvcStorageReader(UsesTarget, StorageReader):
     """Read the commit `rev` (default HEAD) of the mvc repository at `repo` (a path or `Repo`)
-    for ``dcp.load(state, storage_reader=MvcStorageReader("runs/exp1", rev="v1"))``."""
+    for ``dcp.load(state, storage_reader=MvcStorageReader("runs/exp1", rev="v1"))``.
 
-    def __init__(self, repo: str | os.PathLike | Repo, rev: str = "HEAD") -> None:
+    `repo` may be a remote's URL (``s3://bucket/prefix``, ``file:///dir``): the commit is read
+    straight from there, no repository needed (`mvc.dcp.remote`; ``HEAD`` is its ``main``,
+    else its first branch), and each rank fetches only the commit, its snapshot and the
+    records holding the regions it loads (with their delta chains).  `cache_dir=` (a remote
+    only): a local directory keeping every object read, for later loads."""
+
+    def __init__(self, repo: str | os.PathLike | Repo, rev: str = "HEAD", *,
+                 cache_dir: str | os.PathLike | None = None) -> None:
         super().__init__()
-        self._repo = RepoOnDemand(repo)
+        self._repo = open_target(repo, write=False, cache_dir=cache_dir)
         self.rev = rev
         #: The commit read (set by `read_metadata`).
         self.commit_id: str | None = None
@@ -65,14 +72,16 @@ class MvcStorageReader(UsesRepo, StorageReader):
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id:
             self._repo.retarget(checkpoint_id)
+        if isinstance(self._repo, RemoteTarget):
+            self._repo.close()   # a load reads the remote's refs as they are now
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        return (Path(checkpoint_id) / ".mvc" / "store").is_dir()
+        return is_url(checkpoint_id) or (Path(checkpoint_id) / ".mvc" / "store").is_dir()
 
     @property
-    def checkpoint_id(self) -> Path:
-        """The repository's work tree."""
+    def checkpoint_id(self) -> Path | str:
+        """The repository's work tree, or the remote's URL."""
         return self.path
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:

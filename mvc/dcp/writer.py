@@ -50,7 +50,7 @@ from mvc.errors import DataError, MvcError, UsageError
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy
 from mvc.repo import pipeline
 from mvc.repo.objects import Commit, TensorRecord
-from mvc.integrations.repo_handle import RepoOnDemand, UsesRepo
+from mvc.integrations.repo_handle import RepoOnDemand
 from mvc.repo.repository import Repo
 from mvc.repo.shards import SHARD_KEY, covers_whole, shard_meta, shard_name, shard_of
 from mvc.repo.transaction import Published
@@ -59,6 +59,7 @@ from mvc.search.space import SearchSpace
 
 from mvc.dcp import lossy, moments
 from mvc.dcp.layout import Paths, merged_paths, skeleton, tensor_names
+from mvc.dcp.remote import RemoteSide, RemoteTarget, UsesTarget, is_url, open_target
 
 #: Options `MvcStorageWriter` takes besides `lossless` (as `Repo.commit` takes them).
 COMMIT_OPTIONS = ("step", "metrics", "quant", "policy", "space", "epsilon", "tensor_cap")
@@ -131,9 +132,10 @@ class _Value:
     value: Any
 
 
-class MvcStorageWriter(UsesRepo, StorageWriter):
-    """Write a DCP checkpoint as one commit of the mvc repository at `repo` (a path or `Repo`;
-    it must exist: ``mvc init``).
+class MvcStorageWriter(UsesTarget, StorageWriter):
+    """Write a DCP checkpoint as one commit of the mvc repository at `repo`: a path or `Repo`
+    (it must exist: ``mvc init``), or a remote's URL (``s3://bucket/prefix``,
+    ``file:///dir``: no local repository on any host, `mvc.dcp.remote`).
 
     ``dcp.save(state, storage_writer=MvcStorageWriter("runs/exp1", message="step 1000"))``:
     every rank encodes and stores its own tensors and shards, the coordinator publishes.
@@ -150,12 +152,18 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
     `NothingToCommitError` (git's "nothing to commit"), as for `Repo.commit`.
     `process_group`: the group given to `dcp.save` / `dcp.async_save`, on which the lossy
     path's own collectives then run too (None: the default group).  Picklable, for DCP's
-    process-based async executor (the repository travels by path).
+    process-based async executor (the repository travels by path or URL).
+
+    A remote only: `branch=` (default ``main``) is the branch the save moves; `config=` a
+    mapping of mvc config keys (``commit.mode``, ``commit.quant``, ``quality.epsilon`` ...)
+    standing in for a repository's config, which a remote does not hold; `cache_dir=` a
+    local directory keeping the remote objects this process reads (the parent's).
     """
 
     def __init__(self, repo: str | os.PathLike | Repo, message: str, *, lossless: bool = False,
-                 allow_empty: bool = True, process_group: Any = None,
-                 **commit_options: Any) -> None:
+                 allow_empty: bool = True, process_group: Any = None, branch: str | None = None,
+                 config: dict[str, Any] | None = None,
+                 cache_dir: str | os.PathLike | None = None, **commit_options: Any) -> None:
         super().__init__()
         if not isinstance(message, str) or not message.strip():
             raise DcpOptionError("a commit needs a non-empty message")
@@ -164,7 +172,8 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
             raise DcpOptionError(f"MvcStorageWriter takes {', '.join(COMMIT_OPTIONS)} and "
                                  f"lossless; not {', '.join(unknown)}")
         _check_types(commit_options)
-        self._repo = RepoOnDemand(repo)
+        self._repo = open_target(repo, write=True, branch=branch, settings=config,
+                                 cache_dir=cache_dir)
         self.message = message
         self.lossless = bool(lossless)
         self.allow_empty = bool(allow_empty)
@@ -193,30 +202,35 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
     # -------------------------------------------------------------- pickling
     def __getstate__(self) -> dict[str, Any]:
         """Picklable (DCP's process-based async executor ships the writer to a checkpoint
-        process): the repository by path, reopened there on first use; no process group (the
-        checkpoint process makes its own, which DCP passes as the default one)."""
+        process): the repository by path (a remote by URL), reopened there on first use; no
+        process group (the checkpoint process makes its own, which DCP passes as the default
+        one)."""
         state = dict(self.__dict__)
-        state["_repo"] = RepoOnDemand(self._repo.path)
+        state["_repo"] = (self._repo.detached() if isinstance(self._repo, RemoteTarget)
+                          else RepoOnDemand(self._repo.path))
         state["process_group"] = None
         return state
 
     # -------------------------------------------------------------- StorageWriter
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
-        """A new save begins; `checkpoint_id`, when given, is another repository's path."""
+        """A new save begins; `checkpoint_id`, when given, is another repository's path (or
+        remote's URL).  A remote is opened again: the save reads its branch as it is now."""
         if checkpoint_id:
             self._repo.retarget(checkpoint_id)
+        if isinstance(self._repo, RemoteTarget):
+            self._repo.close()
         self.commit_id = None
         self.reused = False
         self._shared = None
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        """True for the work tree of an mvc repository."""
-        return (Path(checkpoint_id) / ".mvc" / "store").is_dir()
+        """True for the work tree of an mvc repository, or a remote's URL."""
+        return is_url(checkpoint_id) or (Path(checkpoint_id) / ".mvc" / "store").is_dir()
 
     @property
-    def checkpoint_id(self) -> Path:
-        """The repository's work tree."""
+    def checkpoint_id(self) -> Path | str:
+        """The repository's work tree, or the remote's URL."""
         return self.path
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -241,7 +255,7 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
         paths = merged_paths([p.planner_data for p in plans], fqns)
         tensors = [item.index.fqn for item in items if item.type != WriteItemType.BYTE_IO]
         names = tensor_names(paths, dict.fromkeys(tensors))
-        how = lossy.How.of(repo, self.lossless, self.options)
+        how = lossy.How.of(repo.config, self.lossless, self.options)
         glob: dict[str, tuple[list[int], torch.dtype]] = {}
         for item in items:
             td = item.tensor_data
@@ -277,7 +291,11 @@ class MvcStorageWriter(UsesRepo, StorageWriter):
         config = quality = None
         opt = moments.Moments()
         if shared.how.lossy:
-            init = pipeline.parent_centroids(parent, tx.read_quantized)
+            # this rank's records' warm starts only (the group merges them): a rank reads
+            # nothing of the parent's other shards -- on a remote, nothing of them is fetched
+            init = pipeline.parent_centroids(dataclasses.replace(
+                parent, records={n: r for n, r in parent.records.items() if n in tensors}),
+                tx.read_quantized)
             with lossy.collective_group(self.process_group):
                 quantized, config, quality = lossy.choose(tensors, shards, shared.how, init)
                 if config is not None and shared.how.optimizer == "compressed":
@@ -351,7 +369,7 @@ def save(state: dict[str, Any], writer: MvcStorageWriter, **dcp_kwargs: Any) -> 
     return landed.commit_id if isinstance(landed, Landed) else writer.commit_id
 
 
-def _readable(repo: Repo, cid: str) -> Commit | None:
+def _readable(repo: Repo | RemoteSide, cid: str) -> Commit | None:
     """The commit, or None where it cannot be read (then no save is taken for a retry of it,
     and the save goes on as it did before retries were recognised)."""
     try:
