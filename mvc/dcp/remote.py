@@ -35,14 +35,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from mvc.errors import UsageError
+from mvc.errors import DataError, UsageError
 from mvc.remote.readonly import RemoteRepo
 from mvc.repo import pipeline
 from mvc.repo import refs as R
 from mvc.repo.commitopts import commit_settings
 from mvc.repo.config import Config
 from mvc.repo.objects import Commit, Snapshot, TensorRecord
+from mvc.repo.levelcache import LevelCache
 from mvc.repo.reader import TensorReader
+from mvc.repo.records import parent_ref
 from mvc.repo.repository import Repo
 from mvc.repo.transaction import CommitTransaction, Published
 from mvc.integrations.repo_handle import RepoOnDemand
@@ -51,7 +53,7 @@ from mvc.store.base import BytesLike, byte_view, object_id
 from mvc.store.contracts import BlobStore
 from mvc.store.memory import MemoryMaintenance
 from mvc.store.objstore import Remote, open_remote
-from mvc.store.objstore.blobs import PACK_MAX_OBJECT, loose_key
+from mvc.store.objstore.blobs import PACK_MAX_OBJECT, RemoteBlobStore, loose_key
 from mvc.store.objstore.cached import open_cache
 
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
@@ -161,13 +163,19 @@ class RemoteCommitTransaction(CommitTransaction):
     `UploadBlobs`); the write lock is this process's only -- between processes and hosts the
     ref's compare-and-swap decides."""
 
-    def __init__(self, ref: str, blobs: UploadBlobs, **parts: Any) -> None:
+    def __init__(self, side: RemoteSide, ref: str, blobs: UploadBlobs, **parts: Any) -> None:
         super().__init__(blobs=blobs, **parts)
+        self.side = side
         self.ref = ref
         self.uploads = blobs
 
     def target(self) -> tuple[str, str | None]:
         return self.ref, self.refs.read_ref(self.ref)
+
+    def prefetch(self, snapshot: str | None, records: Iterable[TensorRecord]) -> None:
+        """Read what decoding `records` (of `snapshot`, the parent's) will read, in few
+        requests: `RemoteSide.prefetch`."""
+        self.side.prefetch(snapshot, records)
 
     def publish(self, manifest: pipeline.Manifest, records: Iterable[TensorRecord],
                 info: pipeline.CommitInfo, **kwargs: Any) -> Published:
@@ -184,10 +192,14 @@ class RemoteSide:
 
     `write`: the bucket (or directory) must exist, and the remote's format marker is written
     if it is not there yet (an empty bucket becomes an empty repository); a read of a remote
-    without one is `RemoteMissingError`.  The remote's refs are read once, when opened."""
+    without one is `RemoteMissingError`.  The remote's refs are read once, when opened.
+    `levels`: the decoded levels kept between saves of one process (the next save's parent
+    is then one delta away, whatever its chain's depth).  A writer without `cache_dir` keeps
+    what it reads in memory for the save (the parent's quantized records: small)."""
 
     def __init__(self, url: str, *, branch: str, settings: Mapping[str, Any] | None,
-                 cache_dir: str | None, write: bool, workers: int = 8) -> None:
+                 cache_dir: str | None, write: bool, levels: LevelCache | None = None,
+                 workers: int = 8) -> None:
         self.config = SettingsConfig(settings)
         self.branch = branch
         remote = open_remote(url, workers=workers, spool_dir=cache_dir)
@@ -203,8 +215,16 @@ class RemoteSide:
             if cache is not None:
                 cache.close()
             raise
+        if write:
+            # a save's batched reads (`prefetch`) take a pack's objects between the ones it
+            # wants along, as a full fetch does: a rank's parent records sit in its own packs
+            # among its exact ones, and one request costs more than the bytes between them
+            remote.blobs.gap = RemoteBlobStore.gap
+            if cache is None:
+                self.view.blobs.cache = MemoryBlobStore()
         self.remote = remote
         self.url = remote.url
+        self._reader = TensorReader(self.view.odb, levels=levels)
 
     def resolve(self, rev: str) -> str:
         return self.view.resolve(rev)
@@ -217,13 +237,47 @@ class RemoteSide:
 
     @property
     def reader(self) -> TensorReader:
-        return self.view.reader
+        return self._reader
+
+    def prefetch(self, snapshot: str | None, records: Iterable[TensorRecord]) -> None:
+        """Bring the payloads that decoding `records` (of snapshot `snapshot`) reads into the
+        read cache: their chunks, then their delta parents', level by level down to a base or
+        to levels decoded already -- one batched read (`get_many`: adjacent packed objects in
+        one request) per level instead of a lookup and a read per object.  Only a speed-up:
+        what it cannot follow is left to the reader, which reports it."""
+        cache = self.view.blobs.cache
+        if snapshot is None or cache is None:
+            return
+        level = [(snapshot, rec) for rec in records]
+        seen: set[tuple[str, str]] = set()
+        snaps: dict[str, Snapshot] = {}
+        while level:
+            level = [(sid, rec) for sid, rec in level
+                     if (sid, rec.name) not in seen and self._reader.levels.get((sid, rec.name)) is None]
+            seen.update((sid, rec.name) for sid, rec in level)
+            want = [o for _, rec in level for o in rec.chunks if not cache.has(o)]
+            for _, data in self.remote.blobs.get_many(want):
+                cache.put(data)
+            nxt = []
+            for _, rec in level:
+                try:
+                    ref = parent_ref(rec)
+                    if ref is None:
+                        continue
+                    if ref[0] not in snaps:
+                        snaps[ref[0]] = self.read_snapshot(ref[0])
+                except DataError:
+                    continue
+                prec = next((r for r in snaps[ref[0]].tensors if r.name == ref[1]), None)
+                if prec is not None:
+                    nxt.append((ref[0], prec))
+            level = nxt
 
     def commit_transaction(self) -> RemoteCommitTransaction:
         """A transaction moving this remote's branch, its uploads going to the remote."""
         get = self.config.get
         return RemoteCommitTransaction(
-            R.HEADS + self.branch, UploadBlobs(self.remote),
+            self, R.HEADS + self.branch, UploadBlobs(self.remote),
             refs=self.remote.refs, maintenance=MemoryMaintenance(MemoryBlobStore()),
             odb=self.view.odb, read_quantized=self.reader.read_quantized,
             settings=commit_settings(self.config), lock_timeout=float(get("core.lock_timeout")),
@@ -231,6 +285,12 @@ class RemoteSide:
 
     def close(self) -> None:
         self.view.close()
+
+
+#: Decoded levels by remote URL, kept for the life of the process: a training job makes a new
+#: writer per save, and its next save's parent is then one delta away, whatever its chain's
+#: depth.  Bounded (`LevelCache`: 2 GiB of levels each).
+_LEVELS: dict[str, LevelCache] = {}
 
 
 class RemoteTarget:
@@ -248,12 +308,14 @@ class RemoteTarget:
         self.settings = dict(settings or {})
         self.cache_dir = None if cache_dir is None else os.path.expanduser(os.fspath(cache_dir))
         self.write = write
+        self.levels = _LEVELS.setdefault(url, LevelCache())
         self._side: RemoteSide | None = None
 
     def get(self) -> RemoteSide:
         if self._side is None:
             self._side = RemoteSide(self.path, branch=self.branch, settings=self.settings,
-                                    cache_dir=self.cache_dir, write=self.write)
+                                    cache_dir=self.cache_dir, write=self.write,
+                                    levels=self.levels)
         return self._side
 
     def close(self) -> None:
@@ -265,6 +327,7 @@ class RemoteTarget:
         """Name another remote (a save or load's `checkpoint_id`)."""
         self.close()
         self.path = os.fspath(path)
+        self.levels = _LEVELS.setdefault(self.path, LevelCache())
 
     def detached(self) -> RemoteTarget:
         """The same target, not opened (what a pickled writer carries)."""

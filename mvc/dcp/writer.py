@@ -59,7 +59,8 @@ from mvc.search.space import SearchSpace
 
 from mvc.dcp import lossy, moments
 from mvc.dcp.layout import Paths, merged_paths, skeleton, tensor_names
-from mvc.dcp.remote import RemoteSide, RemoteTarget, UsesTarget, is_url, open_target
+from mvc.dcp.remote import (RemoteCommitTransaction, RemoteSide, RemoteTarget, UsesTarget,
+                            is_url, open_target)
 
 #: Options `MvcStorageWriter` takes besides `lossless` (as `Repo.commit` takes them).
 COMMIT_OPTIONS = ("step", "metrics", "quant", "policy", "space", "epsilon", "tensor_cap")
@@ -293,9 +294,11 @@ class MvcStorageWriter(UsesTarget, StorageWriter):
         if shared.how.lossy:
             # this rank's records' warm starts only (the group merges them): a rank reads
             # nothing of the parent's other shards -- on a remote, nothing of them is fetched
-            init = pipeline.parent_centroids(dataclasses.replace(
-                parent, records={n: r for n, r in parent.records.items() if n in tensors}),
-                tx.read_quantized)
+            mine_parent = {n: r for n, r in parent.records.items() if n in tensors}
+            if isinstance(tx, RemoteCommitTransaction):
+                tx.prefetch(parent.snapshot, mine_parent.values())
+            init = pipeline.parent_centroids(dataclasses.replace(parent, records=mine_parent),
+                                             tx.read_quantized)
             with lossy.collective_group(self.process_group):
                 quantized, config, quality = lossy.choose(tensors, shards, shared.how, init)
                 if config is not None and shared.how.optimizer == "compressed":
