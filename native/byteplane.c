@@ -71,21 +71,46 @@ static int table_planes(uint8_t **pl, int count, size_t n, int layout, int items
     return np;
 }
 
+/* The split reads its input once, usually straight from memory (a tensor
+ * nobody touched since it was written), and its many output streams seem to
+ * keep the hardware prefetcher from running ahead: on a 2-core VM a cold
+ * fp32 split ran at a quarter of its in-cache speed.  So it works in 1 KiB
+ * chunks and asks for the input PREFETCH bytes ahead of each. */
+#define CHUNK 1024
+#define PREFETCH 8192
+
+static void split_chunk(const uint8_t *src, size_t n, int layout, int np, uint8_t **pl, size_t at) {
+    switch (layout) {
+    case MVC_BP_F16: case MVC_BP_BF16: split16(src, n, pl[0] + at, pl[1] + at); break;
+    case MVC_BP_F32: split32(src, n, pl[0] + at, pl[1] + at, pl[2] + at, pl[3] + at); break;
+    case MVC_BP_F64: {
+        uint8_t *q[8];
+        for (int b = 0; b < 8; b++) q[b] = pl[b] + at;
+        split64(src, n, q);
+        break;
+    }
+    default:
+        if (np == 1) { memcpy(pl[0] + at, src, n); break; }
+        for (int b = 0; b < np; b++) {
+            uint8_t *p = pl[b] + at;
+            for (size_t i = 0; i < n; i++) p[i] = src[i * (size_t)np + (size_t)b];
+        }
+    }
+}
+
 int mvc_bp_split(const uint8_t *src, size_t n, int layout, int itemsize, uint8_t **pl,
                  int count) {
     int np = table_planes(pl, count, n, layout, itemsize);
     if (np < 0) return np;
     if (n && !src) return MVC_ERR_ARG;
-    switch (layout) {
-    case MVC_BP_F16: case MVC_BP_BF16: split16(src, n, pl[0], pl[1]); break;
-    case MVC_BP_F32: split32(src, n, pl[0], pl[1], pl[2], pl[3]); break;
-    case MVC_BP_F64: split64(src, n, pl); break;
-    default:
-        if (np == 1) { memcpy(pl[0], src, n); break; }
-        for (int b = 0; b < np; b++) {
-            uint8_t *p = pl[b];
-            for (size_t i = 0; i < n; i++) p[i] = src[i * (size_t)np + (size_t)b];
-        }
+    const size_t step = CHUNK / (size_t)itemsize ? CHUNK / (size_t)itemsize : 1;
+    for (size_t i = 0; i < n; i += step) {
+        const size_t m = n - i < step ? n - i : step;
+        /* A prefetch past the end of the buffer is harmless (it never faults);
+         * the address is formed as an integer so no pointer leaves its object. */
+        const uintptr_t ahead = (uintptr_t)src + i * (size_t)itemsize + PREFETCH;
+        for (size_t b = 0; b < CHUNK; b += 64) __builtin_prefetch((const void *)(ahead + b));
+        split_chunk(src + i * (size_t)itemsize, m, layout, np, pl, i);
     }
     return MVC_OK;
 }

@@ -139,9 +139,19 @@ int64_t mvc_ctxhuf_encode(const uint8_t *ctx, const uint8_t *val, size_t n, uint
     const size_t q = (n + (size_t)ns - 1) / (size_t)ns;
     size_t cnt_s[4] = {n, 0, 0, 0};
     if (ns == 4) { cnt_s[0] = cnt_s[1] = cnt_s[2] = q; cnt_s[3] = n - 3 * q; }
-    for (int s = 0; s < ns; s++) {
-        const uint8_t *c = ctx + (size_t)s * q, *v = val + (size_t)s * q;
-        for (size_t i = 0; i < cnt_s[s]; i++) W->h[s][cmap[c[i]]][v[i]]++;
+    if (ns == 4) { /* the four streams in step: four independent counter chains */
+        const uint8_t *c0 = ctx, *c1 = ctx + q, *c2 = ctx + 2 * q, *c3 = ctx + 3 * q;
+        const uint8_t *v0 = val, *v1 = val + q, *v2 = val + 2 * q, *v3 = val + 3 * q;
+        size_t i = 0;
+        for (; i < cnt_s[3]; i++) {
+            W->h[0][cmap[c0[i]]][v0[i]]++; W->h[1][cmap[c1[i]]][v1[i]]++;
+            W->h[2][cmap[c2[i]]][v2[i]]++; W->h[3][cmap[c3[i]]][v3[i]]++;
+        }
+        for (; i < q; i++) {
+            W->h[0][cmap[c0[i]]][v0[i]]++; W->h[1][cmap[c1[i]]][v1[i]]++; W->h[2][cmap[c2[i]]][v2[i]]++;
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) W->h[0][cmap[ctx[i]]][val[i]]++;
     }
     size_t tsize[NCLS], total = 2 + (size_t)nk + (ns == 4 ? 12 : 0);
     int flat[NCLS], any_coded = 0;
@@ -158,7 +168,19 @@ int64_t mvc_ctxhuf_encode(const uint8_t *ctx, const uint8_t *val, size_t n, uint
     for (int s = 0; s < ns; s++) { sbytes[s] = (size_t)((bits[s] + 7) / 8); total += sbytes[s]; }
     int64_t ret;
     if (!any_coded || (uint64_t)total * 1000 >= (uint64_t)(1 + n) * (uint64_t)max_permille) {
-        ret = mvc_huf_encode_block(val, n, 1, dst, cap, max_permille);
+        /* A plain block, planned from the class histograms summed (no second pass). */
+        uint32_t h1[4][256];
+        huf_plan8 *P = malloc(sizeof *P);
+        if (!P) { ret = MVC_ERR_NOMEM; goto out; }
+        for (int s = 0; s < 4; s++)
+            for (int v = 0; v < 256; v++) {
+                uint32_t t = 0;
+                for (int c = 0; c <= nk; c++) t += W->h[s][c][v];
+                h1[s][v] = t;
+            }
+        ret = huf_plan8_make((const uint32_t (*)[256])h1, n, max_permille, P);
+        if (ret == MVC_OK) ret = huf_plan8_emit(P, val, n, dst);
+        free(P);
         goto out;
     }
     uint8_t *o = dst;

@@ -42,48 +42,105 @@ static uint8_t *put_stream2(const uint8_t *s, size_t cnt, const uint32_t *enc, u
     return o;
 }
 
-int64_t mvc_huf_encode_block(const void *src_, size_t n, int w, uint8_t *dst, size_t cap,
-                             int max_permille) {
-    const uint8_t *src = src_;
-    if ((w != 1 && w != 2) || n > MAX_BLOCK || cap < mvc_huf_bound(n, w) ||
-        max_permille <= 0 || max_permille > 1000)
-        return MVC_ERR_ARG;
-    if (n == 0) return 0;
+/* Per-stream histograms of a block of bytes, split into streams as the coder
+ * splits it.  Two tables per stream, fed alternately: a run of one symbol
+ * (an exponent plane is mostly a few values) would otherwise wait on the
+ * previous increment of the same counter at every byte. */
+void huf_hist8(const uint8_t *src, size_t n, uint32_t h[4][256]) {
+    uint32_t a[4][256], b[4][256];
+    memset(a, 0, sizeof a); memset(b, 0, sizeof b);
+    if (n < MIN_SPLIT) {
+        size_t i = 0;
+        for (; i + 2 <= n; i += 2) { a[0][src[i]]++; b[0][src[i + 1]]++; }
+        if (i < n) a[0][src[i]]++;
+    } else {
+        const size_t q = (n + 3) / 4, m = n - 3 * q; /* stream 3 is the shortest */
+        const uint8_t *p0 = src, *p1 = src + q, *p2 = src + 2 * q, *p3 = src + 3 * q;
+        size_t i = 0;
+        for (; i + 2 <= m; i += 2) {
+            a[0][p0[i]]++; a[1][p1[i]]++; a[2][p2[i]]++; a[3][p3[i]]++;
+            b[0][p0[i + 1]]++; b[1][p1[i + 1]]++; b[2][p2[i + 1]]++; b[3][p3[i + 1]]++;
+        }
+        for (; i < m; i++) { a[0][p0[i]]++; a[1][p1[i]]++; a[2][p2[i]]++; a[3][p3[i]]++; }
+        for (; i < q; i++) { a[0][p0[i]]++; a[1][p1[i]]++; a[2][p2[i]]++; }
+    }
+    for (int s = 0; s < 4; s++)
+        for (int v = 0; v < 256; v++) h[s][v] = a[s][v] + b[s][v];
+}
+
+int huf_plan8_make(const uint32_t h[4][256], size_t n, int max_permille, huf_plan8 *P) {
+    const int ns = n >= MIN_SPLIT ? 4 : 1;
+    uint32_t cnt[256];
+    int k = 0;
+    for (int v = 0; v < 256; v++) {
+        uint32_t t = h[0][v] + h[1][v] + h[2][v] + h[3][v];
+        if (t) { P->sym[k] = (uint32_t)v; cnt[k] = t; k++; }
+    }
+    P->k = k;
+    const size_t raw = 1 + n;
+    if (k == 1) { P->mode = MODE_CONST; P->size = 2; return MVC_OK; }
+    int r = huf_build_lengths(k, cnt, LMAX1, P->len);
+    if (r < 0) return r;
+    huf_canonical_codes(k, P->len, P->code);
+    size_t tbl = huf_table_size(k, P->sym, P->len, 1, &P->dense);
+    for (int v = 0; v < 256; v++) P->enc[v] = 0;
+    for (int j = 0; j < k; j++) P->enc[P->sym[j]] = P->code[j] | ((uint32_t)P->len[j] << 24);
+    size_t total = 1 + tbl + (ns == 4 ? 12 : 0);
+    for (int s = 0; s < ns; s++) {
+        uint64_t bits = 0;
+        for (int j = 0; j < k; j++) bits += (uint64_t)h[s][P->sym[j]] * P->len[j];
+        P->sbytes[s] = (size_t)((bits + 7) / 8);
+        total += P->sbytes[s];
+    }
+    if ((uint64_t)total * 1000 >= (uint64_t)raw * (uint64_t)max_permille) {
+        P->mode = MODE_RAW; P->size = raw;
+    } else {
+        P->mode = MODE_HUF; P->size = total;
+    }
+    return MVC_OK;
+}
+
+int64_t huf_plan8_emit(const huf_plan8 *P, const uint8_t *src, size_t n, uint8_t *dst) {
+    if (P->mode == MODE_CONST) { dst[0] = MODE_CONST; dst[1] = src[0]; return 2; }
+    if (P->mode == MODE_RAW) { dst[0] = MODE_RAW; memcpy(dst + 1, src, n); return (int64_t)(1 + n); }
+    const int ns = n >= MIN_SPLIT ? 4 : 1;
+    const size_t q = (n + (size_t)ns - 1) / (size_t)ns;
+    uint8_t *o = dst;
+    *o++ = MODE_HUF;
+    o = huf_write_table(o, P->k, P->sym, P->len, 1, P->dense);
+    if (ns == 4)
+        for (int s = 0; s < 3; s++) { uint32_t b = (uint32_t)P->sbytes[s]; memcpy(o, &b, 4); o += 4; }
+    for (int s = 0; s < ns; s++) {
+        uint8_t *start = o;
+        size_t cnt = ns == 4 ? (s < 3 ? q : n - 3 * q) : n;
+        o = put_stream1(src + (size_t)s * q, cnt, P->enc, o);
+        if ((size_t)(o - start) != P->sbytes[s]) return MVC_ERR_INTERNAL;
+    }
+    if ((size_t)(o - dst) != P->size) return MVC_ERR_INTERNAL;
+    return (int64_t)(o - dst);
+}
+
+/* 16-bit symbols: a histogram over [lo, hi]; its array doubles as the encode table. */
+static int64_t encode_block2(const uint8_t *src, size_t n, uint8_t *dst, int max_permille) {
     const int ns = n >= MIN_SPLIT ? 4 : 1;
     const size_t q = (n + (size_t)ns - 1) / (size_t)ns;
     size_t cnt_s[4] = {n, 0, 0, 0};
     if (ns == 4) { cnt_s[0] = cnt_s[1] = cnt_s[2] = q; cnt_s[3] = n - 3 * q; }
-
-    /* Histogram: per stream for 8-bit symbols; over [lo, hi] for 16-bit. */
-    uint32_t h1[4][256], tot1[256];
-    uint32_t lo = 0, hi = 255, span;
-    uint32_t *hist;
-    if (w == 1) {
-        memset(h1, 0, sizeof h1);
-        for (int s = 0; s < ns; s++) {
-            const uint8_t *p = src + (size_t)s * q;
-            for (size_t i = 0; i < cnt_s[s]; i++) h1[s][p[i]]++;
-        }
-        for (int v = 0; v < 256; v++) tot1[v] = h1[0][v] + h1[1][v] + h1[2][v] + h1[3][v];
-        hist = tot1;
-        span = 256;
-    } else {
-        lo = 0xffff; hi = 0;
-        for (size_t i = 0; i < n; i++) { uint32_t v = ld16(src + 2 * i); lo = v < lo ? v : lo; hi = v > hi ? v : hi; }
-        span = hi - lo + 1;
-        hist = calloc(span, sizeof *hist);
-        if (!hist) return MVC_ERR_NOMEM;
-        for (size_t i = 0; i < n; i++) hist[ld16(src + 2 * i) - lo]++;
-    }
+    uint32_t lo = 0xffff, hi = 0;
+    for (size_t i = 0; i < n; i++) { uint32_t v = ld16(src + 2 * i); lo = v < lo ? v : lo; hi = v > hi ? v : hi; }
+    const uint32_t span = hi - lo + 1;
+    uint32_t *hist = calloc(span, sizeof *hist);
+    if (!hist) return MVC_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) hist[ld16(src + 2 * i) - lo]++;
     int k = 0;
     for (uint32_t v = 0; v < span; v++) k += hist[v] != 0;
 
     int64_t ret;
-    size_t raw = 1 + n * (size_t)w;
+    size_t raw = 1 + n * 2;
     if (k == 1) {
         dst[0] = MODE_CONST;
-        memcpy(dst + 1, src, (size_t)w);
-        ret = 1 + w;
+        memcpy(dst + 1, src, 2);
+        ret = 3;
         goto done;
     }
     uint32_t *cnt = malloc((size_t)k * sizeof *cnt), *code = malloc((size_t)k * sizeof *code);
@@ -92,43 +149,37 @@ int64_t mvc_huf_encode_block(const void *src_, size_t n, int w, uint8_t *dst, si
     if (!cnt || !code || !sym || !len) { ret = MVC_ERR_NOMEM; goto done2; }
     for (uint32_t v = 0, j = 0; v < span; v++)
         if (hist[v]) { sym[j] = v + lo; cnt[j] = hist[v]; j++; }
-    ret = huf_build_lengths(k, cnt, w == 1 ? LMAX1 : LMAX2, len);
+    ret = huf_build_lengths(k, cnt, LMAX2, len);
     if (ret < 0) goto done2;
     huf_canonical_codes(k, len, code);
 
     /* Exact size, known before writing anything. */
     int use_dense;
-    size_t tbl = huf_table_size(k, sym, len, w, &use_dense);
+    size_t tbl = huf_table_size(k, sym, len, 2, &use_dense);
     uint64_t bits[4] = {0, 0, 0, 0};
     /* Reuse hist as the dense encode table (its counts are in cnt[] now). */
     uint32_t *enc = hist;
     for (int j = 0; j < k; j++) enc[sym[j] - lo] = code[j] | ((uint32_t)len[j] << 24);
-    if (w == 1) {
-        for (int s = 0; s < ns; s++)
-            for (int j = 0; j < k; j++) bits[s] += (uint64_t)h1[s][sym[j]] * len[j];
-    } else {
-        for (int s = 0; s < ns; s++) {
-            const uint8_t *p = src + 2 * (size_t)s * q;
-            for (size_t i = 0; i < cnt_s[s]; i++) bits[s] += enc[ld16(p + 2 * i) - lo] >> 24;
-        }
+    for (int s = 0; s < ns; s++) {
+        const uint8_t *p = src + 2 * (size_t)s * q;
+        for (size_t i = 0; i < cnt_s[s]; i++) bits[s] += enc[ld16(p + 2 * i) - lo] >> 24;
     }
     size_t sbytes[4], total = 1 + tbl + (ns == 4 ? 12 : 0);
     for (int s = 0; s < ns; s++) { sbytes[s] = (size_t)((bits[s] + 7) / 8); total += sbytes[s]; }
     if ((uint64_t)total * 1000 >= (uint64_t)raw * (uint64_t)max_permille) {
         dst[0] = MODE_RAW;
-        memcpy(dst + 1, src, n * (size_t)w);
+        memcpy(dst + 1, src, n * 2);
         ret = (int64_t)raw;
         goto done2;
     }
     uint8_t *o = dst;
     *o++ = MODE_HUF;
-    o = huf_write_table(o, k, sym, len, w, use_dense);
+    o = huf_write_table(o, k, sym, len, 2, use_dense);
     if (ns == 4)
         for (int s = 0; s < 3; s++) { uint32_t b = (uint32_t)sbytes[s]; memcpy(o, &b, 4); o += 4; }
     for (int s = 0; s < ns; s++) {
         uint8_t *start = o;
-        if (w == 1) o = put_stream1(src + (size_t)s * q, cnt_s[s], enc, o);
-        else o = put_stream2(src + 2 * (size_t)s * q, cnt_s[s], enc, lo, o);
+        o = put_stream2(src + 2 * (size_t)s * q, cnt_s[s], enc, lo, o);
         if ((size_t)(o - start) != sbytes[s]) { ret = MVC_ERR_INTERNAL; goto done2; }
     }
     ret = (int64_t)(o - dst);
@@ -136,8 +187,24 @@ int64_t mvc_huf_encode_block(const void *src_, size_t n, int w, uint8_t *dst, si
 done2:
     free(cnt); free(code); free(sym); free(len);
 done:
-    if (w == 2) free(hist);
+    free(hist);
     return ret;
+}
+
+int64_t mvc_huf_encode_block(const void *src_, size_t n, int w, uint8_t *dst, size_t cap,
+                             int max_permille) {
+    const uint8_t *src = src_;
+    if ((w != 1 && w != 2) || n > MAX_BLOCK || cap < mvc_huf_bound(n, w) ||
+        max_permille <= 0 || max_permille > 1000)
+        return MVC_ERR_ARG;
+    if (n == 0) return 0;
+    if (w == 2) return encode_block2(src, n, dst, max_permille);
+    uint32_t h[4][256];
+    huf_plan8 P;
+    huf_hist8(src, n, h);
+    int r = huf_plan8_make((const uint32_t (*)[256])h, n, max_permille, &P);
+    if (r < 0) return r;
+    return huf_plan8_emit(&P, src, n, dst);
 }
 
 /* ---- decoder ----------------------------------------------------------- */

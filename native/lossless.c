@@ -35,19 +35,30 @@ size_t mvc_ll_segment_bound(size_t n, int layout, int itemsize) {
     return k < 0 ? 0 : 4 * (size_t)k + (size_t)k * plane_bound(n);
 }
 
-/* Plane 0: Huffman, or rANS when the histogram says it is clearly smaller. */
+/* Plane 0: Huffman, or rANS when the histogram says it is clearly smaller.
+ * One histogram serves both coders, and the Huffman block is only written
+ * if it is the one kept: its exact size is known from the histogram. */
 static int64_t encode_plane0(const uint8_t *p, size_t n, int is_float, int rans_permille,
-                             uint8_t *dst, size_t cap) {
-    int64_t h = mvc_huf_encode_block(p, n, 1, dst, cap, 1000);
-    if (h < 0 || !is_float || n < RANS_MIN || dst[0] != MODE_HUF) return h;
-    int64_t est = mvc_rans_estimate(p, n);
-    if (est < 0 || est * 1000 >= h * rans_permille) return h;
+                             uint8_t *dst) {
+    uint32_t h[4][256];
+    huf_plan8 P;
+    huf_hist8(p, n, h);
+    int r = huf_plan8_make((const uint32_t (*)[256])h, n, 1000, &P);
+    if (r < 0) return r;
+    if (!is_float || n < RANS_MIN || P.mode != MODE_HUF) return huf_plan8_emit(&P, p, n, dst);
+    const int64_t hsize = (int64_t)P.size;
+    uint64_t cnt[256];
+    for (int v = 0; v < 256; v++) cnt[v] = (uint64_t)h[0][v] + h[1][v] + h[2][v] + h[3][v];
+    int64_t est = rans_estimate_counts(cnt, n);
+    if (est < 0 || est * 1000 >= hsize * rans_permille) return huf_plan8_emit(&P, p, n, dst);
     uint8_t *tmp = malloc(mvc_rans_bound(n));
     if (!tmp) return MVC_ERR_NOMEM;
-    int64_t r = mvc_rans_encode(p, n, tmp, mvc_rans_bound(n));
-    if (r > 0 && r < h) { memcpy(dst, tmp, (size_t)r); h = r; }
+    int64_t rl = rans_encode_counts(p, n, cnt, tmp, mvc_rans_bound(n));
+    int64_t out;
+    if (rl > 0 && rl < hsize) { memcpy(dst, tmp, (size_t)rl); out = rl; }
+    else out = huf_plan8_emit(&P, p, n, dst);
     free(tmp);
-    return h;
+    return out;
 }
 
 int64_t mvc_ll_encode_segment(const uint8_t *src, size_t n, int layout, int itemsize,
@@ -67,7 +78,7 @@ int64_t mvc_ll_encode_segment(const uint8_t *src, size_t n, int layout, int item
     size_t left = cap - 4 * (size_t)k;
     for (int p = 0; p < k; p++) {
         int64_t len;
-        if (p == 0) len = encode_plane0(planes[0], n, is_float, rans_permille, o, left);
+        if (p == 0) len = encode_plane0(planes[0], n, is_float, rans_permille, o);
         else if (p == 1 && conditional(layout))
             len = mvc_ctxhuf_encode(planes[0], planes[1], n, o, left, mantissa_permille);
         else len = mvc_huf_encode_block(planes[p], n, 1, o, left, is_float ? mantissa_permille : 1000);

@@ -45,7 +45,7 @@ if [ $# -eq 0 ]; then
         tests/native/test_native_byteplane.py tests/native/test_native_rans.py \
         tests/codecs/test_codec_lossless.py tests/quant/test_quant_assign.py tests/codecs/test_delta_groups.py \
         tests/codecs/test_codec_quantized.py tests/native/test_native_chain.py tests/codecs/test_hostile_payloads.py \
-        tests/native/test_native_layer.py tests/codecs/test_delta_ablations.py tests/quant/test_quant_parallel.py \
+        tests/native/test_native_layer.py tests/native/test_native_pinned_output.py tests/codecs/test_delta_ablations.py tests/quant/test_quant_parallel.py \
         tests/quant/test_quant_error.py
 fi
 

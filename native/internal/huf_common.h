@@ -22,6 +22,7 @@ enum { MODE_RAW = 0, MODE_CONST = 1, MODE_HUF = 2, MODE_CTX = 3, MODE_RANS = 4 }
 static inline uint64_t ld64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 static inline void st64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 static inline void st32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline uint32_t ld32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static inline uint16_t ld16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline void st16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 
@@ -35,6 +36,30 @@ uint8_t *huf_write_table(uint8_t *o, int k, const uint32_t *sym, const uint8_t *
 /* Parse a table into sym[]/len[] (room for the whole alphabet); returns k or < 0.
  * Rejects incomplete codes and lengths over the limit. */
 int64_t huf_read_table(const uint8_t **pp, const uint8_t *end, int w, uint32_t *sym, uint8_t *len);
+
+/* An 8-bit Huffman block worked out before it is written (huffman.c), so a
+ * caller can weigh its exact size against another coder's first. */
+typedef struct {
+    int mode;             /* MODE_RAW, MODE_CONST or MODE_HUF */
+    size_t size;          /* exact block size in bytes */
+    int k, dense;         /* symbols in the code; table form */
+    uint32_t sym[256], code[256], enc[256];
+    uint8_t len[256];
+    size_t sbytes[4];     /* stream sizes */
+} huf_plan8;
+
+/* Histograms h[s][v] of the block's streams (one stream: h[1..3] are zero). */
+void huf_hist8(const uint8_t *src, size_t n, uint32_t h[4][256]);
+/* The block mvc_huf_encode_block(src, n, 1, ..., max_permille) writes, from
+ * huf_hist8's histograms of src; 0 or < 0. */
+int huf_plan8_make(const uint32_t h[4][256], size_t n, int max_permille, huf_plan8 *P);
+/* Write the planned block of src to dst (room for mvc_huf_bound(n, 1)); its size or < 0. */
+int64_t huf_plan8_emit(const huf_plan8 *P, const uint8_t *src, size_t n, uint8_t *dst);
+
+/* rans.c from byte counts cnt[256] of the n bytes at src (no histogram pass):
+ * mvc_rans_encode's output (cap >= mvc_rans_bound(n)) and mvc_rans_estimate's size. */
+int64_t rans_encode_counts(const uint8_t *src, size_t n, const uint64_t *cnt, uint8_t *dst, size_t cap);
+int64_t rans_estimate_counts(const uint64_t *cnt, size_t n);
 
 /* A bit stream being decoded: LSB-first, bytes past len read as zero. */
 typedef struct {
