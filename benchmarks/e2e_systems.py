@@ -41,10 +41,14 @@ class Mvc(System):
 
     lossy = True
 
-    def __init__(self, epsilon: float = 0.01, optimizer: str = "compressed") -> None:
+    def __init__(self, epsilon: float = 0.01, optimizer: str = "compressed",
+                 families: tuple[str, ...] | None = None) -> None:
         super().__init__(epsilon)
         self.optimizer_policy = optimizer
+        self.families = families
         self.name = "mvc (default)" if optimizer == "compressed" else "mvc (exact optimizer)"
+        if families is not None:
+            self.name = f"mvc ({' + '.join(families)})"
         self._dir = tempfile.mkdtemp(prefix="mvc-e2e-")
         self.tracker = None
 
@@ -55,7 +59,13 @@ class Mvc(System):
         self.repo = mvc.Repo.init(self._dir)
         self.repo.config.set("commit.mode", "search")
         self.repo.config.set("commit.optimizer", self.optimizer_policy)
-        self.tracker = mvc.Tracker(self.repo, model, opt, quality=quality, epsilon=self.epsilon)
+        space = None
+        if self.families is not None:  # the search space's quantizer families (issue 29)
+            from mvc.search import SearchSpace
+
+            space = SearchSpace(family=self.families)
+        self.tracker = mvc.Tracker(self.repo, model, opt, quality=quality, epsilon=self.epsilon,
+                                   space=space)
 
     def after_backward(self) -> None:
         self.tracker.after_backward()
@@ -97,6 +107,9 @@ class Mvc(System):
 
 
 SYSTEMS = ["exact", "zipnn", "uniform", "adaptive", "excp", "excp-control", "mvc", "mvc-exact-opt"]
+#: Also runnable (--systems): mvc with both quantizer families in the search space, and with the
+#: uniform family only (issue 29).
+EXTRA_SYSTEMS = ["mvc-both", "mvc-uniform-only"]
 
 
 def make_system(key: str, epsilon: float = 0.01) -> System:
@@ -105,5 +118,7 @@ def make_system(key: str, epsilon: float = 0.01) -> System:
             "uniform": lambda: Uniform(epsilon), "adaptive": lambda: Adaptive(epsilon),
             "excp": lambda: ExCP(epsilon), "excp-control": lambda: ExactMomentPruned(epsilon),
             "mvc": lambda: Mvc(epsilon, "compressed"),
-            "mvc-exact-opt": lambda: Mvc(epsilon, "exact")}[key]()
+            "mvc-exact-opt": lambda: Mvc(epsilon, "exact"),
+            "mvc-both": lambda: Mvc(epsilon, "compressed", ("kmeans", "uniform")),
+            "mvc-uniform-only": lambda: Mvc(epsilon, "compressed", ("uniform",))}[key]()
 

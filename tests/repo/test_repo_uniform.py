@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 
-import torch
 from cli_helpers import run
 from locations import FIXTURES
 from lossy_history import assert_bits, trajectory
