@@ -1,11 +1,14 @@
 """Entropy-coding benchmark: mvc lossless vs zstd and ZipNN; RLE+Huffman vs zlib and zstd.
 
 One run on this machine, every figure measured against its peers in the same
-run.  Part 1 trains an MLP on scikit-learn's digits (a few seconds) and
-codes its state dict tensor by tensor in fp32 and bf16.  Part 2 codes
-realistic level-delta streams (90-99.9% zeros, changes in bursts).
+run.  Part 1 trains an MLP on scikit-learn's digits (a few seconds), or reads
+the tensors of a `.safetensors` file (`--weights`, e.g. a pretrained encoder),
+and codes them tensor by tensor in fp32 and bf16; the table gives each coder's
+encode and decode time as a multiple of ZipNN's compress and decompress.
+Part 2 codes realistic level-delta streams (90-99.9% zeros, changes in bursts).
 
     python benchmarks/bench_codec.py [--json] [--steps 300] [--hidden 2048,2048,512]
+                                     [--weights model.safetensors]
 """
 from __future__ import annotations
 
@@ -110,12 +113,19 @@ def bench_lossless(tensors: list[torch.Tensor], repeat: int) -> dict[str, dict[s
     raw = sum(t.numel() * t.element_size() for t in tensors)
     codec = get_codec("lossless/1")
 
+    def payload(parts: Any) -> Any:
+        # The codec's one part is what the store writes as it is: no join copy is timed.
+        return parts[0] if len(parts) == 1 else b"".join(bytes(p) for p in parts)
+
     def mvc_enc(t: torch.Tensor) -> Any:
         e = codec.encode(t)
-        return e.meta, b"".join(bytes(p) for p in e.parts)
+        return e.meta, payload(e.parts)
 
     def mvc_dec(c: Any, t: torch.Tensor) -> torch.Tensor:
         return codec.decode(c[0], c[1], t.dtype, tuple(t.shape))
+
+    def size(c: Any) -> int:
+        return memoryview(c[1]).nbytes
 
     def raw_bytes(t: torch.Tensor) -> bytes:
         return _bits(t).numpy().tobytes()
@@ -123,16 +133,18 @@ def bench_lossless(tensors: list[torch.Tensor], repeat: int) -> dict[str, dict[s
     def from_raw(b: bytes, t: torch.Tensor) -> torch.Tensor:
         return torch.frombuffer(bytearray(b), dtype=torch.uint8).view(t.dtype).reshape(t.shape)
 
-    ratio_first = LosslessCodec(rans_saving=0.0)  # rANS exponents whenever smaller
+    # The default codes exponents with rANS wherever that is smaller (about 1.4% of the plane
+    # on weights) at ~4x Huffman's decode cost: this row shows the other side of that trade.
+    huffman_exp = LosslessCodec(rans_saving=1.0)
 
-    def rans_enc(t: torch.Tensor) -> Any:
-        e = ratio_first.encode(t)
-        return e.meta, b"".join(bytes(p) for p in e.parts)
+    def huf_enc(t: torch.Tensor) -> Any:
+        e = huffman_exp.encode(t)
+        return e.meta, payload(e.parts)
 
     coders = [
-        _Coder("mvc lossless", mvc_enc, mvc_dec, lambda c: len(c[1]), repeat),
-        _Coder("mvc lossless 1 thread", mvc_enc, mvc_dec, lambda c: len(c[1]), repeat, threads="1"),
-        _Coder("mvc lossless rANS exp", rans_enc, mvc_dec, lambda c: len(c[1]), repeat),
+        _Coder("mvc lossless", mvc_enc, mvc_dec, size, repeat),
+        _Coder("mvc lossless 1 thread", mvc_enc, mvc_dec, size, repeat, threads="1"),
+        _Coder("mvc Huffman exponents", huf_enc, mvc_dec, size, repeat),
     ]
     for level, rounds in ((3, repeat), (19, 1)):
         cctx, dctx = zstandard.ZstdCompressor(level=level), zstandard.ZstdDecompressor()
@@ -151,8 +163,14 @@ def bench_lossless(tensors: list[torch.Tensor], repeat: int) -> dict[str, dict[s
         for coder in coders:
             if r < coder.rounds:
                 coder.round(tensors)
-    return {c.name: {"ratio": raw / c.nbytes, "compress_MBps": raw / c.enc_s / MB,
-                     "decompress_MBps": raw / c.dec_s / MB, "bytes": c.nbytes} for c in coders}
+    out: dict[str, dict[str, float]] = {c.name: {"ratio": raw / c.nbytes, "compress_MBps": raw / c.enc_s / MB,
+                    "decompress_MBps": raw / c.dec_s / MB, "bytes": c.nbytes,
+                    "compress_s": c.enc_s, "decompress_s": c.dec_s} for c in coders}
+    peer = out.get("zipnn")
+    for row in out.values():  # time as a multiple of ZipNN's, same tensors, same run
+        row["compress_x_zipnn"] = row["compress_s"] / peer["compress_s"] if peer else float("nan")
+        row["decompress_x_zipnn"] = row["decompress_s"] / peer["decompress_s"] if peer else float("nan")
+    return out
 
 
 def bench_commit(tensors: list[torch.Tensor], repeat: int) -> dict[str, float]:
@@ -237,8 +255,8 @@ def targets(lossless: dict[str, dict[str, dict[str, float]]], rows: list[dict[st
             continue
         m, z = res["mvc lossless"], res["zipnn"]
         out[f"{dtype}: ratio >= ZipNN"] = m["ratio"] >= z["ratio"]
-        out[f"{dtype}: compress >= ZipNN"] = m["compress_MBps"] >= z["compress_MBps"]
-        out[f"{dtype}: decompress >= 0.8x ZipNN"] = m["decompress_MBps"] >= 0.8 * z["decompress_MBps"]
+        out[f"{dtype}: compress <= 1.0x ZipNN's time"] = m["compress_x_zipnn"] <= 1.0
+        out[f"{dtype}: decompress <= 1.0x ZipNN's time"] = m["decompress_x_zipnn"] <= 1.0
     for dtype, c in commits.items():
         z = lossless[dtype].get("zipnn")
         if z is None:
@@ -254,13 +272,14 @@ def targets(lossless: dict[str, dict[str, dict[str, float]]], rows: list[dict[st
 
 
 def print_table(report: dict[str, Any]) -> None:
-    print(f"model: digits MLP, {report['params']:,} parameters, {report['tensors']} tensors; "
+    print(f"model: {report['model']}, {report['params']:,} parameters, {report['tensors']} tensors; "
           f"{report['threads']} threads")
     hdr = f"{'coder':<24}{'ratio':>9}{'compress MB/s':>15}{'decompress MB/s':>17}"
     for dtype, res in report["lossless"].items():
-        print(f"\n[{dtype}]\n{hdr}")
+        print(f"\n[{dtype}]\n{hdr}{'enc x ZipNN':>13}{'dec x ZipNN':>13}")
         for name, r in res.items():
-            print(f"{name:<24}{r['ratio']:>9.4f}{r['compress_MBps']:>15.0f}{r['decompress_MBps']:>17.0f}")
+            print(f"{name:<24}{r['ratio']:>9.4f}{r['compress_MBps']:>15.0f}{r['decompress_MBps']:>17.0f}"
+                  f"{r['compress_x_zipnn']:>12.2f}x{r['decompress_x_zipnn']:>12.2f}x")
     for dtype, c in report["commit"].items():
         print(f"\n[repo.commit(lossless=True), {dtype}] ratio {c['ratio']:.4f}, "
               f"{c['MBps']:.0f} MB/s end to end ({c['seconds'] * 1e3:.0f} ms, {c['bytes']:,} bytes)")
@@ -281,14 +300,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", default="2048,2048,512", help="hidden layer widths")
     ap.add_argument("--rle-n", type=int, default=10_000_000, help="values per level-delta stream")
     ap.add_argument("--repeat", type=int, default=5, help="timing rounds (best is kept)")
+    ap.add_argument("--weights", help="a .safetensors file whose floating-point tensors are coded "
+                    "instead of the digits MLP's")
     args = ap.parse_args(argv)
-    state = train_digits_mlp(args.steps, [int(h) for h in args.hidden.split(",")])
+    if args.weights:
+        from safetensors.torch import load_file
+
+        state = {k: v for k, v in load_file(args.weights).items() if v.is_floating_point()}
+        model = os.path.basename(args.weights)
+    else:
+        state = train_digits_mlp(args.steps, [int(h) for h in args.hidden.split(",")])
+        model = "digits MLP"
     tensors = {str(dt).replace("torch.", ""): [v.to(dt).contiguous() for v in state.values()]
                for dt in (torch.float32, torch.bfloat16)}
     lossless = {dt: bench_lossless(ts, args.repeat) for dt, ts in tensors.items()}
     commits = {dt: bench_commit(ts, args.repeat) for dt, ts in tensors.items()}
     rows = bench_rle(args.rle_n, args.repeat)
-    report = {"params": sum(v.numel() for v in state.values()), "tensors": len(state),
+    report = {"model": model, "params": sum(v.numel() for v in state.values()), "tensors": len(state),
               "threads": worker_count(), "lossless": lossless, "commit": commits, "rle": rows}
     report["targets"] = targets(lossless, rows, commits)
     if args.json:
