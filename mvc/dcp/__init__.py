@@ -11,11 +11,14 @@ commit (`mvc.dcp.writer`); `save(state, writer)` is `dcp.save` that also says wh
 landed when the save failed (`DcpPublishedError`); `async_save(state, writer)` is
 `dcp.async_save` whose future gives the commit id or raises the typed mvc error
 (`mvc.dcp.asyncsave`).  A load reads the regions each rank asks for, at any world size
-(`mvc.dcp.reader`).  See docs/distributed.md.
+(`mvc.dcp.reader`).  Either may name a remote (``s3://bucket/prefix``, ``file:///dir``)
+instead of a repository: no local repository on any host (`mvc.dcp.remote`).  See
+docs/distributed.md.
 """
 from mvc.dcp.asyncsave import async_save
 from mvc.dcp.lossy import all_gather, all_sum
 from mvc.dcp.reader import DcpLayoutError, MvcStorageReader
+from mvc.dcp.remote import RemoteOptionError
 from mvc.dcp.writer import (
     DcpOptionError,
     DcpPublishedError,
@@ -26,4 +29,5 @@ from mvc.dcp.writer import (
 )
 
 __all__ = ["DcpLayoutError", "DcpOptionError", "DcpPublishedError", "DcpValueError", "Landed",
-           "MvcStorageReader", "MvcStorageWriter", "all_gather", "all_sum", "async_save", "save"]
+           "MvcStorageReader", "MvcStorageWriter", "RemoteOptionError", "all_gather", "all_sum",
+           "async_save", "save"]

@@ -335,7 +335,14 @@ class RemoteTarget:
                             cache_dir=self.cache_dir, write=self.write)
 
     def __getstate__(self) -> dict[str, Any]:
-        return dict(self.detached().__dict__)
+        state = dict(self.__dict__)
+        del state["levels"], state["_side"]   # the receiving process's own, made there
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.levels = _LEVELS.setdefault(self.path, LevelCache())
+        self._side = None
 
 
 #: What a storage writer or reader holds: a local repository or a remote.

@@ -291,6 +291,17 @@ def test_remote_options_need_a_remote(tmp_path):
         MvcStorageReader(tmp_path / "r", cache_dir=tmp_path / "c")
 
 
+def test_a_remote_writer_pickles_by_url(tmp_path):
+    """DCP's process-based async executor ships the writer: the remote travels by URL."""
+    import pickle
+
+    url = (tmp_path / "remote").as_uri()
+    w = MvcStorageWriter(url, message="m", branch="exp", config={"commit.mode": "lossless"})
+    back = pickle.loads(pickle.dumps(w))
+    assert back.checkpoint_id == url and back._repo.branch == "exp"
+    assert back._repo.settings == {"commit.mode": "lossless"}
+
+
 def test_a_one_process_save_to_file_url_clones_and_loads(tmp_path):
     """file:// remotes too, and a save to a directory holding nothing yet (its first)."""
     (tmp_path / "remote").mkdir()
