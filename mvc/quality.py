@@ -16,7 +16,10 @@ quality record names the one used, `gate`, with its bound; `mvc show` prints it)
   (``per-example-ucb``);
 * `fidelity(...)`: agreement with the exact checkpoint's outputs: the 95% upper
   confidence bound of the mean per-example divergence within an absolute
-  threshold (``fidelity``).
+  threshold (``fidelity``);
+* `from_module(model, inputs)` (also ``fidelity.from_module``): the same gate on a
+  module's outputs, which also gives error feedback (`QuantConfig.feedback`,
+  `SearchSpace.feedback`) the input Hessians of the module's linear layers.
 
 Whatever the gate, each quantized tensor's relative L2 error must stay within
 `quality.tensor_cap`.  Details: `mvc.search.gate` and `mvc.search.fidelity`.
@@ -30,6 +33,11 @@ from mvc.search.fidelity import (
                                  fidelity,
 )
 from mvc.search.gate import DEFAULT_CONFIDENCE, DEFAULT_TENSOR_CAP
+from mvc.search.module_gate import ModuleFidelity, from_module
+
+# ``mvc.quality.fidelity.from_module(model, inputs)``: the spelling of the same gate.
+fidelity.from_module = from_module  # type: ignore[attr-defined]
 
 __all__ = ["DEFAULT_CONFIDENCE", "DEFAULT_TENSOR_CAP", "DEFAULT_THRESHOLDS", "METRICS",
-           "Fidelity", "FidelityError", "FidelityOutputs", "fidelity"]
+           "Fidelity", "FidelityError", "FidelityOutputs", "ModuleFidelity", "fidelity",
+           "from_module"]

@@ -40,11 +40,14 @@ def _decorations(repo: Repo) -> dict[str, list[str]]:
 
 def describe_quant(q: dict) -> str:
     """'bins 8, prune 0.2 (magnitude), protect 0.005' (+ embedding settings when they differ;
-    'uniform, bins 8, ...' for the uniform quantizer family)."""
+    'uniform, bins 8, ...' for the uniform quantizer family; ', error feedback' when its levels
+    were chosen with GPTQ error feedback)."""
     out = f"bins {q.get('bins')}, prune {q.get('prune', 0):g} ({q.get('prune_metric')}), " \
           f"protect {q.get('protect', 0):g}"
     if q.get("family", "kmeans") != "kmeans":
         out = f"{q['family']}, {out}"
+    if q.get("feedback"):
+        out += ", error feedback"
     if q.get("embedding_bins"):
         out += f"; embeddings: bins {q['embedding_bins']}"
     return out
@@ -174,6 +177,8 @@ def storage_line(c: Commit, raw: int, stored: int, new: int | None = None) -> st
     family = c.quant.get("family", "kmeans")
     grid = "" if family == "kmeans" else f" {family}"
     how = f"lossy: {c.quant.get('bins')}{grid} bins, prune {c.quant.get('prune', 0):g}"
+    if c.quant.get("feedback"):
+        how += ", error feedback"
     if r.gate_name == "none":
         return f"{sizes}; {how}, no gate (fixed config, relative L2 error {_or(r.value, 0):.3g})"
     if r.degradation is None:

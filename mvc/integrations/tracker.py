@@ -289,6 +289,9 @@ class Tracker:
         grads = {k: g for k, g in grads.items()
                  if k in flat and tuple(flat[k].shape) == tuple(g.shape)}
         kw: dict[str, Any] = {"quality": evaluate, "epsilon": self.epsilon, "grads": grads}
+        hessians_of = getattr(evaluate, "hessians_of", None)
+        if hessians_of is not None:  # a gate from mvc.quality.from_module: error feedback's data
+            kw["hessians"] = lambda: hessians_of(state)
         # Passed only when set, so a Repo stand-in without them keeps working.
         if self.policy is not None:
             kw["policy"] = self.policy
@@ -335,14 +338,19 @@ class Tracker:
             return None
         return "tracker:" + getattr(self.quality, "__qualname__", type(self.quality).__name__)
 
-    def _evaluator(self, model: torch.nn.Module, *, live: bool) -> Callable[[Mapping], float]:
-        """evaluate(candidate) -> quality(model) with the candidate's model tensors loaded.
+    def _evaluator(self, model: torch.nn.Module, *, live: bool,
+                   fn: Callable[[torch.nn.Module], Any] | None = None) -> Callable[[Mapping], Any]:
+        """evaluate(candidate) -> quality(model) with the candidate's model tensors loaded
+        (`fn(model)` instead of quality when given).
 
         `candidate` is either the nested candidate state (``{"model": state_dict, ...}``,
         what `Repo.commit(quality=)` passes) or flat tensors (``{"model/<key>": ...}``,
-        what `mvc.search.find_config(evaluate=)` passes).
+        what `mvc.search.find_config(evaluate=)` passes).  When `quality` is a gate from
+        `mvc.quality.from_module`, the evaluator's `hessians_of(state)` gives its layers' input
+        Hessians with `state` loaded the same way (on the same model: never the live one
+        while a background commit's training goes on).
         """
-        quality = self.quality
+        quality = fn or self.quality
         assert quality is not None  # callers build an evaluator only when there is one
         targets = model.state_dict(keep_vars=True)
         saved: dict[str, torch.Tensor] = {}
@@ -372,6 +380,10 @@ class Tracker:
                     model.train(mode)
 
         evaluate.__name__ = evaluate.__qualname__ = self._metric_name() or "evaluate"
+        collect = getattr(self.quality, "hessians_of", None)
+        if fn is None and callable(collect):
+            evaluate.hessians_of = self._evaluator(  # type: ignore[attr-defined]
+                model, live=live, fn=collect)
         return evaluate
 
     # ------------------------------------------------------------------ background

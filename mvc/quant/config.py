@@ -3,7 +3,10 @@
 `QuantConfig` is one point of the search cube (quantizer family, bins, prune fraction and
 metric, protect fraction), with separate values for embedding tensors (None = same as the
 rest).  `family` is "kmeans" (Inshrinkerator's non-uniform levels, the default, and what a
-stored config without the field means) or "uniform" (`mvc.quant.uniform`).
+stored config without the field means) or "uniform" (`mvc.quant.uniform`).  `feedback`: the
+levels of every 2-D weight whose layer's input Hessian the commit knows are re-assigned with
+GPTQ error feedback (`mvc.quant.feedback`); False (the default, and what a stored config
+without the field means) quantizes each weight on its own.
 
 `QuantPolicy` picks the tensors to quantize: floating-point tensors with at least
 `min_numel` elements that are not biases or norm parameters; everything else
@@ -75,9 +78,12 @@ class QuantConfig:
     alpha: float = 0.01
     sigma: float = 0.2
     family: str = DEFAULT_FAMILY
+    feedback: bool = False
 
     def __post_init__(self) -> None:
         check_family(self.family)
+        if not isinstance(self.feedback, bool):
+            raise QuantConfigError(f"feedback must be true or false, got {self.feedback!r}")
         check_bins(self.bins)
         check_fraction(self.prune, "prune")
         check_fraction(self.protect, "protect")
@@ -108,10 +114,13 @@ class QuantConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; `from_dict(to_dict())` gives an equal config.  The default family
-        (k-means) is left out: a k-means config is stored as it was before families existed."""
+        (k-means) and feedback off are left out: such a config is stored as it was before
+        families and error feedback existed."""
         out = asdict(self)
         if out["family"] == DEFAULT_FAMILY:
             del out["family"]
+        if not out["feedback"]:
+            del out["feedback"]
         return out
 
     @classmethod

@@ -170,3 +170,47 @@ def match_names(hessians: Mapping[str, torch.Tensor], names: Iterable[str]
         if h is not None:
             out[n] = h
     return out
+
+
+def usable(hessians: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor]
+           ) -> dict[str, torch.Tensor]:
+    """`hessians` (by a module's parameter name or by flattened checkpoint name) for the
+    tensors of `tensors` that error feedback can serve: matched by `match_names`, 2-D, float,
+    the Hessian square with one row per input column.  Others are quantized on their own."""
+    out: dict[str, torch.Tensor] = {}
+    for name, h in match_names(hessians, tensors).items():
+        t = tensors[name]
+        if t.dim() == 2 and t.is_floating_point() and tuple(h.shape) == (t.shape[1],) * 2:
+            out[name] = h
+    return out
+
+
+def apply_feedback(qmap: Mapping[str, QuantizedTensor | None],
+                   tensors: Mapping[str, torch.Tensor],
+                   hessians: Mapping[str, torch.Tensor]) -> dict[str, QuantizedTensor | None]:
+    """`qmap` with every quantized tensor that has a Hessian in `hessians` (by the same name;
+    see `usable`) re-assigned by `feedback_levels`; the others unchanged."""
+    out = dict(qmap)
+    for name, q in qmap.items():
+        h = hessians.get(name)
+        if q is not None and h is not None:
+            out[name] = feedback_levels(q, tensors[name], h)
+    return out
+
+
+def exact_error_sums(q: QuantizedTensor, x: torch.Tensor, w: torch.Tensor | None = None
+                     ) -> tuple[float, float, float, float, float, float]:
+    """`mvc.quant.error.error_sums`' six sums for a quantization with error feedback, from its
+    dequantized values: its protected entries hold compensated values, not x's, so the
+    error_sums convention (protected = exact, d = 0) would under-count their error."""
+    xf = x.detach().reshape(-1).to(torch.float64)
+    d = q.dequantize().reshape(-1).to(device=xf.device, dtype=torch.float64) - xf
+    dd, xx, ax = d * d, xf * xf, xf.abs()
+    out = [dd.sum(), xx.sum(), (ax * dd).sum(), (ax * xx).sum()]
+    if w is not None:
+        aw = w.detach().reshape(-1).to(device=xf.device, dtype=torch.float64).abs()
+        out += [(aw * dd).sum(), (aw * xx).sum()]
+    else:
+        out += [xf.new_zeros(()), xf.new_zeros(())]
+    a = torch.stack(out).tolist()
+    return (a[0], a[1], a[2], a[3], a[4], a[5])

@@ -7,6 +7,7 @@ imports the pipeline and, through it, torch: `Repo.commit` imports this module o
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from mvc.errors import MvcWarning, UsageError
@@ -31,8 +32,13 @@ def commit_settings(config: Config) -> pipeline.CommitSettings:
 
 def quantization(config: Config, lossless: bool | None, quant: QuantConfig | None,
                  policy: QuantPolicy | None, quality: Callable[[Any], float] | None,
-                 epsilon: float | None, space: SearchSpace | None) -> Quantization:
-    """How this commit stores tensors, from its arguments and `commit.*` config."""
+                 epsilon: float | None, space: SearchSpace | None,
+                 hessians: Any = None) -> Quantization:
+    """How this commit stores tensors, from its arguments and `commit.*` config (`hessians`:
+    input Hessians for error feedback, a mapping or a function returning one)."""
+    if hessians is not None and not (isinstance(hessians, Mapping) or callable(hessians)):
+        raise UsageError(f"hessians must be a mapping of name -> Hessian (or a function "
+                         f"returning one), got {type(hessians).__name__}")
     if quant is not None and not isinstance(quant, QuantConfig):
         raise UsageError(f"quant must be a mvc.quant.QuantConfig, got {type(quant).__name__}")
     if quality is not None and not callable(quality):
@@ -70,12 +76,14 @@ def quantization(config: Config, lossless: bool | None, quant: QuantConfig | Non
                                      tensor_cap=config.get("quality.tensor_cap"),
                                      fixed_rule=str(config.get("commit.fixed_gate")),
                                      moment_cap=config.get("quality.moment_cap"),
-                                     mirror=bool(config.get("quality.mirror")))
+                                     mirror=bool(config.get("quality.mirror")),
+                                     hessians=hessians)
     return Quantization("search", space=space, quality=quality, epsilon=epsilon,
                                  policy=policy, optimizer=optimizer,
                                  tensor_cap=config.get("quality.tensor_cap"),
                                  moment_cap=config.get("quality.moment_cap"),
-                                 mirror=bool(config.get("quality.mirror")))
+                                 mirror=bool(config.get("quality.mirror")),
+                                 hessians=hessians)
 
 
 def warn_lossless_after_lossy(how: Quantization, lossless: bool | None, config: Config, odb: ObjectDB,

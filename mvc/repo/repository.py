@@ -265,7 +265,9 @@ class Repo:
                grads: Mapping[str, torch.Tensor] | None = None,
                quality: Callable[[Any], float] | None = None,
                epsilon: float | None = None, space: SearchSpace | None = None,
-               progress: Progress | None = None, allow_empty: bool = True) -> str:
+               progress: Progress | None = None, allow_empty: bool = True,
+               hessians: Mapping[str, torch.Tensor]
+               | Callable[[], Mapping[str, torch.Tensor]] | None = None) -> str:
         """Store `state` (any nested checkpoint structure) as a new commit on HEAD; returns its id.
 
         Objects are written first, then the snapshot and the commit object, and
@@ -291,7 +293,11 @@ class Repo:
         mode. `policy` chooses which tensors are quantized (default: big float
         tensors, not biases / norms / optimizer state); `grads` (by flattened
         tensor name, e.g. an EMA of gradients) enables sensitivity-based
-        protect / prune.
+        protect / prune.  `hessians`: input Hessians of linear layers (by module parameter
+        name, ``layers.0.fc.weight``, or flattened name; `mvc.quant.feedback.collect_hessians`),
+        or a function returning them: a config or search space with error feedback
+        (`QuantConfig.feedback`, `SearchSpace.feedback`) re-assigns those weights' levels with
+        GPTQ.  A quality gate from `mvc.quality.from_module` gives its own when none are passed.
 
         The work runs as the pipeline of `mvc.repo.pipeline`: plan (outside the
         lock: the search is the slow part), then, under the write lock, write
@@ -312,7 +318,8 @@ class Repo:
             raise UsageError("a commit needs a non-empty message")
         clean_metrics = check_metrics(metrics)
         check_step(step)
-        how = commitopts.quantization(self.config, lossless, quant, policy, quality, epsilon, space)
+        how = commitopts.quantization(self.config, lossless, quant, policy, quality, epsilon, space,
+                                      hessians)
         commitopts.warn_lossless_after_lossy(how, lossless, self.config, self.odb, self.head())
         tx = self.commit_transaction()
         lossy_plan = how.mode != "lossless"

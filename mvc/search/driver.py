@@ -52,9 +52,10 @@ from mvc.search.prepared import Prepared
 from mvc.search.quality import DEFAULT_EPSILON, PROXY_EPSILON, proxy_name
 from mvc.search.quality import finite as _finite
 from mvc.search.record import QualityRecord
-from mvc.search.space import Point, SearchError, SearchSpace, short, split_variant, variant
+from mvc.search.space import (Point, SearchError, SearchSpace, quantizer_of, short,
+                              split_quantizer, split_variant, variant)
 from mvc.search.trials import (Measure, PieceKey, Pieces, TrialSource, quantize_config,
-                               source_families)
+                               source_families, source_feedback)
 from mvc.search.trials import worst as worst_of
 
 Evaluate = Callable[[dict[str, torch.Tensor]], Any]
@@ -134,7 +135,7 @@ class _Runner:
         self.best: dict[str, Point] = {}          # requested metric -> cheapest feasible point
         self.log: list[dict[str, Any]] = []
         self._last: dict[PieceKey, Pieces] = {}
-        self._last_family = DEFAULT_FAMILY        # the family `_last` was quantized in
+        self._last_family = DEFAULT_FAMILY        # the quantizer `_last` was quantized by
         self.par: Ranks | None = None             # leading a parallel search over these
         self.rounds = 0                           # parallel rounds (batches of trials)
 
@@ -168,14 +169,15 @@ class _Runner:
     def quantize(self, config: QuantConfig
                  ) -> tuple[dict[str, QuantizedTensor | None], dict[PieceKey, Pieces]]:
         # A tensor quantized by the last trial or kept by a best trial, under the same
-        # (family, bins, thresholds), is not quantized again.
-        reuse = dict(self._last) if self._last_family == config.family else {}
+        # (family, feedback, bins, thresholds), is not quantized again.
+        key = quantizer_of(config)
+        reuse = dict(self._last) if self._last_family == key else {}
         for point in self.best.values():
-            if self.memo[point].config.family == config.family:
+            if quantizer_of(self.memo[point].config) == key:
                 reuse.update(self.memo[point].keys)
         qmap, keys = quantize_config(self.prep, config, seed=self.seed, init=self.init,
                                      weigh=self.evaluate is None, reuse=reuse)
-        self._last, self._last_family = keys, config.family
+        self._last, self._last_family = keys, key
         return qmap, keys
 
     # -------------------------------------------------------------- scoring
@@ -343,10 +345,16 @@ def _feasible(run: _Runner, metric: str, idx: tuple[int, ...]) -> bool:
 
 def _metrics(space: SearchSpace, prep: TrialSource) -> list[str]:
     """The variants searched: every family of the space the source quantizes with, by every
-    prune metric it can serve."""
+    prune metric it can serve, with error feedback too when the space asks for it and the
+    source knows Hessians."""
     metrics = [m for m in space.prune_metric if m != "sensitivity" or prep.has_sensitivity]
-    families = source_families(prep)
-    return [v for v in space.variants(metrics) if split_variant(v)[0] in families]
+    families, feedback = source_families(prep), source_feedback(prep)
+    out = []
+    for v in space.variants(metrics):
+        family, fb = split_quantizer(split_variant(v)[0])
+        if family in families and (feedback or not fb):
+            out.append(v)
+    return out
 
 
 def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | None = None,
@@ -357,7 +365,8 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
                 init: Mapping[str, torch.Tensor] | None = None,
                 tensor_cap: float | None = None,
                 confidence: float = DEFAULT_CONFIDENCE,
-                mirror: bool = DEFAULT_MIRROR) -> SearchResult:
+                mirror: bool = DEFAULT_MIRROR,
+                hessians: Mapping[str, torch.Tensor] | None = None) -> SearchResult:
     """Search the config cube for the most compressive config its gate accepts.
 
     tensors:  flat name -> tensor (`mvc.io.flatten(state).tensors`).
@@ -384,6 +393,10 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
               w - (q - w) and accepts only when both are within epsilon, so that selection
               cannot pick a trial for its calibration noise (`mvc.search.gate`); False: the
               trial alone.  Other gates ignore it.
+    hessians: input Hessians of linear layers (by module parameter name or flattened name,
+              `mvc.quant.feedback.collect_hessians`): a space with `feedback=(..., True)` also
+              searches error feedback on the 2-D weights they match.  A search spread over
+              ranks does not (the replicas would need the same Hessians).
     """
     space = space or SearchSpace()
     policy = policy or default_policy()
@@ -396,10 +409,11 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
         raise SearchError(f"confidence must be in [0.5, 1), got {confidence!r}")
     if previous is not None and not isinstance(previous, QuantConfig):
         raise SearchError(f"previous must be a QuantConfig, got {type(previous).__name__}")
-    prep = Prepared(tensors, dict(grads or {}), policy, space.alpha)
+    par = active()
+    prep = Prepared(tensors, dict(grads or {}), policy, space.alpha,
+                    hessians if par is None else None)
     run = _Runner(prep, space, evaluate, float(epsilon), seed, init, cap, float(confidence),
                   bool(mirror))
-    par = active()
     if par is None:
         return _find(run, previous, radius, metric_name)
     if not par.leader:
@@ -502,14 +516,17 @@ def _find(run: _Runner, previous: QuantConfig | None, radius: int, metric_name: 
     emb, share = prep.embeddings, prep.embedding_share
     winner: Point | None = None
     mode = "exhaustive"
+    if previous is not None and quantizer_of(previous) not in {split_variant(m)[0] for m in metrics}:
+        # a parent with error feedback, this commit without Hessians: its family without it
+        previous = dataclasses.replace(previous, feedback=False)
     if previous is not None and not any(split_variant(m)[0] == previous.family for m in metrics):
         previous = None  # a family this search does not cover: search afresh
     if previous is not None:
         mode = "neighbourhood"
         # the neighbourhood stays in the previous family (its levels keep deltas sparse); the
         # other family is searched when the neighbourhood has nothing feasible
-        mine = [m for m in metrics if split_variant(m)[0] == previous.family]
-        current = variant(previous.family, previous.prune_metric)
+        mine = [m for m in metrics if split_variant(m)[0] == quantizer_of(previous)]
+        current = variant(quantizer_of(previous), previous.prune_metric)
         current = current if current in mine else mine[0]
         others = [m for m in mine if m != current]
         start = space.snap(previous, emb)

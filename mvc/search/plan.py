@@ -18,6 +18,7 @@ the k-means warm start that keeps levels, and so deltas, stable).
 """
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ import mvc.search
 from mvc.errors import MvcError, MvcWarning, UsageError
 from mvc.native.parallel import pmap
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy, quantize_state
+from mvc.quant.feedback import apply_feedback, usable
 from mvc.quant.optimizer import moment_ratio_bound, quantize_optimizer_state, zeroed_moment
 from mvc.search.driver import default_policy
 from mvc.search.gate import DEFAULT_MIRROR
@@ -38,6 +40,10 @@ from mvc.search.space import SearchSpace
 
 #: The candidate's nested state from its flat tensors: what a quality function judges.
 ToState = Callable[[dict[str, torch.Tensor]], Any]
+
+#: Input Hessians by module parameter name or flattened name, or a function returning them
+#: (called only when a trial or a fixed config asks for error feedback).
+Hessians = Mapping[str, torch.Tensor] | Callable[[], Mapping[str, torch.Tensor]]
 
 #: What a fixed-config commit outside its gate's bound or the tensor cap does (see
 #: `Quantization`): the first is the default of `commit.fixed_gate`.
@@ -61,7 +67,11 @@ class Quantization:
 
     A "fixed" commit is measured by the same gates (`quality`, `epsilon`, `tensor_cap`) but
     not searched; `fixed_rule` says what a measurement outside its bound does: "warn"
-    (store as configured, record it, warn) or "refuse" (`FixedConfigRefusedError`)."""
+    (store as configured, record it, warn) or "refuse" (`FixedConfigRefusedError`).
+
+    `hessians`: the layers' input Hessians for error feedback (a mapping, or a function
+    returning one; `mvc.quant.feedback`); None: those of `quality` when it is a gate built from
+    a module (`mvc.quality.from_module`), else none."""
 
     mode: str = "lossless"
     config: QuantConfig | None = None
@@ -74,6 +84,7 @@ class Quantization:
     fixed_rule: str = "warn"
     moment_cap: float | None = None
     mirror: bool | None = None
+    hessians: Hessians | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("lossless", "fixed", "search"):
@@ -127,7 +138,16 @@ def plan_quantization(tensors: Mapping[str, torch.Tensor], how: Quantization, *,
     quality: QualityRecord | None = None
     if how.mode == "fixed":
         config = how.config
-        qmap, quality = quantize_fixed(tensors, how.config, how.policy, grads, init)
+        hessians = None
+        if config is not None and config.feedback:
+            hessians = usable(resolve_hessians(how, tensors) or {}, tensors)
+            if not hessians:
+                warnings.warn(MvcWarning(
+                    "the fixed config asks for error feedback, but no layer input Hessians "
+                    "matching its 2-D weights are known (Repo.commit(hessians=...) or a quality "
+                    "gate from mvc.quality.from_module): quantized without it"), stacklevel=4)
+                config = dataclasses.replace(config, feedback=False)
+        qmap, quality = quantize_fixed(tensors, config, how.policy, grads, init, hessians)
         quality = gate_fixed(tensors, qmap, quality, how, to_state)
     elif how.mode == "search":
         config, qmap, quality = search(tensors, how, previous, grads, init, to_state)
@@ -154,12 +174,16 @@ def _evaluator(quality: Callable[[Any], Any] | None, to_state: ToState
 
 def quantize_fixed(tensors: Mapping[str, torch.Tensor], config: QuantConfig | None,
                    policy: QuantPolicy | None, grads: Mapping[str, torch.Tensor] | None,
-                   init: Mapping[str, torch.Tensor] | None = None
+                   init: Mapping[str, torch.Tensor] | None = None,
+                   hessians: Mapping[str, torch.Tensor] | None = None
                    ) -> tuple[dict[str, QuantizedTensor | None], QualityRecord]:
-    """(name -> QuantizedTensor or None, quality record) for one config."""
+    """(name -> QuantizedTensor or None, quality record) for one config; with
+    `config.feedback`, the tensors `hessians` names (flattened names) get error feedback."""
     assert config is not None
     qmap = quantize_state(tensors, config, policy or _default_policy(), grads,
                           nonfinite="lossless", init=init)
+    if config.feedback and hessians:
+        qmap = apply_feedback(qmap, tensors, hessians)
     err = ref = 0.0
     for name, q in qmap.items():
         if q is not None:
@@ -245,15 +269,29 @@ def search(tensors: Mapping[str, torch.Tensor], how: Quantization,
         except MvcError:  # written by another version: start afresh
             start = None
     quality = how.quality
+    space = how.space or SearchSpace()
+    hessians = resolve_hessians(how, tensors) if True in space.feedback else None
     # Through the package, not a name bound at import: callers (tests, a Tracker) may wrap it.
     result = mvc.search.find_config(
         tensors, evaluate=_evaluator(quality, to_state), epsilon=how.epsilon, previous=start,
         grads=grads, policy=how.policy or _default_policy(), space=how.space,
         metric_name=getattr(quality, "__name__", None) if quality else None,
-        init=init, tensor_cap=how.tensor_cap, mirror=_mirror(how))
+        init=init, tensor_cap=how.tensor_cap, mirror=_mirror(how), hessians=hessians)
     if result.config is None:
         return None, {}, result.quality.updated(stored="lossless: no feasible configuration")
     return result.config, dict(result.qmap), result.quality
+
+
+def resolve_hessians(how: Quantization, tensors: Mapping[str, torch.Tensor]
+                     ) -> Mapping[str, torch.Tensor] | None:
+    """The input Hessians this commit knows (`Quantization.hessians`), computed now if they
+    are lazy: given ones, called when a function, else those a module gate
+    (`mvc.quality.from_module`) collects on the exact tensors being committed."""
+    h = how.hessians
+    if h is None:
+        collect = getattr(how.quality, "hessians_of", None)
+        return collect(tensors) if callable(collect) else None
+    return h() if callable(h) else h
 
 
 #: Guard rail on compressed first moments (linear domain): a restored m may not be further

@@ -12,6 +12,7 @@ from mvc.quant import (AssignStats, LogSketch, QuantConfig, QuantizedTensor, Qua
                        quantize_prepared)
 from mvc.quant.error import cached_error_sums, level_histogram, relative_error, seed_error_stats
 from mvc.quant.errors import NonFiniteTensorError
+from mvc.quant.feedback import exact_error_sums, feedback_levels, usable
 from mvc.quant.importance import sensitivity
 from mvc.layer_types import layer_type
 from mvc.quant.partition import Thresholds, thresholds
@@ -26,7 +27,8 @@ class Prepared:
     `mvc.search.trials.TrialSource` over this process's whole tensors)."""
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor],
-                 policy: QuantPolicy, alpha: float) -> None:
+                 policy: QuantPolicy, alpha: float,
+                 hessians: Mapping[str, torch.Tensor] | None = None) -> None:
         self.tensors = tensors
         self.grads = grads
         self.sketches: dict[str, LogSketch] = {}
@@ -59,6 +61,8 @@ class Prepared:
         total = sum(tensors[n].numel() for n in self.names)
         emb = sum(tensors[n].numel() for n in self.groups.get("embedding", []))
         self.embedding_share = emb / total if total else 0.0
+        #: Input Hessians of the searched 2-D weights that error feedback serves, by name.
+        self.hessians = usable(hessians or {}, {n: tensors[n] for n in self.names})
 
     def thresholds(self, config: QuantConfig, ltype: str) -> Thresholds:
         lq = config.for_layer_type(ltype)
@@ -78,8 +82,10 @@ class Prepared:
     families = FAMILIES
 
     def quantize(self, name: str, bins: int, thr: Thresholds, *, seed: int, sigma: float,
-                 init: torch.Tensor | None, weigh: bool, family: str = DEFAULT_FAMILY) -> Pieces:
-        """{name: quantization of tensor `name`} in quantizer family `family`.  The
+                 init: torch.Tensor | None, weigh: bool, family: str = DEFAULT_FAMILY,
+                 feedback: bool = False) -> Pieces:
+        """{name: quantization of tensor `name`} in quantizer family `family`; with `feedback`
+        and a Hessian for the tensor, its levels re-assigned by GPTQ error feedback.  The
         assignment pass also measures the error sums and level counts (`AssignStats`) and
         leaves them where the proxy, the guard rail and the bit count look them up:
         gradient-weighted when `weigh` (a proxy search) and the tensor has a gradient of its
@@ -94,7 +100,14 @@ class Prepared:
         x = t.detach().reshape(-1).to(torch.float32).contiguous()
         q = quantize_prepared(t, x, self.sketches[name], sens, thr, bins, seed=seed, sigma=sigma,
                               init=init, stats=stats, family=family)
-        seed_error_stats(q, t, g, stats.sums, stats.counts)
+        h = self.hessians.get(name) if feedback else None
+        if h is None:
+            seed_error_stats(q, t, g, stats.sums, stats.counts)
+            return {name: q}
+        # the assignment pass measured the plain levels: the re-assigned ones are measured
+        # afresh (their level counts on first use)
+        q = feedback_levels(q, t, h)
+        seed_error_stats(q, t, g, exact_error_sums(q, t, g), None)
         return {name: q}
 
     def measure(self, qmap: Mapping[str, QuantizedTensor | None],

@@ -18,6 +18,9 @@ axis -- neither family is more compressive than the other everywhere -- but a ch
 like the pruning metric's: a point names its *variant*, the prune metric for the k-means
 family ("magnitude", as before families existed) or "uniform:<metric>", and the search runs
 per variant and keeps the winner with the fewest measured bits (`mvc.search.driver`).
+Error feedback (`feedback`: GPTQ over the layers' input Hessians, `mvc.quant.feedback`) is
+chosen the same way: a quantizer with feedback is its family's name with "+feedback"
+("kmeans+feedback:magnitude"), searched only when the commit knows Hessians.
 
 Expected compression (`SearchSpace.cost`) is a config-only cost model in bits per
 quantized parameter, cheap enough to order trials before running them:
@@ -49,13 +52,34 @@ from mvc.quant.uniform import DEFAULT_FAMILY, FAMILIES
 Point = tuple[str, tuple[int, ...]]
 
 
+#: What a quantizer key adds to its family's name when it quantizes with error feedback.
+FEEDBACK_TAG = "+feedback"
+
+
+def quantizer(family: str, feedback: bool = False) -> str:
+    """A quantizer key: the family, "+feedback" when its levels get error feedback."""
+    return family + FEEDBACK_TAG if feedback else family
+
+
+def split_quantizer(key: str) -> tuple[str, bool]:
+    """(family, feedback) of a quantizer key."""
+    return (key[:-len(FEEDBACK_TAG)], True) if key.endswith(FEEDBACK_TAG) else (key, False)
+
+
+def quantizer_of(config: QuantConfig) -> str:
+    """The quantizer key of a config (its family, with feedback or not)."""
+    return quantizer(config.family, config.feedback)
+
+
 def variant(family: str, metric: str) -> str:
-    """A point's variant string: `metric` for the k-means family, "family:metric" otherwise."""
+    """A point's variant string: `metric` for plain k-means, "quantizer:metric" otherwise
+    (`family` is a quantizer key: a family, "+feedback" when with error feedback)."""
     return metric if family == DEFAULT_FAMILY else f"{family}:{metric}"
 
 
 def split_variant(v: str) -> tuple[str, str]:
-    """(family, prune metric) of a variant string."""
+    """(quantizer key -- the family, "+feedback" with error feedback --, prune metric) of a
+    variant string."""
     family, sep, metric = v.rpartition(":")
     return (family, metric) if sep else (DEFAULT_FAMILY, v)
 
@@ -101,7 +125,9 @@ class SearchSpace:
     Values may be given in any order: `axes` sorts them most-compressive first.
     `alpha` and `sigma` are passed to every trial's `QuantConfig` unchanged.
     `family`: the quantizer families searched (default k-means only; "uniform" adds the
-    uniform grid, `mvc.quant.uniform`).
+    uniform grid, `mvc.quant.uniform`).  `feedback`: with / without GPTQ error feedback
+    (default without only; `(False, True)` searches both where the commit knows its layers'
+    input Hessians, `mvc.quant.feedback`, and is the same as `(False,)` where it does not).
     """
 
     bins: tuple[int, ...] = (4, 6, 8, 12, 16, 32, 64)
@@ -112,9 +138,16 @@ class SearchSpace:
     alpha: float = 0.01
     sigma: float = 0.2
     family: tuple[str, ...] = (DEFAULT_FAMILY,)
+    feedback: tuple[bool, ...] = (False,)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        fb = self.feedback
+        if isinstance(fb, (str, bytes)) or not isinstance(fb, Sequence) or not fb \
+                or not all(isinstance(v, bool) for v in fb) or len(set(fb)) != len(fb):
+            raise SearchSpaceError(f"search space axis 'feedback' must be a non-empty sequence "
+                                   f"of distinct booleans, got {fb!r}")
+        set_(self, "feedback", tuple(v for v in (False, True) if v in fb))
         families = _axis(self.family, "family", str)
         bad_f = [f for f in families if f not in FAMILIES]
         if bad_f:
@@ -150,20 +183,24 @@ class SearchSpace:
         return tuple(len(a) for a in self.axes(embeddings))
 
     def variants(self, metrics: Sequence[str]) -> list[str]:
-        """Every (family, metric) variant searched, k-means first, for the given metrics."""
-        return [variant(f, m) for f in self.family for m in metrics]
+        """Every (family, feedback, metric) variant searched, k-means first, without error
+        feedback before with, for the given metrics."""
+        return [variant(quantizer(f, fb), m) for fb in self.feedback for f in self.family
+                for m in metrics]
 
     def config(self, point: Point, embeddings: bool) -> QuantConfig:
         """The QuantConfig of a point; with prune 0 the metric is normalized to magnitude."""
         v, idx = point
-        family, metric = split_variant(v)
+        key, metric = split_variant(v)
+        family, feedback = split_quantizer(key)
         ax = self.axes(embeddings)
         bins, prune, protect = ax[0][idx[0]], ax[1][idx[1]], ax[2][idx[2]]
         return QuantConfig(bins=bins, prune=prune,
                            prune_metric=metric if prune > 0 else "magnitude",
                            protect=protect,
                            embedding_bins=ax[3][idx[3]] if embeddings else None,
-                           alpha=self.alpha, sigma=self.sigma, family=family)
+                           alpha=self.alpha, sigma=self.sigma, family=family,
+                           feedback=feedback)
 
     def canonical(self, point: Point, embeddings: bool) -> Point:
         """The point with the metric normalized (prune 0 makes the metric irrelevant)."""
@@ -239,4 +276,6 @@ def short(config: QuantConfig | None) -> dict[str, Any] | None:
         out["embedding_bins"] = config.embedding_bins
     if config.family != DEFAULT_FAMILY:
         out["family"] = config.family
+    if config.feedback:
+        out["feedback"] = True
     return out

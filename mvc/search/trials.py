@@ -118,9 +118,10 @@ class FamilyTrialSource(TrialSource, Protocol):
     families: tuple[str, ...]
 
     def quantize(self, name: str, bins: int, thr: Thresholds, *, seed: int, sigma: float,
-                 init: torch.Tensor | None, weigh: bool, family: str = DEFAULT_FAMILY
-                 ) -> Pieces:
-        """As `TrialSource.quantize`, in quantizer family `family`."""
+                 init: torch.Tensor | None, weigh: bool, family: str = DEFAULT_FAMILY,
+                 feedback: bool = False) -> Pieces:
+        """As `TrialSource.quantize`, in quantizer family `family`; `feedback` (asked only of
+        a source with `hessians`): error feedback where it has the tensor's Hessian."""
         ...
 
 
@@ -130,15 +131,22 @@ def source_families(source: TrialSource) -> tuple[str, ...]:
     return tuple(got)
 
 
+def source_feedback(source: TrialSource) -> bool:
+    """Whether `source` can quantize with error feedback: it knows some searched tensor's
+    input Hessian (its `hessians`, `mvc.search.prepared.Prepared`)."""
+    return bool(getattr(source, "hessians", None))
+
+
 def quantize_config(source: TrialSource, config: QuantConfig, *, seed: int,
                     init: Mapping[str, torch.Tensor], weigh: bool,
                     reuse: Mapping[PieceKey, Pieces] | None = None
                     ) -> tuple[dict[str, QuantizedTensor | None], dict[PieceKey, Pieces]]:
     """(quantization by `source.tensors`' names, None for the exact ones; the same by
     key) of every searched tensor by `config`; a key found in `reuse` is not
-    quantized again (`reuse` must hold quantizations of `config.family` only: the key does
-    not name the family).  `init`: warm-start centroids by tensor name.  A family other than
-    k-means is asked of the source as `quantize(..., family=...)` (`FamilyTrialSource`)."""
+    quantized again (`reuse` must hold quantizations of `config.family` and `config.feedback`
+    only: the key names neither).  `init`: warm-start centroids by tensor name.  A family other
+    than k-means is asked of the source as `quantize(..., family=...)`, error feedback as
+    `feedback=True` (`FamilyTrialSource`)."""
     qmap: dict[str, QuantizedTensor | None] = {n: None for n in source.tensors}
     keys: dict[PieceKey, Pieces] = {}
     reuse = reuse or {}
@@ -148,7 +156,11 @@ def quantize_config(source: TrialSource, config: QuantConfig, *, seed: int,
         for name in names:
             key = (name, bins, source.tensor_thresholds(name, thr))
             got = reuse.get(key)
-            if got is None and config.family != DEFAULT_FAMILY:
+            if got is None and config.feedback:
+                got = cast(FamilyTrialSource, source).quantize(
+                    name, bins, key[2], seed=seed, sigma=config.sigma, init=init.get(name),
+                    weigh=weigh, family=config.family, feedback=True)
+            elif got is None and config.family != DEFAULT_FAMILY:
                 got = cast(FamilyTrialSource, source).quantize(
                     name, bins, key[2], seed=seed, sigma=config.sigma, init=init.get(name),
                     weigh=weigh, family=config.family)

@@ -1,0 +1,56 @@
+"""The Tracker with a module gate (`mvc.quality.from_module`): its layers' input Hessians flow
+to the commit, so a space with error feedback uses them, in the foreground and in the
+background (on the Tracker's private copy of the model), and the live model is untouched."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from digits_mlp import digits, mlp
+
+from mvc.integrations import Tracker
+from mvc.io import flatten
+from mvc.quant import QuantConfig, quantize_state
+from mvc.quant.feedback import apply_feedback, usable
+from mvc.quality import from_module
+from mvc.repo.repository import Repo
+from mvc.search import SearchSpace, default_policy
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_tracker_commits_with_error_feedback(tmp_path, background):
+    xtr, ytr, xte, _ = digits()
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), 0.05)
+    gate = from_module(model, xte[:300], metric="kl", threshold=0.01)
+    repo = Repo.init(tmp_path)
+    tracker = Tracker(repo, model, opt, quality=gate, space=SearchSpace(feedback=(True,)),
+                      every=10**6, grad_window=0)  # no gradients: plain thresholds
+    g = torch.Generator().manual_seed(0)
+    for _ in range(60):
+        i = torch.randint(0, len(ytr), (64,), generator=g)
+        loss = F.cross_entropy(model(xtr[i]), ytr[i])
+        opt.zero_grad()
+        loss.backward()
+        tracker.after_backward()
+        opt.step()
+    live = {k: v.clone() for k, v in model.state_dict().items()}
+    model.train()
+    got = tracker.commit("fb", background=background)
+    tracker.wait()
+    cid = got.result() if background else got
+    c = repo.read_commit(cid)
+    assert c.quant["feedback"] is True
+    assert model.training and all(torch.equal(v, live[k]) for k, v in model.state_dict().items())
+    # the stored levels are the config's plus GPTQ on the committed weights' Hessians
+    flat = flatten({"model": live}).tensors
+    cfg = QuantConfig.from_dict(c.quant)
+    want = apply_feedback(quantize_state(flat, cfg, default_policy(), nonfinite="lossless"),
+                          flat, usable(gate.hessians_of(flat), flat))
+    restored = flatten(repo.read_state(cid)).tensors
+    for n, q in want.items():
+        if q is not None:
+            assert torch.equal(restored[n], q.dequantize()), n
+    repo.close()
