@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 from mvc.errors import MvcError
 from mvc.quant import LogSketch, QuantConfig, QuantizedTensor, QuantPolicy, quantize_prepared
+from mvc.quant.uniform import DEFAULT_FAMILY, FAMILIES, grid_size
 from mvc.quant.error import level_histogram
 from mvc.quant.errors import NonFiniteTensorError
 from mvc.layer_types import layer_type
@@ -170,6 +171,14 @@ class _ShardSums:
     protected_bits: int
 
 
+def _levels(bins: int) -> int:
+    """Level counts a trial of `bins` exchanges per tensor, in either family: the most levels
+    a quantization of `bins` can have (k-means: bins + 2; the uniform grid's
+    `grid_size(bins)` + 2), so every rank lays them out alike whatever the family. Unused
+    slots count 0, which no bit count reads."""
+    return max(bins, grid_size(bins)) + 2
+
+
 class ShardedTrials:
     """A sharded save's `mvc.search.trials.TrialSource`: the agreed sketches (per tensor,
     merged over its shards, and per layer type), this rank's shards quantized by them, and
@@ -266,10 +275,15 @@ class ShardedTrials:
     def tensor_thresholds(self, name: str, thr: Thresholds) -> Thresholds:
         return thr
 
+    #: The quantizer families a sharded save quantizes with: a uniform grid, like k-means
+    #: centroids, is a function of the merged sketch, so every rank's shards share it.
+    families = FAMILIES
+
     def quantize(self, name: str, bins: int, thr: Thresholds, *, seed: int, sigma: float,
-                 init: torch.Tensor | None, weigh: bool) -> Pieces:
+                 init: torch.Tensor | None, weigh: bool, family: str = DEFAULT_FAMILY) -> Pieces:
         """This rank's shards of tensor `name` (maybe none), with the same centroids on every
-        rank.  A failure is kept for the trial's `measure`, which every rank reaches."""
+        rank, in quantizer family `family`.  A failure is kept for the trial's `measure`, which
+        every rank reaches."""
         out: dict[str, QuantizedTensor] = {}
         if self._error is not None:
             return out
@@ -278,7 +292,7 @@ class ShardedTrials:
                 t = self.tensors[n]
                 x = t.detach().reshape(-1).to(torch.float32).contiguous()
                 q = quantize_prepared(t, x, self.sketches[name], None, thr, bins, seed=seed,
-                                      sigma=sigma, init=init)
+                                      sigma=sigma, init=init, family=family)
                 self._stats[q] = _shard_sums(q, t)
                 out[n] = q
         except Exception as exc:   # the others will be in the trial's all-reduce: tell them there
@@ -314,7 +328,7 @@ class ShardedTrials:
 
     def _add(self, pieces: Mapping[PieceKey, Pieces], sums: list[float]) -> list[float]:
         """This rank's sums into `sums`; its level counts and protected bits per tensor (in
-        `_pos` order: bins + 2 counts, then the bits)."""
+        `_pos` order: `_levels(bins)` counts, then the bits)."""
         stats = {n: self._stats[q] for got in pieces.values() for n, q in got.items()}
         for n in self.local:
             s = stats.get(n)
@@ -325,9 +339,12 @@ class ShardedTrials:
             i = 2 + 2 * self._pos[self.of[n]]
             sums[i] += s.e2
             sums[i + 1] += s.w2
-        slot, at = {}, 0
+        slot: dict[str, int] = {}
+        width: dict[str, int] = {}
+        at = 0
         for g, bins in sorted((g, b) for g, b, _ in pieces):
-            slot[g], at = at, at + bins + 3
+            slot[g], width[g] = at, _levels(bins)
+            at += width[g] + 1
         counts = [0.0] * at
         for n in self.local:
             s = stats.get(n)
@@ -336,7 +353,7 @@ class ShardedTrials:
             i = slot[self.of[n]]
             for level, c in enumerate(s.counts.tolist()):
                 counts[i + level] += c
-            counts[i + len(s.counts)] += s.protected_bits
+            counts[i + width[self.of[n]]] += s.protected_bits
         return counts
 
     @staticmethod
@@ -344,13 +361,15 @@ class ShardedTrials:
         """Bits per quantized parameter of the whole tensors, from their summed counts."""
         total_bits, n, at = 0.0, 0, 0
         for _, bins in sorted((g, b) for g, b, _ in pieces):
-            c = torch.tensor(counts[at:at + bins + 2], dtype=torch.float64)
+            width = _levels(bins)
+            c = torch.tensor(counts[at:at + width], dtype=torch.float64)
             numel = int(c.sum())
             if numel:
-                total_bits += entropy_bits(c, numel) + counts[at + bins + 2]
+                total_bits += entropy_bits(c, numel) + counts[at + width]
                 n += numel
-            at += bins + 3
+            at += width + 1
         return total_bits / n if n else 0.0
+
 
     def check(self) -> None:
         """Raise the error a quantization outside a trial met (the winner's, recomputed)."""

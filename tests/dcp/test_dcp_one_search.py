@@ -70,3 +70,23 @@ def test_nothing_feasible_and_fixed_records():
     assert config is not None and config["bins"] == 8
     assert quality["gate"] == "none" and quality["bound"] is None and quality["sharded"] is True
     assert quality["quantized_tensors"] == len(qmap) == 3 and quality["worst_tensor"] in qmap
+
+
+def test_a_fixed_uniform_config_shards_like_the_whole_tensor():
+    """A sharded save quantizes in the config's family: a uniform grid from the merged sketch,
+    the same on every shard, the whole tensor's (was: k-means, the family ignored)."""
+    from mvc.quant import quantize
+    from mvc.quant.uniform import grid_size
+
+    t = _state()
+    config = QuantConfig(bins=16, prune=0.1, family="uniform")
+    how = lossy.How("fixed", config=config.to_dict(), policy=POLICY)
+    tensors, shards = _halves(t)
+    qmap, got, _ = lossy.choose(tensors, shards, how, {})
+    assert got == config.to_dict()
+    for name in ("model/0.weight", "model/2.weight"):
+        a, b = qmap[f"{name}@0"], qmap[f"{name}@{t[name].shape[0] // 2}"]
+        assert a.centroids.numel() == grid_size(16) and torch.equal(a.centroids, b.centroids)
+        whole = quantize(t[name], 16, prune=0.1, family="uniform")
+        assert torch.equal(a.centroids, whole.centroids)
+        assert torch.equal(torch.cat([a.levels, b.levels]), whole.levels)
