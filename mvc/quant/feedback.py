@@ -108,7 +108,11 @@ def output_error(w: torch.Tensor, restored: torch.Tensor, h: torch.Tensor) -> fl
 
 class HessianCollector:
     """Input Hessians H = sum x x^T of a module's `nn.Linear` layers over calibration inputs,
-    by weight name (``layers.0.fc.weight``), from forward hooks.
+    by weight name (``layers.0.fc.weight``), from forward hooks; and of the packed input
+    projection of a self-attention `nn.MultiheadAttention` (``attn.in_proj_weight``: query,
+    key and value are one tensor, so it is one linear map of it), which torch's transformer
+    layers call without going through an `nn.Linear` (its ``out_proj`` is not reachable by a
+    hook: left without).
 
     ``with HessianCollector(model) as hc: model(batch)`` for each calibration batch, then
     `hc.hessians`. Float64 sums on the layer's device; the hooks come off on exit."""
@@ -120,12 +124,18 @@ class HessianCollector:
         self.hessians: dict[str, torch.Tensor] = {}
         self.counts: dict[str, int] = {}
         self._handles: list[Any] = []
+        self._mixed: set[str] = set()
 
     def __enter__(self) -> HessianCollector:
         for name, mod in self.model.named_modules():
-            if isinstance(mod, torch.nn.Linear) and (self.select is None or self.select(name, mod)):
+            if self.select is not None and not self.select(name, mod):
+                continue
+            if isinstance(mod, torch.nn.Linear):
                 key = f"{name}.weight" if name else "weight"
                 self._handles.append(mod.register_forward_pre_hook(self._hook(key)))
+            elif isinstance(mod, torch.nn.MultiheadAttention) and mod.in_proj_weight is not None:
+                key = f"{name}.in_proj_weight" if name else "in_proj_weight"
+                self._handles.append(mod.register_forward_pre_hook(self._hook(key, True)))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -133,8 +143,15 @@ class HessianCollector:
             hd.remove()
         self._handles.clear()
 
-    def _hook(self, key: str) -> Callable[..., None]:
+    def _hook(self, key: str, self_attention: bool = False) -> Callable[..., None]:
         def hook(_mod: torch.nn.Module, args: tuple) -> None:
+            if key in self._mixed:
+                return
+            if self_attention and not (len(args) >= 3 and args[0] is args[1] is args[2]):
+                # cross-attention: the packed projection sees several inputs, no one H
+                self._mixed.add(key)
+                self.hessians.pop(key, None)
+                return
             x = args[0].detach()
             x = x.reshape(-1, x.shape[-1]).to(torch.float64)
             h = x.T @ x
