@@ -5,11 +5,12 @@ type, `mvc.quant.QuantConfig`; `QuantPolicy.lossless_types`), and `mvc show` sum
 commit by them.  Pure string rules, no torch: a bottom module beside `mvc.errors`, so the
 CLI reads history without importing torch.
 
-A name's components are separated by "." (a state dict's keys).  A flattened checkpoint name
-also separates nesting levels with "/" ("model/embed.weight"), which these rules do not read
-as a separator: the quantizer, which is handed flattened names, groups a nested state's
-"model/embed.weight" as linear and its "model/ln_f.weight" as other (changing that would
-change the configs commits choose); `mvc show` reads the name with "/" as ".".
+A name's components are separated by "." (a state dict's keys) and, in a flattened
+checkpoint name, by "/" between nesting levels ("model/embed.weight"): a nested state's
+"model/ln_f.weight" is a norm and "model/wte.weight" an embedding, as in the flat state dict.
+(Until issue 27's session the quantizer did not split on "/", so a nested checkpoint -- the
+usual {"model": ..., "optimizer": ...} -- had its embeddings grouped as linear layers and its
+norms quantized instead of kept exact; `mvc show` already read "/" as ".".)
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def layer_type(name: str, shape: Sequence[int]) -> str:
     embedding, attention); otherwise rank decides: >= 3-D is a convolution, 2-D a
     linear layer, anything else "other".
     """
+    name = name.replace("/", ".")
     leaf = name.rsplit(".", 1)[-1].lower()
     ndim = len(tuple(shape))
     if leaf == "bias" or leaf.endswith("_bias") or (leaf.startswith("bias") and ndim <= 1):

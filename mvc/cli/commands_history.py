@@ -256,7 +256,7 @@ _LABELS = {"linear": "linear weight", "conv": "conv weight", "attention": "atten
 def layer_type(name: str, shape: list[int]) -> str:
     """The kind of tensor a flattened name and shape suggest, for `mvc show`'s summary:
     optimizer state by its key, anything else by the quantizer's layer type
-    (`mvc.layer_types`), reading the name's "/" (a nesting level) as a component separator."""
+    (`mvc.layer_types`, which reads "/" as a component separator too)."""
     dotted = name.replace("/", ".")
     parts = [p for p in dotted.split(".") if p]
     last = parts[-1] if parts else name

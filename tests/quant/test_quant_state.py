@@ -139,3 +139,17 @@ def test_quantize_state_non_finite_policy():
     assert q["layers.0.fc1.weight"] is None and q["layers.0.fc2.weight"] is not None
     with pytest.raises(QuantConfigError):
         quantize_state(s, QuantConfig(), POLICY, nonfinite="ignore")
+
+
+def test_nesting_levels_are_name_components_for_layer_types():
+    """A nested checkpoint's flattened names ("model/wte.weight") get the layer types of the
+    flat state dict's ("wte.weight"): embeddings are embeddings, norms are kept exact."""
+    from mvc.layer_types import layer_type
+    from mvc.quant import QuantPolicy
+
+    for flat, nested, shape in [("wte.weight", "model/wte.weight", (50, 8)),
+                                ("ln_f.weight", "model/ln_f.weight", (4096,)),
+                                ("h.0.attn.c_attn.weight", "model/h.0.attn.c_attn.weight", (8, 24)),
+                                ("embed.weight", "model/embed.weight", (50, 8))]:
+        assert layer_type(nested, shape) == layer_type(flat, shape), nested
+    assert not QuantPolicy(min_numel=0).should_quantize("model/ln_f.weight", torch.ones(4096))
