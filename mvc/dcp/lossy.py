@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -41,7 +42,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mvc.errors import MvcError
+from mvc.errors import MvcError, MvcWarning
 from mvc.quant import LogSketch, QuantConfig, QuantizedTensor, QuantPolicy, quantize_prepared
 from mvc.quant.uniform import DEFAULT_FAMILY, FAMILIES, grid_size
 from mvc.quant.error import level_histogram
@@ -406,6 +407,12 @@ def choose(tensors: Mapping[str, torch.Tensor], shards: Mapping[str, dict], how:
     if how.mode == "fixed":
         assert how.config is not None
         config = QuantConfig.from_dict(how.config)
+        if config.feedback:
+            # no rank holds a module or calibration inputs: say so, and record what was done
+            warnings.warn(MvcWarning(
+                "the fixed config asks for error feedback, which a sharded save cannot apply "
+                "(no layer input Hessians): quantized without it"), stacklevel=2)
+            config = dataclasses.replace(config, feedback=False)
         qmap, pieces = quantize_config(trials, config, seed=how.seed, init=trials.init,
                                        weigh=True)
         m = trials.measure(qmap, pieces, proxy=True)

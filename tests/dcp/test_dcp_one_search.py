@@ -90,3 +90,18 @@ def test_a_fixed_uniform_config_shards_like_the_whole_tensor():
         whole = quantize(t[name], 16, prune=0.1, family="uniform")
         assert torch.equal(a.centroids, whole.centroids)
         assert torch.equal(torch.cat([a.levels, b.levels]), whole.levels)
+
+
+def test_a_fixed_config_with_feedback_is_applied_without_it_and_says_so():
+    """A sharded save has no layer inputs to take Hessians from: the config it records is the
+    one it applied (feedback off), with a warning, not the one asked for."""
+    import pytest
+
+    from mvc.errors import MvcWarning
+
+    t = _state()
+    config = QuantConfig(bins=16, prune=0.1, feedback=True)
+    how = lossy.How("fixed", config=config.to_dict(), policy=POLICY)
+    with pytest.warns(MvcWarning, match="error feedback"):
+        qmap, got, _ = lossy.choose(t, {}, how, {})
+    assert got == QuantConfig(bins=16, prune=0.1).to_dict() and qmap
