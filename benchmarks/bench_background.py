@@ -12,6 +12,7 @@ parameters by default, `--params` to scale) trained a few AdamW steps:
                      the mean step time without a commit running
 
     python benchmarks/bench_background.py [--params 124e6] [--epsilon 0.05] [--json]
+    python benchmarks/bench_background.py --device cuda     # the model and optimizer on the GPU
 
 Without `--epsilon` the commit is lossless (the default without a quality function);
 with it, the proxy search runs in the background.
@@ -43,17 +44,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--epsilon", type=float, default=None,
                     help="opt in to a lossy commit judged by the proxy (default: lossless)")
+    ap.add_argument("--device", default="cpu", help="where the model trains: cpu or cuda")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device here")
 
     import mvc
 
     shape = shape_for(a.params)
-    model, opt, train_step = trainer(shape, "cpu", a.batch, a.seq)
+    model, opt, train_step = trainer(shape, a.device, a.batch, a.seq)
+
+    def sync() -> None:
+        if a.device.startswith("cuda"):
+            torch.cuda.synchronize()
 
     def step() -> float:
         t0 = time.perf_counter()
         train_step()
+        sync()  # a step's time is the device's, not its launch's
         return time.perf_counter() - t0
 
     quiet = [step() for _ in range(a.steps)]
@@ -71,6 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         repo = mvc.Repo.init(Path(tmp) / "repo")
         kw = {} if a.epsilon is None else {"epsilon": a.epsilon}
         tracker = mvc.Tracker(repo, model, opt, **kw)
+        sync()
         t0 = time.perf_counter()
         fut = tracker.commit("background", step=a.steps, background=True)
         blocking = time.perf_counter() - t0
@@ -91,12 +101,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "config": c.quant, "steps_during": len(during),
         "step_s_quiet": quiet_step,
         "step_s_during": sum(during) / len(during) if during else None,
-        "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+        "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "device": a.device,
     }
     if a.json:
         print(json.dumps(rep, indent=1, default=str))
     else:
-        print(f"{n_params / 1e6:.1f}M parameters, checkpoint {nbytes / 1e9:.2f} GB, "
+        print(f"{n_params / 1e6:.1f}M parameters on {a.device}, checkpoint {nbytes / 1e9:.2f} GB, "
               f"{'lossless' if a.epsilon is None else f'proxy epsilon {a.epsilon}'}")
         print("| step | time | vs torch.save |\n|---|---|---|")
         print(f"| torch.save (incl. fsync) | {save_s:.2f} s | 1x |")

@@ -3,7 +3,8 @@
 # GPU. Run from the repository root with the runtime wheels that machine lacks in .whl/
 # (cffi, pycparser, lmdb, pygit2; docs/development.md) and mvc/_mvc_native.abi3.so carried.
 #   bash benchmarks/gpu_check.sh [bench_scale args...]      (results under $OUT)
-# MVC_GPU_TESTS: test paths (default: the device tests); MVC_GPU_BENCH=0 skips the benchmark.
+# MVC_GPU_TESTS: test paths (default: the device tests); MVC_GPU_BENCH=0 skips the benchmark;
+# MVC_GPU_BACKGROUND=1 adds bench_background --device cuda (issue 27's background commit).
 set -u
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
@@ -35,4 +36,10 @@ if [ "${MVC_GPU_BENCH:-1}" != 0 ]; then
   echo "bench rc $?"
   sed -n '/^bench_scale:/,/^{/p' "$OUT/bench.log"
   grep -E "^  [a-z_]+: " "$OUT/bench.log" | cut -c1-160
+fi
+if [ "${MVC_GPU_BACKGROUND:-0}" != 0 ]; then
+  echo "== bench_background --device cuda --epsilon 0.05"
+  timeout "${MVC_GPU_BENCH_TIMEOUT:-330}" python3 benchmarks/bench_background.py --device cuda \
+    --epsilon 0.05 > "$OUT/background.log" 2>&1
+  echo "background rc $?"; tail -n 12 "$OUT/background.log"
 fi
