@@ -7,14 +7,15 @@ split's windows:
 
 * gate rows: one commit per (gate, search space) to a fresh repository -- both quantizer
   families, without error feedback and with it searched (`SearchSpace(feedback=(False,
-  True))`); ratio (raw / stored bytes of the whole state), chosen config, held-out top-1
-  agreement and KL, seconds for the commit (search, Hessians, encoding);
+  True))`), and with `--finer` the same with bins 96 / 128 and embedding bins 64 / 128; ratio
+  (raw / stored bytes of the whole state), chosen config, held-out top-1 agreement and KL,
+  seconds for the commit (search, Hessians, encoding);
 * cost rows: a fixed config committed with and without feedback: seconds per commit;
 * delta rows: the model fine-tuned a few more steps and committed again with the same fixed
   config: the next commit's stored bytes with and without feedback (the levels of a weight
   re-assigned by GPTQ move more between commits than nearest-level rounding's).
 
-    python benchmarks/bench_feedback.py [--small] [--json]
+    python benchmarks/bench_feedback.py [--small] [--finer] [--skip-history] [--json]
 """
 from __future__ import annotations
 
@@ -130,29 +131,44 @@ def _copy(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model)
 
 
+def gate_spaces(finer: bool) -> list[tuple[SearchSpace, str]]:
+    """The gate rows' search spaces: both families without and with error feedback; `finer`
+    adds the same with bins 96 / 128 and embedding bins 64 / 128 (bench_scalar_gate
+    --gate-defaults' finest space: where the default gates first accept on all-MiniLM-L6-v2)."""
+    fams = ("kmeans", "uniform")
+    out = [(SearchSpace(family=fams), "both families"),
+           (SearchSpace(family=fams, feedback=(False, True)), "both families, feedback searched")]
+    if finer:
+        out.append((SearchSpace(bins=SearchSpace().bins + (96, 128),
+                                embedding_bins=SearchSpace().embedding_bins + (64, 128),
+                                family=fams, feedback=(False, True)),
+                    "both families, feedback searched, bins + 96/128, embedding bins + 64/128"))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--steps", type=int, default=20, help="fine-tuning steps between commits")
     ap.add_argument("--skip-gates", action="store_true")
+    ap.add_argument("--finer", action="store_true",
+                    help="gate rows also with bins 96/128 and embedding bins 64/128")
+    ap.add_argument("--skip-history", action="store_true")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     model, d = _model(a.small)
     rows: list[dict[str, Any]] = []
-    fams = ("kmeans", "uniform")
     if not a.skip_gates:
         for metric in ("kl", "top1"):
-            for fb in ((False,), (False, True)):
-                r = gate_row(model, d, metric, SearchSpace(family=fams, feedback=fb),
-                             f"fidelity {metric} (default), both families"
-                             + (", feedback searched" if True in fb else ""))
+            for space, label in gate_spaces(a.finer):
+                r = gate_row(model, d, metric, space, f"fidelity {metric} (default), {label}")
                 rows.append(r)
                 print(f"| {r['row']} | {r['ratio']:.2f}x | {r['config']} | "
                       f"{100 * r['agree']:.2f}% | {r['kl']:.4f} | {r['loss_pct']:+.2f}% | "
                       f"{r['seconds']:.1f} s | {r['evaluations']} |", flush=True)
     hist = []
-    for cfg in (QuantConfig(bins=48, protect=0.0005, family="uniform"),
+    for cfg in () if a.skip_history else (QuantConfig(bins=48, protect=0.0005, family="uniform"),
                 QuantConfig(bins=32, protect=0.0005)):
         for fb in (False, True):
             h = history(model, d, dataclasses.replace(cfg, feedback=fb), a.steps)
