@@ -36,74 +36,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.checkpoint.state_dict import set_state_dict
+
+from dcp_worker import _equal, build, full, local, state_of, train
 
 from mvc.dcp import MvcStorageReader, MvcStorageWriter, save
 
 #: The lossy save's settings: what a repository's config would say (a remote holds none).
 FIXED = {"commit.mode": "fixed",
          "commit.quant": {"bins": 16, "prune": 0.1, "protect": 0.005}}
-
-
-def build(seed: int, sharded: bool = True) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
-                                torch.nn.Linear(128, 64))
-    if sharded:
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
-        fully_shard(model)
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
-
-
-def train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, seed: int) -> None:
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    g = torch.Generator().manual_seed(seed * 100 + rank)
-    for _ in range(steps):
-        x = torch.randn(16, 64, generator=g)
-        loss = (model(x) - x).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-
-def state_of(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
-    msd, osd = get_state_dict(model, opt)
-    return {"model": msd, "optim": osd}
-
-
-def local(state: dict) -> dict:
-    """This rank's shards, cloned."""
-    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-    flat, _ = flatten_state_dict(state)
-    return {k: (v.to_local() if hasattr(v, "to_local") else v).detach().clone()
-            if isinstance(v, torch.Tensor) else v for k, v in flat.items()}
-
-
-def full(model: torch.nn.Module, opt: torch.optim.Optimizer) -> object:
-    """The gathered state (every rank calls it; rank 0 gets the tensors)."""
-    msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True,
-                                                                   cpu_offload=True))
-    return _clone({"model": msd, "optim": osd})
-
-
-def _clone(obj: object) -> object:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: _clone(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_clone(v) for v in obj]
-    return obj
-
-
-def _equal(a: object, b: object) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape \
-            and bool(torch.equal(a, b))
-    return a == b
 
 
 def loaded(url: str, rev: str, seed: int, cache: str | None = None

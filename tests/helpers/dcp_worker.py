@@ -35,19 +35,22 @@ from torch.distributed.fsdp import fully_shard
 from mvc.dcp import MvcStorageReader, MvcStorageWriter
 
 
-def build(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def build(seed: int, sharded: bool = True) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The workers' model (FSDP2-sharded unless `sharded` is False) and its AdamW."""
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
                                 torch.nn.Linear(128, 64))
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
+    if sharded:
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 
 
 def train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed + dist.get_rank())
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    g = torch.Generator().manual_seed(seed + rank)
     for _ in range(steps):
         x = torch.randn(16, 64, generator=g)
         loss = (model(x) - x).pow(2).mean()
