@@ -33,7 +33,7 @@ import dataclasses
 import math
 import warnings
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -306,19 +306,8 @@ class ShardedTrials:
         this rank's, added up over the ranks.  Every rank must call it, with the same trial
         (it does: the search decides alike everywhere); a rank that failed in the trial
         raises its error here, the others `PeerFailedError`."""
-        sums = [0.0] * (3 + 2 * len(self._pos))   # the last one counts ranks that failed
-        counts: list[float] = []
-        error = self._error
-        if error is None:
-            try:
-                counts = self._add(pieces, sums)
-            except Exception as exc:
-                error = exc
-        if error is not None:
-            sums = [0.0] * len(sums)
-            sums[-1] = 1.0
-        tot = all_sum(sums)
-        _raise_if_failed(error, ["a rank"] if tot[-1] > 0 else [])
+        tot, counts = agreed_sums(2 + 2 * len(self._pos), lambda sums: self._add(pieces, sums),
+                                  self._error)
         distortion = {g: rel_l2(tot[2 + 2 * self._pos[g]], tot[3 + 2 * self._pos[g]])
                       for g, _, _ in pieces}
         # The level counts in an all-reduce of their own: the sums' all-reduce (and the
@@ -385,6 +374,27 @@ def _shard_sums(q: QuantizedTensor, t: torch.Tensor) -> _ShardSums:
     return _ShardSums(float((w.abs() * e2).sum()), float((w.abs() * w2).sum()),
                       float(e2.sum()), float(w2.sum()), level_histogram(q),
                       q.protected.numel() * q.protected.element_size() * 8)
+
+
+def agreed_sums(n: int, fill: Callable[[list[float]], Any], error: BaseException | None = None
+                ) -> tuple[list[float], Any]:
+    """(`n` sums added over the ranks, what `fill` returned on this rank): `fill` adds this
+    rank's part into a list of `n` zeros. A rank that failed -- `error`, or `fill` raising --
+    makes every rank raise after the one all-reduce (its own error there, `PeerFailedError`
+    elsewhere), so no rank waits on a collective the others left."""
+    sums = [0.0] * (n + 1)   # the last slot counts the ranks that failed
+    got = None
+    if error is None:
+        try:
+            got = fill(sums)
+        except Exception as exc:
+            error = exc
+    if error is not None:
+        sums = [0.0] * (n + 1)
+        sums[-1] = 1.0
+    tot = all_sum(sums)
+    _raise_if_failed(error, ["a rank"] if tot[-1] > 0 else [])
+    return tot[:n], got
 
 
 def _raise_if_failed(error: BaseException | None, peers: list[Any]) -> None:

@@ -56,7 +56,7 @@ from mvc.repo.shards import shard_name
 from mvc.search.measure import DEFAULT_MOMENT_CAP
 from mvc.search.plan import FIRST_MOMENT_CAP
 
-from mvc.dcp.lossy import _raise_if_failed, all_gather, all_sum
+from mvc.dcp.lossy import _raise_if_failed, agreed_sums, all_gather
 
 #: `mvc.quant.optimizer.quantize_optimizer_state`'s defaults, which a one-process commit uses.
 BINS = {"linear": 2, "log": 4}
@@ -327,21 +327,15 @@ def _distortions(tensors: Mapping[str, torch.Tensor], of: Mapping[str, str],
     """Each of `names`' error in the quantity Adam uses, its sums added over the ranks (a
     rank's failure, counted in the last slot, stops every rank)."""
     pos = {g: i for i, g in enumerate(names)}
-    sums = [0.0] * (2 * len(names) + 1)
-    if error is None:
-        try:
-            for n, q in quantized.items():
-                i = pos.get(of[n])
-                if i is None:
-                    continue
-                a, b = moment_error_sums(q, jobs[n][0], tensors[n])
-                sums[2 * i] += a
-                sums[2 * i + 1] += b
-        except Exception as exc:
-            error = exc
-    if error is not None:
-        sums = [0.0] * len(sums)
-        sums[-1] = 1.0
-    tot = all_sum(sums)
-    _raise_if_failed(error, ["a rank"] if tot[-1] > 0 else [])
+
+    def fill(sums: list[float]) -> None:
+        for n, q in quantized.items():
+            i = pos.get(of[n])
+            if i is None:
+                continue
+            a, b = moment_error_sums(q, jobs[n][0], tensors[n])
+            sums[2 * i] += a
+            sums[2 * i + 1] += b
+
+    tot, _ = agreed_sums(2 * len(names), fill, error)
     return {g: relative_error((tot[2 * i], tot[2 * i + 1])) for g, i in pos.items()}
