@@ -52,6 +52,7 @@ from mvc.search.prepared import Prepared
 from mvc.search.quality import DEFAULT_EPSILON, PROXY_EPSILON, proxy_name
 from mvc.search.quality import finite as _finite
 from mvc.search.record import QualityRecord
+from mvc.search.result import SearchResult
 from mvc.search.space import (Point, SearchError, SearchSpace, quantizer_of, short,
                               split_quantizer, split_variant, variant)
 from mvc.search.trials import (Measure, PieceKey, Pieces, TrialSource, quantize_config,
@@ -66,28 +67,6 @@ DEFAULT_EXCLUDE = OPTIMIZER_STATE_PATTERNS
 def default_policy() -> QuantPolicy:
     """The repository's default: big float tensors, not biases / norms / optimizer state."""
     return QuantPolicy(exclude=DEFAULT_EXCLUDE)
-
-
-@dataclass
-class SearchResult:
-    """The outcome of `find_config`.
-
-    config:      the chosen QuantConfig, or None (nothing feasible / nothing to
-                 quantize: store losslessly).
-    qmap:        the winning trial's quantization by tensor name (None = lossless);
-                 all None when config is None.
-    quality:     the quality record (metric, baseline, value, degradation, epsilon,
-                 evaluations, mode, bits_per_param, trials; the gate that vouched
-                 and its bound: gate, ucb / fidelity, tensor_cap, max_distortion,
-                 worst_tensor — see `mvc.search.gate`); `.to_json()` is what a
-                 commit stores.
-    evaluations: quality-function calls made, the baseline included.
-    """
-
-    config: QuantConfig | None
-    qmap: dict[str, QuantizedTensor | None]
-    quality: QualityRecord
-    evaluations: int
 
 
 @dataclass
