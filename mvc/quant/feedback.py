@@ -12,8 +12,10 @@ The levels come from the same quantization as without feedback: the centroids (k
 uniform grid) and the pruned / protected masks of `quantize()` on the original tensor are kept,
 and only the assignment changes. So the result is an ordinary `QuantizedTensor` -- same
 convention (level k pruned, k + 1 protected with its value stored), same codecs, deltas and
-readers -- whose dequantized weights fit the layer's inputs better. Protected parameters store
-their compensated value (still exact: what the reader restores is what is stored).
+readers -- whose dequantized weights fit the layer's inputs better. Protected parameters keep
+their original values, as without feedback (the difference from the compensated value is
+spread over the later columns like any rounding error), so every quantization's error sums
+follow the one convention: protected entries restore exactly.
 
 `HessianCollector` gathers H per linear layer from forward hooks on calibration inputs.
 """
@@ -77,7 +79,8 @@ def feedback_levels(q: QuantizedTensor, w: torch.Tensor, h: torch.Tensor, *,
     mids = midpoints(q.centroids.detach().cpu().to(torch.float32)).to(dev)
     lv_in = q.levels.to(dev)
     pruned, protected = lv_in == k, lv_in == k + 1
-    work = w.detach().to(torch.float64).clone()
+    orig = w.detach().to(torch.float64)
+    work = orig.clone()
     work[:, torch.diagonal(h.to(dev)) == 0] = 0.0
     levels = torch.empty((rows, cols), dtype=torch.int64, device=dev)
     for c0 in range(0, cols, block):
@@ -88,15 +91,15 @@ def feedback_levels(q: QuantizedTensor, w: torch.Tensor, h: torch.Tensor, *,
             lv = torch.bucketize(col.to(torch.float32), mids, right=False).to(torch.int64)
             val = cen[lv].to(torch.float64)
             lv = torch.where(pruned[:, j], k, torch.where(protected[:, j], k + 1, lv))
-            val = torch.where(pruned[:, j], 0.0, torch.where(protected[:, j], col, val))
+            val = torch.where(pruned[:, j], 0.0, torch.where(protected[:, j], orig[:, j], val))
             levels[:, j] = lv
             e = (col - val) / u[j, j]
             work[:, j + 1:c1] -= e[:, None] * u[j, j + 1:c1][None, :]
             err[:, j - c0] = e
         work[:, c1:] -= err @ u[c0:c1, c1:]
     final = levels.to(level_dtype(k))
-    values = work.to(w.dtype)[levels == k + 1]  # the compensated values of protected weights
-    return QuantizedTensor(final, q.centroids.to(dev), values, q.dtype, k)
+    # the same positions as `q`'s, so the same exact values in the same order
+    return QuantizedTensor(final, q.centroids.to(dev), q.protected.to(dev), q.dtype, k)
 
 
 def output_error(w: torch.Tensor, restored: torch.Tensor, h: torch.Tensor) -> float:
@@ -214,20 +217,3 @@ def apply_feedback(qmap: Mapping[str, QuantizedTensor | None],
             out[name] = feedback_levels(q, tensors[name], h)
     return out
 
-
-def exact_error_sums(q: QuantizedTensor, x: torch.Tensor, w: torch.Tensor | None = None
-                     ) -> tuple[float, float, float, float, float, float]:
-    """`mvc.quant.error.error_sums`' six sums for a quantization with error feedback, from its
-    dequantized values: its protected entries hold compensated values, not x's, so the
-    error_sums convention (protected = exact, d = 0) would under-count their error."""
-    xf = x.detach().reshape(-1).to(torch.float64)
-    d = q.dequantize().reshape(-1).to(device=xf.device, dtype=torch.float64) - xf
-    dd, xx, ax = d * d, xf * xf, xf.abs()
-    out = [dd.sum(), xx.sum(), (ax * dd).sum(), (ax * xx).sum()]
-    if w is not None:
-        aw = w.detach().reshape(-1).to(device=xf.device, dtype=torch.float64).abs()
-        out += [(aw * dd).sum(), (aw * xx).sum()]
-    else:
-        out += [xf.new_zeros(()), xf.new_zeros(())]
-    a = torch.stack(out).tolist()
-    return (a[0], a[1], a[2], a[3], a[4], a[5])

@@ -12,7 +12,7 @@ from mvc.quant import (AssignStats, LogSketch, QuantConfig, QuantizedTensor, Qua
                        quantize_prepared)
 from mvc.quant.error import cached_error_sums, level_histogram, relative_error, seed_error_stats
 from mvc.quant.errors import NonFiniteTensorError
-from mvc.quant.feedback import exact_error_sums, feedback_levels, usable
+from mvc.quant.feedback import feedback_levels, usable
 from mvc.quant.importance import sensitivity
 from mvc.layer_types import layer_type
 from mvc.quant.partition import Thresholds, thresholds
@@ -105,10 +105,8 @@ class Prepared:
             seed_error_stats(q, t, g, stats.sums, stats.counts)
             return {name: q}
         # the assignment pass measured the plain levels: the re-assigned ones are measured
-        # afresh (their level counts on first use)
-        q = feedback_levels(q, t, h)
-        seed_error_stats(q, t, g, exact_error_sums(q, t, g), None)
-        return {name: q}
+        # on first use (their sums and level counts)
+        return {name: feedback_levels(q, t, h)}
 
     def measure(self, qmap: Mapping[str, QuantizedTensor | None],
                 pieces: Mapping[PieceKey, Pieces], proxy: bool) -> Measure:

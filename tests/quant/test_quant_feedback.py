@@ -35,7 +35,7 @@ def _reference(q: QuantizedTensor, w: torch.Tensor, h: torch.Tensor) -> torch.Te
         lv = torch.bucketize(col.to(torch.float32), mids.to(torch.float32))
         val = cen[lv]
         lv = torch.where(lv_in[:, j] == k, k, torch.where(lv_in[:, j] == k + 1, k + 1, lv))
-        val = torch.where(lv_in[:, j] == k, 0.0, torch.where(lv_in[:, j] == k + 1, col, val))
+        val = torch.where(lv_in[:, j] == k, 0.0, torch.where(lv_in[:, j] == k + 1, w[:, j].to(torch.float64), val))
         out[:, j] = lv
         e = (col - val) / u[j, j]
         work[:, j + 1:] -= e[:, None] * u[j, j + 1:][None, :]
