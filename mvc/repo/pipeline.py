@@ -46,7 +46,6 @@ from mvc.errors import InternalError, UsageError
 from mvc.native.parallel import pmap
 from mvc.progress import Progress, phase
 from mvc.quant import QuantizedTensor
-from mvc.quant.transfer import quantized_to_host
 from mvc.repo import lossy
 from mvc.repo.objects import (Commit, Snapshot, TensorRecord, check_tensor_shape,
                               checked_encoding)
@@ -219,7 +218,8 @@ def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
         WritePlan(names=names, tensors=dict(flat.tensors), parent=parent, settings=settings,
                   # the encoders, the parent comparison and the level caches all work on the
                   # host: a GPU-made quantization crosses here, before the encoders' threads start
-                  quantized=quantized_to_host(q.quantized), domains=q.domains, moments=q.moments),
+                  quantized={n: lossy.on_host(v) for n, v in q.quantized.items()},
+                  domains=q.domains, moments=q.moments),
         Manifest(names=list(names), skeleton=flat.skeleton,
                  config=q.config.to_dict() if q.config is not None else None,
                  quality=q.quality.to_json() if q.quality is not None else None,

@@ -31,7 +31,6 @@ from mvc.native.parallel import pmap
 from mvc.progress import Progress, phase
 from mvc.quant import QuantizedTensor
 from mvc.quant.optimizer import restore
-from mvc.quant.transfer import quantized_to_device
 from mvc.repo.levelcache import BaseEntries, DiskLevelCache, LevelCache
 from mvc.repo.lossy import (
     BrokenChainError,
@@ -192,7 +191,7 @@ class TensorReader:
             if is_quantized(rec):
                 q = self.read_quantized(snapshot_id, rec, memo, cache_levels=cache_levels)
                 if lookup_on is not None and rec.name not in on_host:
-                    q = quantized_to_device(q, lookup_on)
+                    q = q.to(lookup_on)
                 out[rec.name] = _values(rec, q)
             else:
                 out[rec.name] = read_tensor(self.odb.blobs, rec)

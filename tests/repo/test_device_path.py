@@ -170,16 +170,16 @@ def _parts(q: Any) -> tuple[bytes, bytes, bytes]:
 
 @cuda
 def test_cuda_quantizations_cross_both_ways():  # pragma: no cover - no GPU in CI
-    from mvc.quant.transfer import quantized_to_device, quantized_to_host
+    from mvc.repo import lossy
 
     g = torch.Generator().manual_seed(0)
     ws = {f"w{i}": torch.randn(n, generator=g) for i, n in enumerate((1, 7, 300, 4097))}
     host = {k: quantize(w, 16 if i % 2 else 300, protect=0.01) for i, (k, w) in enumerate(ws.items())}
     dev = {k: q.to("cuda") for k, q in host.items()}
-    back = quantized_to_host(dev)
+    back = {k: lossy.on_host(q) for k, q in dev.items()}
     for k, q in host.items():
         b = back[k]
         assert b.levels.device.type == "cpu" and torch.equal(b.levels, q.levels)
         assert torch.equal(b.protected, q.protected) and torch.equal(b.centroids, q.centroids)
-        d = quantized_to_device(q, torch.device("cuda"))
+        d = q.to(torch.device("cuda"))
         assert torch.equal(d.dequantize().cpu(), q.dequantize())
