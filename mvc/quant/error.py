@@ -34,7 +34,8 @@ _CHUNK = 1 << 20
 _DEVICE_CHUNK = 1 << 22
 
 
-def _device_chunk(t: torch.Tensor) -> int:
+def chunk_for(t: torch.Tensor) -> int:
+    """Elements per chunk of a torch-path pass over `t`: longer on an accelerator."""
     return _CHUNK if t.device.type == "cpu" else _DEVICE_CHUNK
 
 ErrorSums = tuple[float, float, float, float, float, float]
@@ -69,7 +70,7 @@ def table_error_sums(levels: torch.Tensor, x: torch.Tensor, table: torch.Tensor,
         s = qerr_sums(x, levels.contiguous(), table, w)
         return (float(s[0]), float(s[1]), float(s[2]), float(s[3]), float(s[4]), float(s[5]))
     acc = torch.zeros(6, dtype=torch.float64, device=levels.device)
-    step = _device_chunk(levels)
+    step = chunk_for(levels)
     for s0 in range(0, levels.numel(), step):
         lc = levels[s0:s0 + step]
         xc = x[s0:s0 + step].to(torch.float64)

@@ -91,7 +91,7 @@ from mvc.quant._kernels import (
 from mvc.quant.assign import level_dtype
 from mvc.quant.backend import on_host_kernels
 from mvc.quant.config import check_bins
-from mvc.quant.error import error_sums, table_error_sums
+from mvc.quant.error import chunk_for, error_sums, table_error_sums
 from mvc.quant.errors import QuantError
 from mvc.quant.partition import check_fraction
 from mvc.quant.tensor import QuantizedTensor, level_values, quantize
@@ -247,14 +247,10 @@ def _scan(t: torch.Tensor) -> tuple[int, int]:
     return int((~torch.isfinite(flat)).sum()), int((flat < 0).sum())
 
 
-#: Elements per chunk of the float64 log (bounds its temporary to a few MiB).
-_LOG_CHUNK = 1 << 20
-
-
 def _log32(x: torch.Tensor) -> torch.Tensor:
     """float32(log(float64(x))), chunk by chunk: no float64 copy of the whole tensor."""
     out = torch.empty(x.numel(), dtype=torch.float32, device=x.device)
-    step = _LOG_CHUNK if x.device.type == "cpu" else _LOG_CHUNK << 2  # fewer launches on a GPU
+    step = chunk_for(x)  # fewer launches on a GPU
     for s in range(0, x.numel(), step):
         out[s:s + step] = x[s:s + step].to(torch.float64).log()  # not log_(): x may be float64
     return out
