@@ -338,7 +338,8 @@ def gate_spaces() -> list[tuple[str, Any]]:
     finest = SearchSpace(bins=SearchSpace().bins + (96, 128),
                          embedding_bins=SearchSpace().embedding_bins + (64, 128),
                          family=("kmeans", "uniform"), feedback=(False, True))
-    return [("default space (k-means, no feedback)", SearchSpace()),
+    return [("default space (refined before lossless)", SearchSpace.default()),
+            ("default space, refine off (k-means, no feedback)", SearchSpace()),
             ("k-means + uniform, feedback searched", both),
             ("k-means + uniform, feedback searched, bins + 96/128", finer),
             ("k-means + uniform, feedback searched, bins + 96/128, embedding bins + 64/128",
@@ -415,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="--gate-defaults: the gates' metrics (comma-separated)")
     ap.add_argument("--threshold", type=float, default=None,
                     help="--gate-defaults: a threshold instead of the metric's default")
-    ap.add_argument("--spaces", default="0,1,2,3",
+    ap.add_argument("--spaces", default="0,1,2,3,4",
                     help="--gate-defaults: which search spaces (indexes into gate_spaces())")
     ap.add_argument("--configs", default=None,
                     help="--gate-curve: family:bins:protect[:emb][:fb],... (default GATE_CURVE)")

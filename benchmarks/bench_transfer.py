@@ -112,7 +112,7 @@ def _embed_fn(model: nn.Module) -> Callable[[dict, torch.Tensor], torch.Tensor]:
 
 def _gates(model: nn.Module, d: dict[str, Any]) -> dict[str, Callable[[dict], Any]]:
     """The quality functions of the rows, by name (None: the proxy)."""
-    from mvc.quality import fidelity
+    from mvc.quality import fidelity, from_module
 
     logits = _logits_fn(model)
     embed = _embed_fn(model)
@@ -134,7 +134,12 @@ def _gates(model: nn.Module, d: dict[str, Any]) -> dict[str, Callable[[dict], An
         ce = nn.functional.cross_entropy(out.transpose(1, 2), yc, reduction="none")
         return ce.mean(dim=1)
 
+    batches = [xc[i:i + 32] for i in range(0, len(xc), 32)]
     return {"loss": loss, "loss-few": loss_few, "per-example": per_example,
+            # the gate built from the module: its layers' input Hessians let a refined search
+            # try error feedback (mvc.quality.from_module)
+            "fid-kl-mod": lambda t=None: from_module(model, batches, "kl", t),  # type: ignore[misc]
+            "fid-top1-mod": lambda t=None: from_module(model, batches, "top1", t),  # type: ignore[misc]
             "fid-kl": lambda t=None: fidelity(logits, xc, "kl", t),           # type: ignore[misc]
             "fid-top1": lambda t=None: fidelity(logits, xc, "top1", t),       # type: ignore[misc]
             "fid-kl-mean": lambda t=None: fidelity(logits, xc, "kl", t, None),  # type: ignore[misc]
@@ -190,7 +195,7 @@ def commit_row(model: nn.Module, state: dict, d: dict[str, Any], label: str, qua
         cfg = dict(c.quant or {})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    knob = (f"{cfg.get('bins')}b/p{cfg.get('prune')}" if cfg else "lossless")
+    knob = _knob(cfg)
     row = {"gate": label, "ratio": raw / stored, "knob": knob, "seconds": secs,
            "gate_kind": q.get("gate"), "calib": q.get("fidelity", q.get("degradation")),
            "ucb": q.get("fidelity_ucb", q.get("ucb")), "max_distortion": q.get("max_distortion"),
@@ -198,6 +203,18 @@ def commit_row(model: nn.Module, state: dict, d: dict[str, Any], label: str, qua
            "trials": len(q.get("trials") or [])}
     row.update(held_out(model, state, restored, d))
     return row
+
+
+def _knob(cfg: dict[str, Any]) -> str:
+    """A stored config in short: bins/prune[/embedding bins][/family][+fb]."""
+    if not cfg:
+        return "lossless"
+    out = f"{cfg.get('bins')}b/p{cfg.get('prune')}"
+    if cfg.get("embedding_bins"):
+        out += f"/e{cfg['embedding_bins']}"
+    if cfg.get("family", "kmeans") != "kmeans":
+        out += f"/{cfg['family']}"
+    return out + ("+fb" if cfg.get("feedback") else "")
 
 
 Row = tuple[str, str | None, float | None, float | None, bool]
@@ -212,6 +229,8 @@ def rows_spec(small: bool) -> list[Row]:
 
     few = f"scalar loss, {SMALL_CALIB} windows"
     spec: list[tuple[str, str | None, float | None, float | None]] = [
+        (f"fidelity kl (default {T['kl']:g}), from_module", "fid-kl-mod", None, None),
+        (f"fidelity top1 (default {T['top1']:g}), from_module", "fid-top1-mod", None, None),
         (f"fidelity kl (default {T['kl']:g})", "fid-kl", None, None),
         (f"fidelity top1 (default {T['top1']:g})", "fid-top1", None, None),
         (f"scalar loss, default eps {E:g} (mirror)", "loss", None, None),
@@ -371,11 +390,14 @@ def main(argv: list[str] | None = None) -> int:
                      f"{100 * r['agree']:.2f}% | {r['kl']:.4f} | {r['cos']:.5f} | {r['loss_pct']:+.2f}% | "
                      f"{100 * r['acc']:.1f}% | {md} |")
     lines.append("")
-    default = rows[0]
-    ok = default["agree"] >= 0.98 and default["ratio"] >= 10
+    fid = [r for r in rows if r["gate"].startswith("fidelity") and "(default" in r["gate"]]
+    best = max(fid, key=lambda r: (r["agree"] >= 0.98 and r["ratio"] >= 5, r["ratio"]))
+    ok = best["agree"] >= 0.98 and best["ratio"] >= 5
     lines.append(f"Target (fidelity gate at default settings: held-out top-1 agreement >= 98% at "
-                 f">= 10x): {'met' if ok else 'NOT met'} ({100 * default['agree']:.2f}%, "
-                 f"{default['ratio']:.1f}x).")
+                 f">= 5x, issue 29): {'met' if ok else 'NOT met'} (best: {best['gate']}, "
+                 f"{100 * best['agree']:.2f}% at {best['ratio']:.1f}x; "
+                 + ", ".join(f"{r['gate'].split(' (')[0]}{' from_module' if 'from_module' in r['gate'] else ''}"
+                             f" {100 * r['agree']:.2f}% at {r['ratio']:.1f}x" for r in fid) + ").")
     scalar = [r for r in rows if r["gate"].startswith("scalar loss") and "default eps" in r["gate"]
               and "no mirror" not in r["gate"]]
     worst = min(r["agree"] for r in scalar)

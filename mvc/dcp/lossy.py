@@ -103,7 +103,7 @@ class How:
         cap = options.get("tensor_cap")
         if cap is None:
             cap = how.tensor_cap
-        return cls("search", space=how.space or SearchSpace(),
+        return cls("search", space=how.space or SearchSpace.default(),
                    epsilon=float(PROXY_EPSILON if how.epsilon is None else how.epsilon),
                    tensor_cap=float(DEFAULT_TENSOR_CAP if cap is None else cap), policy=policy,
                    optimizer=how.optimizer, moment_cap=how.moment_cap)
@@ -189,7 +189,7 @@ class ShardedTrials:
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], shards: Mapping[str, dict],
                  how: How, init: Mapping[str, torch.Tensor]) -> None:
-        alpha = (how.space or SearchSpace()).alpha
+        alpha = (how.space or SearchSpace.default()).alpha
         policy = how.policy or default_policy()
         self.tensors = tensors
         self.of = {n: shards[n]["of"] if n in shards else n for n in tensors}
@@ -435,7 +435,7 @@ def choose(tensors: Mapping[str, torch.Tensor], shards: Mapping[str, dict], how:
             nulls=frozenset({"value", "bound", "max_distortion", "worst_tensor"}))
         return _quantized(qmap), config.to_dict(), quality.to_json()
     # The space's magnitude points only: no rank has a gradient to rank by sensitivity.
-    space = dataclasses.replace(how.space or SearchSpace(), prune_metric=(MAGNITUDE,))
+    space = dataclasses.replace(how.space or SearchSpace.default(), prune_metric=(MAGNITUDE,))
     res = search_trials(trials, space=space, epsilon=how.epsilon, seed=how.seed,
                         init=trials.init, tensor_cap=how.tensor_cap)
     trials.check()

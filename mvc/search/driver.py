@@ -6,7 +6,9 @@ feasible, the guided exhaustive search (Alg. 4) runs once per pruning metric
 cheaper winner is kept; otherwise the delta-neighbourhood search starts from the
 previous config.  Every chosen config has been evaluated: a winner found by
 monotone inference alone is probed before it is accepted, and if it fails (quality
-is only roughly monotone) the search resumes with that knowledge.
+is only roughly monotone) the search resumes with that knowledge.  When every point of
+a refining space (the default one) is refused, the search goes on in
+`SearchSpace.refined()`, its trials so far kept, before the commit falls back to lossless.
 
 Work shared across trials is done once per call: the value and sensitivity
 sketches of every tensor and their per-layer-type merges (so a trial only reads
@@ -15,7 +17,8 @@ thresholds off merged sketches and runs k-means + assignment), and a tensor whos
 quantization.  Trials quantize exactly as `mvc.quant.quantize_state(tensors,
 config, policy, grads, seed, nonfinite="lossless")` does, and the winner's
 quantization is returned so the repository never recomputes it.  Memory: besides
-the sketches, only the current trial's and the best trials' levels are kept.
+the sketches, only the current trial's and the best trials' levels are kept.  The trials
+themselves run in `mvc.search.runner`.
 """
 from __future__ import annotations
 
@@ -23,43 +26,32 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from mvc.errors import InternalError
-from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy
+from mvc.quant import QuantConfig, QuantPolicy
 from mvc.quant.optimizer import OPTIMIZER_STATE_PATTERNS
 from mvc.quant.uniform import DEFAULT_FAMILY
-from mvc.search.fidelity import FidelityJudge, FidelityOutputs
 from mvc.search.gate import (
     DEFAULT_CONFIDENCE,
     DEFAULT_MIRROR,
     DEFAULT_TENSOR_CAP,
-    MetricJudge,
-    PerExampleJudge,
-    ProxyJudge,
-    Verdict,
     check_tensor_cap,
-    mirror_candidate,
 )
 from mvc.search.guided import MonotoneOracle, guided_search
-from mvc.search.measure import choose_judge
 from mvc.search.neighbourhood import Outcome, neighbourhood, neighbourhood_search
 from mvc.search.parallel import ParallelSearchError, Ranks, active, default_ranks
-from mvc.search.prepared import Prepared
-from mvc.search.quality import DEFAULT_EPSILON, PROXY_EPSILON, proxy_name
+from mvc.search.prepared import Hessians, Prepared
+from mvc.search.quality import DEFAULT_EPSILON, PROXY_EPSILON
 from mvc.search.quality import finite as _finite
 from mvc.search.record import QualityRecord
 from mvc.search.result import SearchResult
-from mvc.search.space import (Point, SearchError, SearchSpace, quantizer_of, short,
-                              split_quantizer, split_variant, variant)
-from mvc.search.trials import (Measure, PieceKey, Pieces, TrialSource, quantize_config,
-                               source_families, source_feedback)
-from mvc.search.trials import worst as worst_of
+from mvc.search.runner import Evaluate, Runner, json_info, strip
+from mvc.search.space import (Point, SearchError, SearchSpace, quantizer_of, split_quantizer,
+                              split_variant, variant)
+from mvc.search.trials import TrialSource, source_families, source_feedback
 
-Evaluate = Callable[[dict[str, torch.Tensor]], Any]
 #: Tensors of the optimizer state (``.../state/<param index>/...``) stay out of the search.
 DEFAULT_EXCLUDE = OPTIMIZER_STATE_PATTERNS
 
@@ -69,205 +61,8 @@ def default_policy() -> QuantPolicy:
     return QuantPolicy(exclude=DEFAULT_EXCLUDE)
 
 
-@dataclass
-class _Trial:
-    config: QuantConfig
-    verdict: Verdict
-    feasible: bool            # the gate's verdict and the tensor cap
-    bits: float
-    worst: float              # the largest per-tensor relative L2 error
-    worst_name: str | None
-    qmap: dict[str, QuantizedTensor | None] | None = field(default=None, repr=False)
-    keys: dict[PieceKey, Pieces] = field(default_factory=dict, repr=False)
-
-    @property
-    def value(self) -> float:
-        return self.verdict.value
-
-    @property
-    def degradation(self) -> float:
-        return self.verdict.degradation
-
-
-def _json_info(info: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _finite(v) if isinstance(v, float) else v for k, v in info.items()}
-
-
-class _Runner:
-    """Runs trials: quantize (with reuse), score, log; keeps the best trials' levels.
-    `prep` is where the trials come from: this process's whole tensors (`Prepared`) or,
-    e.g., a sharded save's collective trials (`mvc.search.trials`)."""
-
-    def __init__(self, prep: TrialSource, space: SearchSpace, evaluate: Evaluate | None,
-                 epsilon: float, seed: int, init: Mapping[str, torch.Tensor] | None = None,
-                 tensor_cap: float = DEFAULT_TENSOR_CAP,
-                 confidence: float = DEFAULT_CONFIDENCE, mirror: bool = DEFAULT_MIRROR) -> None:
-        self.prep, self.space, self.evaluate = prep, space, evaluate
-        self.epsilon, self.seed = epsilon, seed
-        self.tensor_cap, self.confidence, self.mirror = tensor_cap, confidence, mirror
-        self.init = dict(init or {})
-        self.evaluations = 0
-        self.judge: MetricJudge | PerExampleJudge | FidelityJudge = ProxyJudge(epsilon)
-        self.started = False
-        self.metric = proxy_name(prep.has_sensitivity)
-        self.memo: dict[Point, _Trial] = {}
-        self.best: dict[str, Point] = {}          # requested metric -> cheapest feasible point
-        self.log: list[dict[str, Any]] = []
-        self._last: dict[PieceKey, Pieces] = {}
-        self._last_family = DEFAULT_FAMILY        # the quantizer `_last` was quantized by
-        self.par: Ranks | None = None             # leading a parallel search over these
-        self.rounds = 0                           # parallel rounds (batches of trials)
-
-    @property
-    def baseline(self) -> float:
-        return self.judge.baseline
-
-    def start(self, metric_name: str | None) -> None:
-        """Measure the exact tensors once and choose the gate from what came back."""
-        self.started = True
-        if self.evaluate is None:
-            return
-        # The exact state's measurement (a fidelity gate's reference outputs) lives in
-        # the judge for this search only: a new commit measures its own state afresh.
-        raw = self._call(dict(self.prep.tensors))
-        self.judge = choose_judge(raw, self.epsilon, self.confidence, self.mirror)
-        if isinstance(raw, FidelityOutputs):
-            self.epsilon = self.judge.epsilon
-            self.metric = "fidelity:" + raw.gate.metric
-            return
-        self.metric = metric_name or "quality:" + getattr(
-            self.evaluate, "__qualname__", type(self.evaluate).__name__)
-
-    def _call(self, candidate: dict[str, torch.Tensor]) -> Any:
-        if self.evaluate is None:
-            raise InternalError("a quality-function call in a proxy search")
-        self.evaluations += 1
-        return self.evaluate(candidate)
-
-    # -------------------------------------------------------------- quantization
-    def quantize(self, config: QuantConfig
-                 ) -> tuple[dict[str, QuantizedTensor | None], dict[PieceKey, Pieces]]:
-        # A tensor quantized by the last trial or kept by a best trial, under the same
-        # (family, feedback, bins, thresholds), is not quantized again.
-        key = quantizer_of(config)
-        reuse = dict(self._last) if self._last_family == key else {}
-        for point in self.best.values():
-            if quantizer_of(self.memo[point].config) == key:
-                reuse.update(self.memo[point].keys)
-        qmap, keys = quantize_config(self.prep, config, seed=self.seed, init=self.init,
-                                     weigh=self.evaluate is None, reuse=reuse)
-        self._last, self._last_family = keys, key
-        return qmap, keys
-
-    # -------------------------------------------------------------- scoring
-    def score(self, qmap: Mapping[str, QuantizedTensor | None], m: Measure) -> Verdict:
-        if self.evaluate is None:
-            assert m.proxy is not None and m.metric is not None
-            self.metric = m.metric
-            return self.judge.verdict(m.proxy, "the proxy")
-        cand = {n: (q.dequantize() if q is not None else t)
-                for n, t, q in ((n, t, qmap[n]) for n, t in self.prep.tensors.items())}
-        v = self.judge.verdict(self._call(cand), "the quality function")
-        if isinstance(self.judge, MetricJudge) and self.judge.wants_mirror(v):
-            # the scalar gate's mirror check (mvc.search.gate): w - delta for w + delta
-            quantized = {n for n, q in qmap.items() if q is not None}
-            mirror = mirror_candidate(self.prep.tensors, cand, quantized)
-            del cand
-            v = self.judge.with_mirror(v, self._call(mirror), "the quality function")
-        return v
-
-    # -------------------------------------------------------------- trials
-    def trial(self, metric: str, idx: tuple[int, ...]) -> _Trial:
-        sp, emb = self.space, self.prep.embeddings
-        point = sp.canonical((metric, idx), emb)
-        tr = self.memo.get(point)
-        if tr is None:
-            tr, entry = self._evaluate(point)
-            self.memo[point] = tr
-            self.log.append(entry)
-        self._keep_best(metric, point, tr)
-        self._release()
-        return tr
-
-    def _evaluate(self, point: Point) -> tuple[_Trial, dict[str, Any]]:
-        config = self.space.config(point, self.prep.embeddings)
-        qmap, keys = self.quantize(config)
-        m = self.prep.measure(qmap, keys, proxy=self.evaluate is None)
-        verdict = self.score(qmap, m)
-        worst, worst_name = worst_of(m.distortion)
-        capped = not worst <= self.tensor_cap
-        tr = _Trial(config, verdict, verdict.feasible and not capped, m.bits,
-                    worst, worst_name, qmap, keys)
-        entry = {"config": short(config), "value": _finite(verdict.value),
-                 "degradation": _finite(verdict.degradation), "feasible": tr.feasible,
-                 "bits": round(tr.bits, 4), **_json_info(verdict.info),
-                 "distortion": _finite(round(worst, 6))}
-        if capped:
-            entry["refused"] = (f"tensor_cap: {worst_name} has relative L2 error "
-                                f"{worst:.4g} > {self.tensor_cap:g}")
-        return tr, entry
-
-    def _keep_best(self, metric: str, point: Point, tr: _Trial) -> None:
-        if tr.feasible:
-            cur = self.best.get(metric)
-            if cur is None or self._key(point) < self._key(cur):
-                self.best[metric] = point
-
-    # -------------------------------------------------------------- parallel rounds
-    def share(self, batch: list[Point], rank: int) -> tuple[_Trial, dict[str, Any]] | None:
-        """This rank's trial of a round (`batch[rank]`), levels included (None: no trial)."""
-        if rank >= len(batch):
-            return None
-        return self._evaluate(batch[rank])
-
-    def prefetch(self, points: list[tuple[str, tuple[int, ...]]]) -> list[bool]:
-        """Evaluate `points` ((metric, idx) pairs) in rounds of one trial per rank; their
-        verdicts (feasible or not), in order.  Only the leader of a parallel search calls it."""
-        par = self.par
-        if par is None:
-            return [self.trial(m, i).feasible for m, i in points]
-        sp, emb = self.space, self.prep.embeddings
-        canon = [sp.canonical(p, emb) for p in points]
-        todo = list(dict.fromkeys(c for c in canon if c not in self.memo))
-        for k in range(0, len(todo), par.size):
-            batch = todo[k:k + par.size]
-            par.send(("batch", batch))
-            mine = self.share(batch, par.rank)
-            results = par.gather(_strip(mine))
-            if mine is not None:
-                results[par.rank] = mine   # its levels stay: reused, and no recompute if it wins
-            self.rounds += 1
-            for point, res in zip(batch, results):
-                assert res is not None
-                self.memo[point], entry = res
-                self.log.append(entry)
-        for (metric, _), c in zip(points, canon):
-            self._keep_best(metric, c, self.memo[c])
-        self._release()
-        return [self.memo[c].feasible for c in canon]
-
-    def _key(self, point: Point) -> tuple:
-        return (self.space.cost(point[1], self.prep.embeddings, self.prep.embedding_share), point[1])
-
-    def _release(self) -> None:
-        keep = set(self.best.values())
-        for point, tr in self.memo.items():
-            if point not in keep and tr.qmap is not None:
-                tr.qmap, tr.keys = None, {}
-
-    def outcome(self, metric: str, idx: tuple[int, ...]) -> Outcome:
-        tr = self.trial(metric, idx)
-        return Outcome(tr.feasible, tr.verdict.preference)
-
-    def qmap_of(self, point: Point) -> dict[str, QuantizedTensor | None]:
-        tr = self.memo[point]
-        if tr.qmap is None:  # released: recompute (deterministic, same result)
-            tr.qmap, tr.keys = self.quantize(tr.config)
-        return tr.qmap
-
-
 # ------------------------------------------------------------------ searches
-def _exhaustive(run: _Runner, metrics: list[str]) -> Point | None:
+def _exhaustive(run: Runner, metrics: list[str]) -> Point | None:
     sp, prep = run.space, run.prep
     emb, share = prep.embeddings, prep.embedding_share
     shape = sp.shape(emb)
@@ -318,7 +113,7 @@ def _exhaustive(run: _Runner, metrics: list[str]) -> Point | None:
     return min(best.values(), key=lambda p: (run.memo[p].bits, cost(p[1]), order(p)))
 
 
-def _feasible(run: _Runner, metric: str, idx: tuple[int, ...]) -> bool:
+def _feasible(run: Runner, metric: str, idx: tuple[int, ...]) -> bool:
     return run.trial(metric, idx).feasible
 
 
@@ -327,7 +122,8 @@ def _metrics(space: SearchSpace, prep: TrialSource) -> list[str]:
     prune metric it can serve, with error feedback too when the space asks for it and the
     source knows Hessians."""
     metrics = [m for m in space.prune_metric if m != "sensitivity" or prep.has_sensitivity]
-    families, feedback = source_families(prep), source_feedback(prep)
+    families = source_families(prep)
+    feedback = True in space.feedback and source_feedback(prep)  # (collects lazy Hessians)
     out = []
     for v in space.variants(metrics):
         family, fb = split_quantizer(split_variant(v)[0])
@@ -345,7 +141,7 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
                 tensor_cap: float | None = None,
                 confidence: float = DEFAULT_CONFIDENCE,
                 mirror: bool = DEFAULT_MIRROR,
-                hessians: Mapping[str, torch.Tensor] | None = None) -> SearchResult:
+                hessians: Hessians | None = None) -> SearchResult:
     """Search the config cube for the most compressive config its gate accepts.
 
     tensors:  flat name -> tensor (`mvc.io.flatten(state).tensors`).
@@ -374,10 +170,12 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
               trial alone.  Other gates ignore it.
     hessians: input Hessians of linear layers (by module parameter name or flattened name,
               `mvc.quant.feedback.collect_hessians`): a space with `feedback=(..., True)` also
-              searches error feedback on the 2-D weights they match.  A search spread over
-              ranks does not (the replicas would need the same Hessians).
+              searches error feedback on the 2-D weights they match (so does a refined
+              default space).  A function returning them is called when a trial first needs
+              them.  A search spread over ranks does not (the replicas would need the same
+              Hessians).
     """
-    space = space or SearchSpace()
+    space = space or SearchSpace.default()
     policy = policy or default_policy()
     if epsilon is None:
         epsilon = DEFAULT_EPSILON if evaluate is not None else PROXY_EPSILON
@@ -391,7 +189,7 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
     par = active()
     prep = Prepared(tensors, dict(grads or {}), policy, space.alpha,
                     hessians if par is None else None)
-    run = _Runner(prep, space, evaluate, float(epsilon), seed, init, cap, float(confidence),
+    run = Runner(prep, space, evaluate, float(epsilon), seed, init, cap, float(confidence),
                   bool(mirror))
     if par is None:
         return _find(run, previous, radius, metric_name)
@@ -427,11 +225,11 @@ def search_trials(source: TrialSource, *, space: SearchSpace | None = None,
     epsilon = PROXY_EPSILON if epsilon is None else epsilon
     _check_epsilon(epsilon)
     cap = check_tensor_cap(DEFAULT_TENSOR_CAP if tensor_cap is None else tensor_cap)
-    space = space or SearchSpace()
+    space = space or SearchSpace.default()
     families = tuple(f for f in space.family if f in source_families(source))
     # a source quantizing k-means only (a sharded save's) searches the space's k-means part
     space = dataclasses.replace(space, family=families or (DEFAULT_FAMILY,))
-    run = _Runner(source, space, None, float(epsilon), seed, init, cap)
+    run = Runner(source, space, None, float(epsilon), seed, init, cap)
     return _find(run, None, 1, None)
 
 
@@ -460,28 +258,24 @@ def serve_trials(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | No
 def _serve(par: Ranks, kw: dict[str, Any], tensors: Mapping[str, torch.Tensor],
            evaluate: Evaluate | None, grads: Mapping[str, torch.Tensor] | None) -> None:
     prep = Prepared(tensors, dict(grads or {}), kw["policy"], kw["space"].alpha)
-    run = _Runner(prep, kw["space"], evaluate, kw["epsilon"], kw["seed"], kw["init"],
+    run = Runner(prep, kw["space"], evaluate, kw["epsilon"], kw["seed"], kw["init"],
                   kw["cap"], kw["confidence"], kw.get("mirror", DEFAULT_MIRROR))
     while True:
         msg = par.send()
         if msg == ("done", None):
             return
+        if isinstance(msg, tuple) and len(msg) == 2 and msg[0] == "space" \
+                and isinstance(msg[1], SearchSpace):
+            run.space = msg[1]   # the leader went on in a refined cube
+            continue
         if not (isinstance(msg, tuple) and len(msg) == 2 and msg[0] == "batch"):
             raise ParallelSearchError(f"expected a batch of trials, got {msg!r:.80}")
         if not run.started:
             run.start(kw["metric_name"])    # this replica's own baseline (the same batch)
-        par.gather(_strip(run.share(msg[1], par.rank)))
+        par.gather(strip(run.share(msg[1], par.rank)))
 
 
-def _strip(result: tuple[_Trial, dict[str, Any]] | None) -> tuple[_Trial, dict[str, Any]] | None:
-    """A trial as the other ranks receive it: the verdict without the levels."""
-    if result is None:
-        return None
-    tr, entry = result
-    return dataclasses.replace(tr, qmap=None, keys={}), entry
-
-
-def _find(run: _Runner, previous: QuantConfig | None, radius: int, metric_name: str | None
+def _find(run: Runner, previous: QuantConfig | None, radius: int, metric_name: str | None
           ) -> SearchResult:
     prep, space, tensors = run.prep, run.space, run.prep.tensors
     if not prep.names:
@@ -492,6 +286,11 @@ def _find(run: _Runner, previous: QuantConfig | None, radius: int, metric_name: 
         raise SearchError("the search space only allows sensitivity pruning, which needs a "
                           "gradient for every quantized tensor (grads=)")
     run.start(metric_name)
+    if previous is not None and space.refine and space.beyond(previous):
+        # the parent's config came from the refined cube: its neighbourhood is there
+        run.refine()
+        space = run.space
+        metrics = _metrics(space, prep)
     emb, share = prep.embeddings, prep.embedding_share
     winner: Point | None = None
     mode = "exhaustive"
@@ -524,6 +323,10 @@ def _find(run: _Runner, previous: QuantConfig | None, radius: int, metric_name: 
             mode = "fallback-exhaustive"
     if winner is None:
         winner = _exhaustive(run, metrics)
+    if winner is None and run.space.refine:
+        # every point refused: finer levels, both families, error feedback before lossless
+        run.refine()
+        winner = _exhaustive(run, _metrics(run.space, prep))
     if winner is None:
         return SearchResult(None, {n: None for n in tensors}, _record(run, None, mode),
                             run.evaluations)
@@ -531,7 +334,7 @@ def _find(run: _Runner, previous: QuantConfig | None, radius: int, metric_name: 
                         run.evaluations)
 
 
-def _lookahead(run: _Runner, p: tuple[int, ...], current: str, other: str | None, radius: int
+def _lookahead(run: Runner, p: tuple[int, ...], current: str, other: str | None, radius: int
                ) -> Callable[[str, tuple[int, ...]], Outcome]:
     """`run.outcome` for the neighbourhood search of a parallel search: a trial not yet run
     is run in a round with the next ones the search would ask for, in its order (the metric
@@ -551,7 +354,7 @@ def _lookahead(run: _Runner, p: tuple[int, ...], current: str, other: str | None
     return outcome
 
 
-def _record(run: _Runner, winner: Point | None, mode: str) -> QualityRecord:
+def _record(run: Runner, winner: Point | None, mode: str) -> QualityRecord:
     tr = run.memo.get(winner) if winner is not None else None
     closest = None
     if tr is None and run.log:  # what came closest: a lossless fallback names it
@@ -571,11 +374,12 @@ def _record(run: _Runner, winner: Point | None, mode: str) -> QualityRecord:
         max_distortion=_finite(round(tr.worst, 6)) if tr else None,
         worst_tensor=tr.worst_name if tr else None,
         trials=run.log, closest=closest,
+        refined=True if run.refined else None,
         ranks=run.par.size if run.par is not None else None,
         rounds=run.rounds if run.par is not None else None,
         nulls=_SEARCH_FIELDS)
     if run.started:  # the gate's own fields (its bound, its confidence, ...)
-        rec = rec.merged(_json_info(run.judge.record(tr.verdict if tr else None)))
+        rec = rec.merged(json_info(run.judge.record(tr.verdict if tr else None)))
     return rec
 
 

@@ -19,6 +19,7 @@ the k-means warm start that keeps levels, and so deltas, stable).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -269,8 +270,12 @@ def search(tensors: Mapping[str, torch.Tensor], how: Quantization,
         except MvcError:  # written by another version: start afresh
             start = None
     quality = how.quality
-    space = how.space or SearchSpace()
-    hessians = resolve_hessians(how, tensors) if True in space.feedback else None
+    space = how.space or SearchSpace.default()
+    hessians: Any = None
+    if True in space.feedback:
+        hessians = resolve_hessians(how, tensors)
+    elif space.refine:  # a refined search may try error feedback: collected if it does
+        hessians = functools.partial(resolve_hessians, how, tensors)
     # Through the package, not a name bound at import: callers (tests, a Tracker) may wrap it.
     result = mvc.search.find_config(
         tensors, evaluate=_evaluator(quality, to_state), epsilon=how.epsilon, previous=start,

@@ -4,7 +4,7 @@ the quantization of one tensor for a trial (`Prepared.quantize`) and a trial's
 measurements (`Prepared.measure`): the `TrialSource` of a search over whole tensors."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -20,6 +20,9 @@ from mvc.quant.uniform import DEFAULT_FAMILY, FAMILIES
 from mvc.search.quality import proxy_error
 from mvc.search.trials import Measure, PieceKey, Pieces, entropy_bits
 
+#: Input Hessians by name, or a function that collects them (called on first use).
+Hessians = Mapping[str, torch.Tensor] | Callable[[], Mapping[str, torch.Tensor] | None]
+
 
 class Prepared:
     """Per-search shared work: which tensors, their sketches, per-layer-type merges; and the
@@ -28,7 +31,7 @@ class Prepared:
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor],
                  policy: QuantPolicy, alpha: float,
-                 hessians: Mapping[str, torch.Tensor] | None = None) -> None:
+                 hessians: Hessians | None = None) -> None:
         self.tensors = tensors
         self.grads = grads
         self.sketches: dict[str, LogSketch] = {}
@@ -61,8 +64,19 @@ class Prepared:
         total = sum(tensors[n].numel() for n in self.names)
         emb = sum(tensors[n].numel() for n in self.groups.get("embedding", []))
         self.embedding_share = emb / total if total else 0.0
-        #: Input Hessians of the searched 2-D weights that error feedback serves, by name.
-        self.hessians = usable(hessians or {}, {n: tensors[n] for n in self.names})
+        self._hessians_of = hessians
+        self._hessians: dict[str, torch.Tensor] | None = None
+
+    @property
+    def hessians(self) -> Mapping[str, torch.Tensor]:
+        """Input Hessians of the searched 2-D weights that error feedback serves, by name;
+        given as a function, it is called here, on first use (a search that never tries
+        error feedback never collects them)."""
+        if self._hessians is None:
+            h = self._hessians_of
+            h = h() if callable(h) else h
+            self._hessians = usable(h or {}, {n: self.tensors[n] for n in self.names})
+        return self._hessians
 
     def thresholds(self, config: QuantConfig, ltype: str) -> Thresholds:
         lq = config.for_layer_type(ltype)

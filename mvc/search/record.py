@@ -89,6 +89,7 @@ class QualityRecord:
     closest: dict[str, Any] | None = _f(_dict)  # the best refused trial (lossless fallback)
     stored: str | None = _f(_str)             # "lossless: no feasible configuration"
     suspicious_trials: int | None = _f(_int)
+    refined: bool | None = _f(_bool)          # went on in `SearchSpace.refined()`
     ranks: int | None = _f(_int)              # a parallel search's group size
     rounds: int | None = _f(_int)             # ... and its rounds of trials
     sharded: bool | None = _f(_bool)          # decided by a sharded (DCP) save

@@ -22,6 +22,15 @@ Error feedback (`feedback`: GPTQ over the layers' input Hessians, `mvc.quant.fee
 chosen the same way: a quantizer with feedback is its family's name with "+feedback"
 ("kmeans+feedback:magnitude"), searched only when the commit knows Hessians.
 
+When every point of the space is refused, the search does not give up at once: with
+`refine` (on in the default space, `SearchSpace.default()`, which a search uses when given
+none; a space built by hand is searched as given unless it sets it) it searches
+`SearchSpace.refined()` before a commit falls back to lossless: finer levels (96 / 128
+bins, 64 / 128 embedding bins), both quantizer families and error feedback where Hessians
+are known.  A model whose quality the space's finest point cannot keep (a pretrained
+encoder under a fidelity gate: docs/quality.md) then gets about 5x instead of 1.2x; a
+commit the space serves never pays for it.
+
 Expected compression (`SearchSpace.cost`) is a config-only cost model in bits per
 quantized parameter, cheap enough to order trials before running them:
 
@@ -36,6 +45,7 @@ Ties are broken by the index vector, so every ordering is deterministic.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -83,6 +93,10 @@ def split_variant(v: str) -> tuple[str, str]:
     family, sep, metric = v.rpartition(":")
     return (family, metric) if sep else (DEFAULT_FAMILY, v)
 
+#: What `SearchSpace.refined()` adds beyond a space's finest bins / embedding bins.
+FINER_BINS: tuple[int, ...] = (96, 128)
+FINER_EMBEDDING_BINS: tuple[int, ...] = (64, 128)
+
 #: Bits a protected parameter costs in the cost model (its float32 value).
 PROTECTED_BITS = 32.0
 
@@ -128,6 +142,9 @@ class SearchSpace:
     uniform grid, `mvc.quant.uniform`).  `feedback`: with / without GPTQ error feedback
     (default without only; `(False, True)` searches both where the commit knows its layers'
     input Hessians, `mvc.quant.feedback`, and is the same as `(False,)` where it does not).
+    `refine`: when every point is refused, search `refined()` before falling back to
+    lossless (default False: the space as given; `SearchSpace.default()`, what a search
+    uses when given no space, sets it).
     """
 
     bins: tuple[int, ...] = (4, 6, 8, 12, 16, 32, 64)
@@ -139,9 +156,13 @@ class SearchSpace:
     sigma: float = 0.2
     family: tuple[str, ...] = (DEFAULT_FAMILY,)
     feedback: tuple[bool, ...] = (False,)
+    refine: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        if not isinstance(self.refine, bool):
+            raise SearchSpaceError(f"search space 'refine' must be true or false, "
+                                   f"got {self.refine!r}")
         fb = self.feedback
         if isinstance(fb, (str, bytes)) or not isinstance(fb, Sequence) or not fb \
                 or not all(isinstance(v, bool) for v in fb) or len(set(fb)) != len(fb):
@@ -172,6 +193,38 @@ class SearchSpace:
             QuantConfig(bins=self.bins[0], alpha=self.alpha, sigma=self.sigma)
         except MvcError as exc:
             raise SearchSpaceError(f"invalid alpha/sigma: {exc}") from exc
+
+    @classmethod
+    def default(cls) -> SearchSpace:
+        """The space a search uses when given none: these defaults, refined before a
+        commit falls back to lossless."""
+        return cls(refine=True)
+
+    # ------------------------------------------------------------------ refinement
+    def refined(self) -> SearchSpace:
+        """The space searched when every point of this one is refused: these axes plus
+        `FINER_BINS` / `FINER_EMBEDDING_BINS` beyond their finest values, every quantizer
+        family, error feedback searched too (where Hessians are known), and no further
+        refinement.  Its axes hold every value of this space's, so a point of this space
+        maps onto it (`remap`)."""
+        return dataclasses.replace(
+            self, bins=self.bins + tuple(b for b in FINER_BINS if b > self.bins[-1]),
+            embedding_bins=self.embedding_bins + tuple(
+                b for b in FINER_EMBEDDING_BINS if b > self.embedding_bins[-1]),
+            family=FAMILIES, feedback=(False, True), refine=False)
+
+    def beyond(self, config: QuantConfig) -> bool:
+        """Whether `config` is finer than this space's finest point (its bins or embedding
+        bins): where only `refined()` reaches.  (A family or feedback the space does not
+        search is not: the search starts afresh in the space then, as it always did.)"""
+        emb = config.embedding_bins
+        return config.bins > self.bins[-1] or (emb is not None and emb > self.embedding_bins[-1])
+
+    def remap(self, point: Point, other: SearchSpace, embeddings: bool) -> Point:
+        """`point` of `other` as a point of this space (whose axes hold `other`'s values)."""
+        v, idx = point
+        mine, theirs = self.axes(embeddings), other.axes(embeddings)
+        return (v, tuple(a.index(b[i]) for a, b, i in zip(mine, theirs, idx)))
 
     # ------------------------------------------------------------------ geometry
     def axes(self, embeddings: bool) -> tuple[tuple, ...]:

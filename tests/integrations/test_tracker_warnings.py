@@ -86,8 +86,10 @@ def test_a_commit_whose_32_bin_trial_misses_epsilon_gets_64_bins_not_lossless(tm
 
 def test_the_lossless_warning_names_the_closest_trial(tmp_path):
     repo, model, quality = _weight_error_setup(tmp_path)
-    with pytest.warns(MvcWarning, match=r"closest trial, 64 bins / prune 0\.0, measured \+0\.01"):
+    # the default space refines before it gives up: the closest trial is its finest one
+    with pytest.warns(MvcWarning, match=r"closest trial, 128 uniform bins / prune 0\.0, "
+                                        r"measured \+0\.00"):
         cid = Tracker(repo, model, quality=quality, epsilon=0.005).commit("too strict")
     rec = repo.read_commit(cid).quality
-    assert rec["stored"].startswith("lossless") and rec["closest"]["config"]["bins"] == 64
-    assert rec["closest"]["degradation"] > 0.005
+    assert rec["stored"].startswith("lossless") and rec["closest"]["config"]["bins"] == 128
+    assert rec["closest"]["degradation"] > 0.005 and rec["refined"] is True
