@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from digits_mlp import digits, mlp
 
+import mvc
 import mvc.quality
 from mvc.io import flatten
 from mvc.quant import QuantConfig, quantize_state
@@ -142,3 +143,27 @@ def test_module_gate_outputs_and_hessians(trained):
         gate({"other": torch.zeros(3)})
     with pytest.raises(FidelityError):
         from_module(lambda x: x, xte)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("threshold", [0.01, 1e-7])
+def test_default_space_collects_hessians_only_when_it_refines(trained, tmp_path, monkeypatch,
+                                                              threshold):
+    """The default space searches no error feedback, so a module gate's Hessians are not
+    collected -- unless every point is refused and the refined space (which searches it)
+    takes over; then once."""
+    model, _, _, xte = trained
+    gate = from_module(model, [xte[:200], xte[200:]], metric="kl", threshold=threshold)
+    calls = []
+    real = type(gate).hessians_of
+    monkeypatch.setattr(type(gate), "hessians_of",
+                        lambda self, subject: calls.append(1) or real(self, subject))
+    repo = mvc.Repo.init(tmp_path / "r")
+    cid = repo.commit({"model": model.state_dict()}, "gated", quality=gate)
+    rec = repo.read_commit(cid).quality
+    fb = [t for t in rec["trials"] if t["config"].get("feedback")]
+    if threshold == 0.01:   # the base space serves: nothing refined, nothing collected
+        assert repo.read_commit(cid).quant is not None and "refined" not in rec
+        assert calls == [] and fb == []
+    else:                   # refused everywhere: refined, feedback tried, then lossless
+        assert rec["refined"] is True and rec["stored"].startswith("lossless")
+        assert calls == [1] and fb
