@@ -42,13 +42,18 @@ class Mvc(System):
     lossy = True
 
     def __init__(self, epsilon: float = 0.01, optimizer: str = "compressed",
-                 families: tuple[str, ...] | None = None) -> None:
+                 families: tuple[str, ...] | None = None, refine: bool = True,
+                 mirror: bool = True) -> None:
         super().__init__(epsilon)
         self.optimizer_policy = optimizer
-        self.families = families
+        self.families, self.refine, self.mirror = families, refine, mirror
         self.name = "mvc (default)" if optimizer == "compressed" else "mvc (exact optimizer)"
         if families is not None:
             self.name = f"mvc ({' + '.join(families)})"
+        if not refine:
+            self.name = "mvc (default space, refine off)"
+        if not mirror:
+            self.name = "mvc (scalar gate without mirror check)"
         self._dir = tempfile.mkdtemp(prefix="mvc-e2e-")
         self.tracker = None
 
@@ -59,11 +64,12 @@ class Mvc(System):
         self.repo = mvc.Repo.init(self._dir)
         self.repo.config.set("commit.mode", "search")
         self.repo.config.set("commit.optimizer", self.optimizer_policy)
+        self.repo.config.set("quality.mirror", self.mirror)
         space = None
-        if self.families is not None:  # the search space's quantizer families (issue 29)
+        if self.families is not None or not self.refine:  # the search space (issue 29)
             from mvc.search import SearchSpace
 
-            space = SearchSpace(family=self.families)
+            space = SearchSpace(family=self.families or ("kmeans",))
         self.tracker = mvc.Tracker(self.repo, model, opt, quality=quality, epsilon=self.epsilon,
                                    space=space)
 
@@ -107,9 +113,10 @@ class Mvc(System):
 
 
 SYSTEMS = ["exact", "zipnn", "uniform", "adaptive", "excp", "excp-control", "mvc", "mvc-exact-opt"]
-#: Also runnable (--systems): mvc with both quantizer families in the search space, and with the
-#: uniform family only (issue 29).
-EXTRA_SYSTEMS = ["mvc-both", "mvc-uniform-only"]
+#: Also runnable (--systems): mvc with both quantizer families in the search space, with the
+#: uniform family only (issue 29), with the default space unrefined, and without the scalar gate's
+#: mirror check (for A/B runs).
+EXTRA_SYSTEMS = ["mvc-both", "mvc-uniform-only", "mvc-norefine", "mvc-nomirror"]
 
 
 def make_system(key: str, epsilon: float = 0.01) -> System:
@@ -120,5 +127,7 @@ def make_system(key: str, epsilon: float = 0.01) -> System:
             "mvc": lambda: Mvc(epsilon, "compressed"),
             "mvc-exact-opt": lambda: Mvc(epsilon, "exact"),
             "mvc-both": lambda: Mvc(epsilon, "compressed", ("kmeans", "uniform")),
-            "mvc-uniform-only": lambda: Mvc(epsilon, "compressed", ("uniform",))}[key]()
+            "mvc-uniform-only": lambda: Mvc(epsilon, "compressed", ("uniform",)),
+            "mvc-norefine": lambda: Mvc(epsilon, "compressed", refine=False),
+            "mvc-nomirror": lambda: Mvc(epsilon, "compressed", mirror=False)}[key]()
 
