@@ -74,7 +74,8 @@ def describe_quality(q: QualityRecord | Mapping[str, Any]) -> str:
     elif r.value is not None:
         parts.append(f"value {r.value:.4g}")
     if r.evaluations is not None:
-        parts.append(f"{r.evaluations} evaluations ({_or(r.mode, '?')})")
+        mode = _or(r.mode, "?") + (", refined" if r.refined else "")
+        parts.append(f"{r.evaluations} evaluations ({mode})")
     if r.stored:
         parts.append(r.stored)
     return "; ".join(parts)

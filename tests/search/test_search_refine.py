@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from mvc.cli.commands_history import describe_quality
 from mvc.search import SearchSpace, find_config
 from mvc.search.space import FINER_BINS, FINER_EMBEDDING_BINS, SearchSpaceError
 
@@ -65,6 +66,8 @@ def test_everything_refused_goes_on_in_the_refined_space(flat):
     rec = default.quality.to_json()
     assert default.config is not None and default.config.bins in FINER_BINS
     assert rec["refined"] is True and rec["degradation"] <= 0.02
+    assert "(exhaustive, refined)" in describe_quality(rec)          # mvc show / log
+    assert "refined" not in describe_quality(given.quality.to_json())
     # the refused trials of the base space are not run again
     configs = [str(t["config"]) for t in rec["trials"]]
     assert len(configs) == len(set(configs))
