@@ -35,11 +35,13 @@ def reports(tmp_path_factory) -> list[dict]:
     return out + [{"root": root}]
 
 
-@pytest.mark.parametrize("search", ["first", "next"])
+@pytest.mark.parametrize("search", ["first", "next", "refined"])
 def test_two_ranks_choose_what_one_process_chooses_in_fewer_rounds(reports, search):
     r0, r1, _ = reports
     par, alone = r0[search], r0[f"{search}_alone"]
     assert par["config"] is not None and par["config"] == alone["config"]
+    # the refined search: the worker evaluated points of the finer cube the leader moved to
+    assert par["refined"] == alone["refined"] == (True if search == "refined" else None)
     assert par["ranks"] == 2 and alone["rounds"] is None
     # one trial per rank per round; rounds replace the sequential trials
     assert par["trials"] <= 2 * par["rounds"]
