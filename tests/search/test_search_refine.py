@@ -100,3 +100,35 @@ def test_a_refined_parent_keeps_its_neighbourhood_in_the_refined_cube(flat):
     given = find_config(flat, evaluate=loss, epsilon=0.02, previous=first.config,
                         space=SearchSpace())
     assert given.config is None
+
+
+def test_a_refined_commit_chain_stores_deltas_and_restores_in_a_fresh_repo_handle(flat, tmp_path):
+    """Repo.commit with the default space: a refined first commit, then a refined
+    neighbourhood commit of slightly moved weights stored as a delta against it; both
+    restore to exactly their quantizations, read through a new handle."""
+    import mvc
+    from mvc.io import flatten
+
+    repo = mvc.Repo.init(tmp_path / "r")
+    moved = {k: v + 1e-4 * torch.randn(v.shape, generator=torch.Generator().manual_seed(1))
+             for k, v in flat.items()}
+
+    def nested(s: dict[str, torch.Tensor]):
+        loss = _rel_loss(s)
+        return lambda state: loss(state["m"])      # Repo.commit passes the state as given
+    ids = [repo.commit({"m": s}, msg, quality=nested(s), epsilon=0.02)
+           for s, msg in ((flat, "first"), (moved, "next"))]
+    recs = [repo.read_commit(c).quality for c in ids]
+    assert [r["mode"] for r in recs] == ["exhaustive", "neighbourhood"]
+    assert all(r["refined"] is True for r in recs)
+    assert repo.read_commit(ids[1]).quant["bins"] >= 96
+    codecs = {r.name: r.codec for r in repo.read_snapshot(repo.read_commit(ids[1]).snapshot).tensors}
+    assert codecs["m/l1.weight"] == codecs["m/l2.weight"] == "qdelta/1"
+    repo.close()
+    with mvc.Repo(tmp_path / "r") as again:
+        for cid, state, rec in zip(ids, (flat, moved), recs):
+            got = flatten(again.read_state(cid)).tensors
+            assert torch.equal(got["m/l1.bias"], state["l1.bias"])       # small: exact
+            num = sum(float((got[f"m/{k}"] - state[k]).pow(2).sum()) for k in state)
+            den = sum(float(t.pow(2).sum()) for t in state.values())
+            assert math.sqrt(num / den) == pytest.approx(rec["degradation"], rel=1e-6)
