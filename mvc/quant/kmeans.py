@@ -12,16 +12,25 @@ clustering would give away to the crowd near zero; it costs reconstruction MSE
 
 Initialization is weighted k-means++ (Alg. 3) drawing from a `torch.Generator`; Lloyd
 iterations then run to a fixed point.  In one dimension clusters are contiguous runs of
-the sorted buckets, so each Lloyd step is a `searchsorted` of the k-1 midpoints plus
+the sorted buckets, so each Lloyd step is a binary search of the k-1 midpoints plus
 prefix-sum differences: O(k log m) per iteration for m buckets, independent of the
-tensor size.  All of it is float64 numpy on the CPU (a few thousand points at most),
-which also makes centroids identical whatever device the tensor lives on.
+tensor size.  Both run in float64 on the CPU (a few thousand points at most), in C
+(native/kmeans.c: a search runs them per tensor per trial, and numpy's per-call overhead
+was most of a first commit's k-means time), which also makes centroids identical whatever
+device the tensor lives on.  The C code does the arithmetic of the numpy implementation it
+replaced (tests/helpers/reference_kmeans.py) in the same order, so centres are
+bit-identical to it; the greedy seeding's potentials are summed in index order, where
+numpy's dot left the order to the BLAS (which decided only between near-equal
+candidates, and could differ between machines).
 """
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
 
+from mvc.errors import InternalError
 from mvc.quant.errors import QuantConfigError
 from mvc.quant.sketch import LogSketch
 
@@ -40,15 +49,6 @@ def bucket_weights(values: np.ndarray, counts: np.ndarray, sigma: float) -> np.n
     return w
 
 
-def _sample(p: np.ndarray, u: float) -> int:
-    """Index drawn with probability proportional to p, using the uniform draw u in [0, 1)."""
-    cs = np.cumsum(p)
-    j = int(np.searchsorted(cs, u * cs[-1], side="right"))
-    if j >= p.size or p[j] <= 0:  # rounding at the very top: fall back to the heaviest point
-        j = int(np.argmax(p))
-    return j
-
-
 def kmeanspp_init(values: np.ndarray, weights: np.ndarray, k: int,
                   generator: torch.Generator, trials: int | None = None) -> np.ndarray:
     """Weighted k-means++ seeding (Alg. 3); returns up to k distinct centres, unsorted.
@@ -56,56 +56,48 @@ def kmeanspp_init(values: np.ndarray, weights: np.ndarray, k: int,
     Each new centre is drawn with probability proportional to weight x squared distance
     to the nearest centre so far.  With `trials` > 1 this is greedy k-means++ (as in
     scikit-learn): that many candidates are drawn and the one leaving the smallest
-    weighted potential is kept.  Default: 2 + ln(k) trials.
+    weighted potential is kept.  Default: 2 + ln(k) trials.  `values` ascending, weights
+    > 0 (native/kmeans.c).
     """
     if trials is None:
         trials = 2 + int(np.log(k))
     draws = torch.rand(k, trials, generator=generator, dtype=torch.float64).numpy()
-    centres = [values[_sample(weights, float(draws[0, 0]))]]
-    d2 = (values - centres[0]) ** 2
-    heaviest = None
-    for i in range(1, k):
-        p = d2 * weights
-        if not p.sum() > 0:
-            break
-        # All trials of a centre share one prefix sum (drawing them one by one summed p once
-        # per trial: most of a commit's k-means time).  Same draws, same picks as _sample.
-        cs = np.cumsum(p)
-        idx = np.searchsorted(cs, draws[i] * cs[-1], side="right")
-        bad = (idx >= p.size) | (p[np.minimum(idx, p.size - 1)] <= 0)
-        if bad.any():
-            heaviest = int(np.argmax(p))
-            idx = np.where(bad, heaviest, idx)
-        cands = np.minimum(d2, (values - values[idx][:, None]) ** 2)
-        # One dot per trial (not a matrix product): the potentials, and so the picks, stay
-        # bit-identical to drawing the trials one at a time.
-        pots = [float(np.dot(c, weights)) for c in cands]
-        best = min(range(trials), key=lambda t: (pots[t], t))
-        centres.append(values[idx[best]])
-        d2 = cands[best]
-    return np.asarray(centres, dtype=np.float64)
+    values, weights = _f64(values), _f64(weights)
+    if values.size == 0 or values.size != weights.size:
+        raise QuantConfigError("kmeanspp_init() needs as many weights as values, at least one")
+    out = np.empty(k, dtype=np.float64)
+    borrow, lib = _native()
+    with borrow(values, "double[]") as v, borrow(weights, "double[]") as w, \
+            borrow(draws, "double[]") as d, borrow(out, "double[]", writable=True) as o:
+        got = lib.mvc_kmeanspp(v, w, values.size, k, trials, d, draws.size, o, out.size)
+    if got < 1:
+        raise InternalError(f"mvc_kmeanspp failed ({got})")
+    return out[:got]
 
 
-def _cluster_edges(values: np.ndarray, centres: np.ndarray) -> np.ndarray:
-    # A point equal to a midpoint joins the lower cluster, as in `assign` (bucketize, right=False).
-    mids = (centres[:-1] + centres[1:]) * 0.5
-    cuts = np.searchsorted(values, mids, side="right")
-    return np.concatenate([[0], cuts, [values.size]])
+def _lloyd(values: np.ndarray, weights: np.ndarray, centres: np.ndarray) -> np.ndarray:
+    """Lloyd iterations from ascending `centres` to a fixed point (at most MAX_LLOYD_ITERS;
+    native/kmeans.c): nearest centre (the lower on a midpoint), weighted means kept inside
+    their cluster's hull, empty clusters reseeded on the worst-served points."""
+    out = np.array(centres, dtype=np.float64)    # a copy: updated in place
+    borrow, lib = _native()
+    with borrow(values, "double[]") as v, borrow(weights, "double[]") as w, \
+            borrow(out, "double[]", writable=True) as o:
+        got = lib.mvc_lloyd_1d(v, w, values.size, o, out.size, MAX_LLOYD_ITERS)
+    if got < 0:
+        raise InternalError(f"mvc_lloyd_1d failed ({got})")
+    return out
 
 
-def _reseed_empty(values: np.ndarray, weights: np.ndarray, centres: np.ndarray,
-                  edges: np.ndarray, empty: np.ndarray) -> np.ndarray:
-    """Move centres of empty clusters onto the points that are currently worst served."""
-    owner = np.repeat(np.arange(centres.size), np.diff(edges))
-    err = weights * (values - centres[owner]) ** 2
-    out = centres.copy()
-    for j in np.flatnonzero(empty):
-        i = int(np.argmax(err))
-        if err[i] <= 0:
-            break
-        out[j] = values[i]
-        err = np.minimum(err, weights * (values - values[i]) ** 2)
-    return np.sort(out)
+def _f64(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float64)
+
+
+def _native() -> tuple[Any, Any]:
+    from mvc.native import lib  # the extension loads on first use
+    from mvc.native.buffers import borrow
+
+    return borrow, lib
 
 
 def weighted_kmeans_1d(values: np.ndarray, weights: np.ndarray, k: int,
@@ -120,7 +112,7 @@ def weighted_kmeans_1d(values: np.ndarray, weights: np.ndarray, k: int,
     if k < 1:
         raise QuantConfigError(f"k must be >= 1, got {k}")
     live = weights > 0
-    values, weights = values[live], weights[live]
+    values, weights = _f64(values[live]), _f64(weights[live])
     if values.size == 0:
         return np.zeros(k, dtype=np.float64)
     if values.size <= k:
@@ -131,28 +123,7 @@ def weighted_kmeans_1d(values: np.ndarray, weights: np.ndarray, k: int,
         centres = np.sort(kmeanspp_init(values, weights, k, generator))
     if centres.size < k:  # every point already a centre; cannot happen with > k points
         centres = np.concatenate([centres, np.full(k - centres.size, centres[-1])])
-    cw = np.concatenate([[0.0], np.cumsum(weights)])
-    cwx = np.concatenate([[0.0], np.cumsum(weights * values)])
-    edges = None
-    for _ in range(MAX_LLOYD_ITERS):
-        new_edges = _cluster_edges(values, centres)
-        if edges is not None and np.array_equal(new_edges, edges):
-            break
-        edges = new_edges
-        sw = cw[edges[1:]] - cw[edges[:-1]]
-        swx = cwx[edges[1:]] - cwx[edges[:-1]]
-        empty = ~(sw > 0)
-        centres = np.where(empty, centres, swx / np.where(empty, 1.0, sw))
-        # keep the centre inside its cluster's hull despite prefix-sum cancellation
-        nonempty = ~empty
-        lo = values[np.minimum(edges[:-1], values.size - 1)]
-        hi = values[np.maximum(edges[1:] - 1, 0)]
-        centres[nonempty] = np.clip(centres[nonempty], lo[nonempty], hi[nonempty])
-        if empty.any():
-            centres = _reseed_empty(values, weights, centres, edges, empty)
-        else:
-            centres = np.sort(centres)
-    return centres
+    return _lloyd(values, weights, centres)
 
 
 def approx_kmeans(sketch: LogSketch, k: int, *, sigma: float = 0.2,
