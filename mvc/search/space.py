@@ -214,11 +214,14 @@ class SearchSpace:
             family=FAMILIES, feedback=(False, True), refine=False)
 
     def beyond(self, config: QuantConfig) -> bool:
-        """Whether `config` is finer than this space's finest point (its bins or embedding
-        bins): where only `refined()` reaches.  (A family or feedback the space does not
-        search is not: the search starts afresh in the space then, as it always did.)"""
+        """Whether `config` lies outside this space where `refined()` reaches: finer bins or
+        embedding bins, a family or error feedback this space does not search (a parent
+        chosen by a refined search, whose neighbourhood is in the finer cube)."""
         emb = config.embedding_bins
-        return config.bins > self.bins[-1] or (emb is not None and emb > self.embedding_bins[-1])
+        return (config.bins > self.bins[-1]
+                or (emb is not None and emb > self.embedding_bins[-1])
+                or config.family not in self.family
+                or (config.feedback and True not in self.feedback))
 
     def remap(self, point: Point, other: SearchSpace, embeddings: bool) -> Point:
         """`point` of `other` as a point of this space (whose axes hold `other`'s values)."""

@@ -132,3 +132,21 @@ def test_a_refined_commit_chain_stores_deltas_and_restores_in_a_fresh_repo_handl
             num = sum(float((got[f"m/{k}"] - state[k]).pow(2).sum()) for k in state)
             den = sum(float(t.pow(2).sum()) for t in state.values())
             assert math.sqrt(num / den) == pytest.approx(rec["degradation"], rel=1e-6)
+
+
+def test_a_parent_of_the_refined_family_keeps_its_neighbourhood(flat):
+    """A refined search may choose the uniform grid at a bin count the default cube has: the
+    next commit stays in that family's neighbourhood (its levels keep deltas sparse) instead
+    of searching the default cube afresh and refining all over again."""
+    from mvc.quant import QuantConfig
+
+    loss = _rel_loss(flat)
+    parent = QuantConfig(bins=64, protect=0.01, family="uniform")
+    steady = find_config(flat, evaluate=loss, epsilon=0.2, previous=parent, seed=0)
+    rec = steady.quality.to_json()
+    assert rec["mode"] == "neighbourhood" and rec["refined"] is True
+    assert steady.config is not None and steady.config.family == "uniform"
+    assert all(t["config"].get("family") == "uniform" for t in rec["trials"])
+    # a space built by hand does not refine: the family it lacks means a fresh search there
+    fresh = find_config(flat, evaluate=loss, epsilon=0.2, previous=parent, space=SearchSpace())
+    assert fresh.quality.to_json()["mode"] == "exhaustive" and fresh.config.family == "kmeans"
