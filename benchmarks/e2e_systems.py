@@ -99,7 +99,12 @@ class Mvc(System):
                 part[1] += r.stored_bytes
         knob = self.tracker.history[-1].get("config") or "lossless"
         if isinstance(knob, dict):
-            knob = f"{knob.get('bins')}b/p{knob.get('prune')}"
+            cfg = knob
+            knob = f"{cfg.get('bins')}b/p{cfg.get('prune')}"
+            if cfg.get("family", "kmeans") != "kmeans":  # e.g. a refined search's grid
+                knob += f"/{cfg['family']}"
+            if cfg.get("feedback"):
+                knob += "+fb"
         return SaveStat(raw_w, sw, raw_t, st, dt, str(knob), parts)
 
     def restore(self) -> int:
