@@ -7,22 +7,30 @@
 
 #include "status.h"
 
-/* numpy.searchsorted(a, v, side="right"): the number of a[i] <= v (a ascending). */
+/* numpy's float order: NaN after everything. */
+static int less(double a, double b) {
+    return a < b || (b != b && a == a);
+}
+
+/* numpy.searchsorted(a, v, side="right") (a ascending in numpy's order). */
 static size_t upper_bound(const double *a, size_t n, double v) {
     size_t lo = 0, hi = n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (a[mid] <= v) lo = mid + 1;
-        else hi = mid;
+        if (less(v, a[mid])) hi = mid;
+        else lo = mid + 1;
     }
     return lo;
 }
 
-/* numpy.argmax: the first index of the largest value. */
+/* numpy.argmax: the first index of the largest value, or of the first NaN. */
 static size_t argmax(const double *a, size_t n) {
     size_t best = 0;
-    for (size_t j = 1; j < n; j++)
+    if (a[0] != a[0]) return 0;
+    for (size_t j = 1; j < n; j++) {
+        if (a[j] != a[j]) return j;
         if (a[j] > a[best]) best = j;
+    }
     return best;
 }
 

@@ -133,3 +133,15 @@ def test_lloyd_zero_iterations_leaves_the_centres():
     assert got == 0 and c.tolist() == [0.0, 2.0]
     got, c = _call_lloyd()
     assert got >= 1 and c.tolist() == [0.5, 2.0]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_overflowing_distances_follow_the_reference(seed):
+    """Values whose squared distances overflow to inf (beyond anything a float32 tensor
+    gives): the NaN / inf comparisons follow numpy's (searchsorted, argmax) as well."""
+    v = np.array([-1e200, -1e100, 0.0, 1.0, 1e150, 1e200])
+    w = np.array([1.0, 0.5, 0.25, 1.0, 0.75, 0.1])
+    for k in (2, 3, 4):
+        got = weighted_kmeans_1d(v, w, k, torch.Generator().manual_seed(seed))
+        want = ref.weighted_kmeans_1d(v, w, k, torch.Generator().manual_seed(seed), ordered=True)
+        assert _bits(got) == _bits(want)
