@@ -135,6 +135,19 @@ def test_rans_exponents_on_demand_are_smaller_and_exact():
         LosslessCodec(rans_saving=2.0)
 
 
+def test_bf16_exponents_default_to_huffman_and_f32_to_rans_where_smaller():
+    """bfloat16 keeps Huffman exponents by default (decode and encode speed; its ratio stays
+    over ZipNN's), float32 takes rANS where it is smaller; both are what the explicit
+    settings write, and both restore exactly."""
+    b = make(torch.bfloat16, (300_000,), seed=4)
+    assert payload_of(CODEC, b)[1] == payload_of(LosslessCodec(rans_saving=1.0), b)[1]
+    meta, rans_b = payload_of(LosslessCodec(rans_saving=0.0), b)
+    assert len(rans_b) < len(payload_of(CODEC, b)[1])        # what bf16 gives up
+    assert torch.equal(CODEC.decode(meta, rans_b, b.dtype, (300_000,)), b)  # old data reads
+    f = make(torch.float32, (300_000,), seed=4)
+    assert payload_of(CODEC, f)[1] == payload_of(LosslessCodec(rans_saving=0.0), f)[1]
+
+
 def test_meta_and_shape_mismatch_are_codec_errors():
     t = make(torch.float32, (500,))
     meta, payload = payload_of(CODEC, t)
