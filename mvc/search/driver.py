@@ -227,7 +227,7 @@ def search_trials(source: TrialSource, *, space: SearchSpace | None = None,
     cap = check_tensor_cap(DEFAULT_TENSOR_CAP if tensor_cap is None else tensor_cap)
     space = space or SearchSpace.default()
     families = tuple(f for f in space.family if f in source_families(source))
-    # a source quantizing k-means only (a sharded save's) searches the space's k-means part
+    # a source quantizing fewer families than the space lists searches the part it can
     space = dataclasses.replace(space, family=families or (DEFAULT_FAMILY,))
     run = Runner(source, space, None, float(epsilon), seed, init, cap)
     return _find(run, None, 1, None)

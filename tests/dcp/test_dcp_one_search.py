@@ -105,3 +105,28 @@ def test_a_fixed_config_with_feedback_is_applied_without_it_and_says_so():
     with pytest.warns(MvcWarning, match="error feedback"):
         qmap, got, _ = lossy.choose(t, {}, how, {})
     assert got == QuantConfig(bins=16, prune=0.1).to_dict() and qmap
+
+
+def test_the_default_space_refines_in_a_sharded_save_as_find_config_does():
+    """How with no space searches the default one, which refines before a lossless fallback:
+    shards, whole tensors and `find_config` (magnitude pruning) walk the same refined trials
+    to the same config, one the default cube does not have."""
+    import dataclasses
+
+    t = _state()
+    how = lossy.How("search", epsilon=0.02, tensor_cap=0.5, policy=POLICY)
+    plain = lossy.How("search", space=SearchSpace(), epsilon=0.02, tensor_cap=0.5, policy=POLICY)
+    assert lossy.choose(t, {}, plain, {})[1] is None            # the cube alone: lossless
+    tensors, shards = _halves(t)
+    qmap, config, quality = lossy.choose(tensors, shards, how, {})
+    _, whole, whole_quality = lossy.choose(t, {}, how, {})
+    want = find_config(t, policy=POLICY, epsilon=0.02, tensor_cap=0.5,
+                       space=dataclasses.replace(SearchSpace.default(), prune_metric=("magnitude",)))
+    assert want.config is not None and config == whole == want.config.to_dict()
+    assert quality["refined"] is True and whole_quality["refined"] is True
+    assert config["bins"] > 64 or (config.get("embedding_bins") or 0) > 32 \
+        or config.get("family") == "uniform"
+    trials = [(e["config"], e["feasible"]) for e in quality["trials"]]
+    assert trials == [(e["config"], e["feasible"]) for e in whole_quality["trials"]]
+    assert trials == [(e["config"], e["feasible"]) for e in want.quality.trials or []]
+    assert quality["mode"] == "exhaustive-sharded" and qmap
