@@ -199,9 +199,10 @@ class CommitPlan:
 
 def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
          read_quantized: ReadQuantized, settings: CommitSettings,
-         grads: Mapping[str, torch.Tensor] | None = None) -> CommitPlan:
+         grads: Mapping[str, torch.Tensor] | None = None,
+         progress: Progress | None = None) -> CommitPlan:
     """Decide how each tensor of `flat` is stored (`mvc.search.plan_quantization`, see
-    `mvc.search.Quantization`); no store writes.
+    `mvc.search.Quantization`); no store writes.  `progress` hears of the search's trials.
 
     `parent`: the commit the plan is written against; its centroids warm-start k-means
     (levels, and so deltas, stay stable) and its recorded config starts the search's
@@ -212,7 +213,7 @@ def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
         check_tensor_shape(name, t.shape)
     init = parent_centroids(parent, read_quantized) if how.mode != "lossless" else {}
     q = plan_quantization(flat.tensors, how, to_state=functools.partial(unflatten, flat.skeleton),
-                          previous=parent.quant, init=init, grads=grads)
+                          previous=parent.quant, init=init, grads=grads, progress=progress)
     names = list(flat.tensors)
     return CommitPlan(
         WritePlan(names=names, tensors=dict(flat.tensors), parent=parent, settings=settings,

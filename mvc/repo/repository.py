@@ -327,9 +327,10 @@ class Repo:
         # the branch may move before the lock is taken, which costs nothing but compression.
         with self.safe_globals():
             flat = flatten(state)
-        with phase(progress, "choosing storage", total_items=len(flat.tensors)):
+        with phase(progress, "choosing storage", total_items=len(flat.tensors)) as p:
             plan = pipeline.plan(flat, how, tx.parent(self.head(), lossy_plan),
-                                 read_quantized=tx.read_quantized, settings=tx.settings, grads=grads)
+                                 read_quantized=tx.read_quantized, settings=tx.settings, grads=grads,
+                                 progress=p)
         info = tx.info(message, step=step, metrics=clean_metrics)
         bases: pipeline.Bases = {}
         landed = tx.commit(plan, info, bases=bases, progress=progress, allow_empty=allow_empty)

@@ -32,6 +32,7 @@ import torch
 
 from mvc.quant import QuantConfig, QuantPolicy
 from mvc.quant.optimizer import OPTIMIZER_STATE_PATTERNS
+from mvc.progress import Progress
 from mvc.quant.uniform import DEFAULT_FAMILY
 from mvc.search.gate import (
     DEFAULT_CONFIDENCE,
@@ -141,7 +142,8 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
                 tensor_cap: float | None = None,
                 confidence: float = DEFAULT_CONFIDENCE,
                 mirror: bool = DEFAULT_MIRROR,
-                hessians: Hessians | None = None) -> SearchResult:
+                hessians: Hessians | None = None,
+                progress: Progress | None = None) -> SearchResult:
     """Search the config cube for the most compressive config its gate accepts.
 
     tensors:  flat name -> tensor (`mvc.io.flatten(state).tensors`).
@@ -174,6 +176,8 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
               default space).  A function returning them is called when a trial first needs
               them.  A search spread over ranks does not (the replicas would need the same
               Hessians).
+    progress: hears of each trial run (`mvc.progress`: a "searching quantization configs"
+              phase counting trials); default: none.
     """
     space = space or SearchSpace.default()
     policy = policy or default_policy()
@@ -191,6 +195,9 @@ def find_config(tensors: Mapping[str, torch.Tensor], *, evaluate: Evaluate | Non
                     hessians if par is None else None)
     run = Runner(prep, space, evaluate, float(epsilon), seed, init, cap, float(confidence),
                   bool(mirror))
+    if progress is not None:
+        run.progress = progress
+        progress.phase("searching quantization configs", unit="trials")
     if par is None:
         return _find(run, previous, radius, metric_name)
     if not par.leader:

@@ -30,6 +30,7 @@ import torch
 import mvc.search
 from mvc.errors import MvcError, MvcWarning, UsageError
 from mvc.native.parallel import pmap
+from mvc.progress import Progress
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy, quantize_state
 from mvc.quant.feedback import apply_feedback, usable
 from mvc.quant.optimizer import moment_ratio_bound, quantize_optimizer_state, zeroed_moment
@@ -121,7 +122,8 @@ class QuantizationPlan:
 def plan_quantization(tensors: Mapping[str, torch.Tensor], how: Quantization, *,
                       to_state: ToState, previous: Mapping[str, Any] | None = None,
                       init: Mapping[str, torch.Tensor] | None = None,
-                      grads: Mapping[str, torch.Tensor] | None = None) -> QuantizationPlan:
+                      grads: Mapping[str, torch.Tensor] | None = None,
+                      progress: Progress | None = None) -> QuantizationPlan:
     """Decide how each of `tensors` (flat name -> tensor, in the state's order) is stored.
 
     to_state: rebuilds a candidate's nested state from flat tensors, for `how.quality`.
@@ -129,6 +131,7 @@ def plan_quantization(tensors: Mapping[str, torch.Tensor], how: Quantization, *,
               the search's neighbourhood starts.
     init:     the parent's centroids by name: k-means warm starts.
     grads:    gradient (EMA) by name: sensitivity-based protect / prune.
+    progress: hears of each trial of a search (a "searching quantization configs" phase).
 
     A fixed config outside its bounds warns (at the caller of `Repo.commit`) or raises
     `FixedConfigRefusedError`, per `how.fixed_rule`.
@@ -151,7 +154,7 @@ def plan_quantization(tensors: Mapping[str, torch.Tensor], how: Quantization, *,
         qmap, quality = quantize_fixed(tensors, config, how.policy, grads, init, hessians)
         quality = gate_fixed(tensors, qmap, quality, how, to_state)
     elif how.mode == "search":
-        config, qmap, quality = search(tensors, how, previous, grads, init, to_state)
+        config, qmap, quality = search(tensors, how, previous, grads, init, to_state, progress)
     domains: dict[str, str] = {}
     if config:
         domains, report = compress_optimizer(tensors, qmap, init, how.optimizer, how.moment_cap)
@@ -259,7 +262,8 @@ def _measured(m: Mapping[str, Any]) -> str:
 
 def search(tensors: Mapping[str, torch.Tensor], how: Quantization,
            previous: Mapping[str, Any] | None, grads: Mapping[str, torch.Tensor] | None,
-           init: Mapping[str, torch.Tensor], to_state: ToState
+           init: Mapping[str, torch.Tensor], to_state: ToState,
+           progress: Progress | None = None
            ) -> tuple[QuantConfig | None, dict[str, QuantizedTensor | None], QualityRecord]:
     """The commit hook: the most compressive config of `how.space` within `how.epsilon`,
     starting from the parent's config `previous` (Inshrinkerator §5)."""
@@ -281,7 +285,8 @@ def search(tensors: Mapping[str, torch.Tensor], how: Quantization,
         tensors, evaluate=_evaluator(quality, to_state), epsilon=how.epsilon, previous=start,
         grads=grads, policy=how.policy or _default_policy(), space=how.space,
         metric_name=getattr(quality, "__name__", None) if quality else None,
-        init=init, tensor_cap=how.tensor_cap, mirror=_mirror(how), hessians=hessians)
+        init=init, tensor_cap=how.tensor_cap, mirror=_mirror(how), hessians=hessians,
+        progress=progress)
     if result.config is None:
         return None, {}, result.quality.updated(stored="lossless: no feasible configuration")
     return result.config, dict(result.qmap), result.quality

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from mvc.errors import InternalError
+from mvc.progress import NO_PROGRESS, Progress
 from mvc.quant import QuantConfig, QuantizedTensor
 from mvc.quant.uniform import DEFAULT_FAMILY
 from mvc.search.fidelity import FidelityJudge, FidelityOutputs
@@ -86,6 +87,7 @@ class Runner:
         self.par: Ranks | None = None             # leading a parallel search over these
         self.rounds = 0                           # parallel rounds (batches of trials)
         self.refined = False                      # searched `space.refined()` (`refine`)
+        self.progress: Progress = NO_PROGRESS     # hears of each trial run
 
     @property
     def baseline(self) -> float:
@@ -164,6 +166,7 @@ class Runner:
             tr, entry = self._evaluate(point)
             self.memo[point] = tr
             self.log.append(entry)
+            self.progress.advance(0, 1)
         self._keep_best(metric, point, tr)
         self._release()
         return tr

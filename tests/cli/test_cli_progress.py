@@ -118,3 +118,18 @@ def test_the_api_reports_only_when_asked(tmp_path: Path, capfd: pytest.CaptureFi
         rec = Recorder()
         repo.gc(progress=rec)
         assert capfd.readouterr() == ("", "")
+
+
+def test_a_search_reports_each_trial(tmp_path: Path) -> None:
+    """A lossy commit's search (the refined one included) counts its trials in a phase of its
+    own, so a long search on a terminal shows it is moving."""
+    _checkpoint(tmp_path / "ck.pt")
+    state = torch.load(tmp_path / "ck.pt")
+    with Repo.init(tmp_path) as repo:
+        rec = Recorder()
+        cid = repo.commit(state, "searched", quality=lambda s: 1.0, epsilon=0.01, progress=rec)
+        trials = repo.read_commit(cid).quality["trials"]
+        assert [p[0] for p in rec.phases[:2]] == ["choosing storage",
+                                                  "searching quantization configs"]
+        assert rec.done["searching quantization configs"] == [0, len(trials)] and trials
+        assert "writing" in rec.done
