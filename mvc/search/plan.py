@@ -283,7 +283,7 @@ def search(tensors: Mapping[str, torch.Tensor], how: Quantization,
     # Through the package, not a name bound at import: callers (tests, a Tracker) may wrap it.
     result = mvc.search.find_config(
         tensors, evaluate=_evaluator(quality, to_state), epsilon=how.epsilon, previous=start,
-        grads=grads, policy=how.policy or _default_policy(), space=how.space,
+        grads=grads, policy=how.policy or _default_policy(), space=space,
         metric_name=getattr(quality, "__name__", None) if quality else None,
         init=init, tensor_cap=how.tensor_cap, mirror=_mirror(how), hessians=hessians,
         progress=progress)
