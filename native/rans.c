@@ -1,41 +1,40 @@
 /* Interleaved static rANS (see rans.h), after Fabian Giesen's public-domain
- * rans64: state x in [L, L << 32), L = 2^31; symbol with frequency f and
+ * rans_word: 32 states x in [L, L << 16), L = 2^16; symbol with frequency f and
  * cumulative start c: decode x' = f * (x >> 12) + (x & 4095) - c, then pull a
- * 32-bit word if x' < L.  The encoder runs backwards, divides by reciprocal
- * multiplication, and writes words from the end of its buffer. */
+ * 16-bit word if x' < L.  Small states in many lanes decode with SIMD gathers
+ * (rans_kernels.c).  The encoder runs backwards, divides by reciprocal
+ * multiplication, and writes words from the end of its buffer.  Mode 4 (eight
+ * 64-bit states, 32-bit words) is decoded for blocks written before mode 5. */
 #include <stdlib.h>
 #include <string.h>
 #include "status.h"
 #include "rans.h"
 #include "huffman.h"
 #include "internal/huf_common.h"
+#include "internal/rans_kernels.h"
 
 #define SCALE 12
 #define TOTAL (1u << SCALE)
-#define RL (1ull << 31)
-#define NST 8
+#define RL (1ull << 31) /* mode 4 */
+#define NST 8          /* mode 4 */
+#define NL R32_LANES
 
-size_t mvc_rans_bound(size_t n) { return 1 + 2 + 256 * 3 + 8 * NST + n + n / 2 + 64; }
+size_t mvc_rans_bound(size_t n) { return 1 + 2 + 256 * 3 + 4 * NL + n + n / 2 + 64; }
 
-typedef struct { uint64_t x_max, rcp; uint32_t bias, cmpl; unsigned shift; } encsym;
+typedef struct { uint32_t x_max, rcp, bias, cmpl, shift; } encsym;
 
+/* ryg_rans's RansEncSymbolInit for 16-bit words: x_max is the largest state
+ * that stays below L << 16 after encoding; freq 1 takes the exact path
+ * (rcp = 2^32 - 1 makes the quotient x - 1). */
 static void encsym_init(encsym *s, uint32_t start, uint32_t freq) {
-    s->x_max = ((RL >> SCALE) << 32) * freq;
+    s->x_max = ((R32_L >> SCALE) << 16) * freq;
     s->cmpl = TOTAL - freq;
-    if (freq < 2) { s->rcp = ~0ull; s->shift = 0; s->bias = start + TOTAL - 1; return; }
-    unsigned shift = 0;
+    if (freq < 2) { s->rcp = ~0u; s->shift = 32; s->bias = start + TOTAL - 1; return; }
+    uint32_t shift = 0;
     while (freq > (1u << shift)) shift++;
-    uint64_t x0 = freq - 1, x1 = 1ull << (shift + 31);
-    uint64_t t1 = x1 / freq;
-    x0 += (x1 % freq) << 32;
-    uint64_t t0 = x0 / freq;
-    s->rcp = t0 + (t1 << 32);
-    s->shift = shift - 1;
+    s->rcp = (uint32_t)(((1ull << (shift + 31)) + freq - 1) / freq);
+    s->shift = shift - 1 + 32;
     s->bias = start;
-}
-
-static inline uint64_t mulhi64(uint64_t a, uint64_t b) {
-    return (uint64_t)(((unsigned __int128)a * b) >> 64);
 }
 
 /* Byte counts, four tables fed in turn (runs of one value do not serialize). */
@@ -88,9 +87,8 @@ static size_t table_size(const uint32_t *freq, int *k_out) {
  * when x must shrink first.  Branch-free: the word is stored either way (the
  * caller guarantees room), and kept only if the state renormalizes. */
 #define EPUT(x, sym) do { const encsym *e_ = &es[sym]; const int c_ = (x) >= e_->x_max; \
-    const uint32_t w_ = (uint32_t)(x); memcpy(ptr - 4, &w_, 4); ptr -= 4 * c_; \
-    (x) = c_ ? (x) >> 32 : (x); \
-    (x) = (x) + e_->bias + (mulhi64((x), e_->rcp) >> e_->shift) * e_->cmpl; } while (0)
+    st16(ptr - 2, (uint16_t)(x)); ptr -= 2 * c_; (x) = c_ ? (x) >> 16 : (x); \
+    (x) = (x) + e_->bias + (uint32_t)(((uint64_t)(x) * e_->rcp) >> e_->shift) * e_->cmpl; } while (0)
 
 int64_t rans_encode_counts(const uint8_t *src, size_t n, const uint64_t *cnt, uint8_t *dst, size_t cap) {
     uint32_t freq[256];
@@ -102,41 +100,28 @@ int64_t rans_encode_counts(const uint8_t *src, size_t n, const uint64_t *cnt, ui
     uint32_t acc = 0;
     for (int v = 0; v < 256; v++) { if (freq[v]) encsym_init(&es[v], acc, freq[v]); acc += freq[v]; }
 
-    /* Words go backwards from the end of dst; moved behind the header after. */
+    /* Words go backwards from the end of dst; moved behind the header after.
+     * Symbol i takes state i mod NL; the decoder reads a group's words in lane
+     * order, so the encoder visits groups, and lanes within them, backwards. */
     uint8_t *end = dst + cap, *ptr = end;
-    uint8_t *floor_ = dst + 3 + tsize + 8 * NST;
-    uint64_t x[NST];
-    for (int s = 0; s < NST; s++) x[s] = RL;
+    uint8_t *floor_ = dst + 3 + tsize + 4 * NL;
+    uint32_t x[NL];
+    for (int s = 0; s < NL; s++) x[s] = R32_L;
     size_t i = n;
-    /* The ragged end first (symbol i takes state i mod 8), then whole groups of
-     * eight with the states in registers: the same words in the same order. */
-    for (; i % NST; ) {
-        i--;
-        const encsym *e = &es[src[i]];
-        uint64_t *xs = &x[i & (NST - 1)];
-        if (*xs >= e->x_max) {
-            if (ptr - floor_ < 4) return MVC_ERR_CAPACITY;
-            uint32_t word = (uint32_t)*xs;
-            ptr -= 4; memcpy(ptr, &word, 4); *xs >>= 32;
-        }
-        uint64_t q = mulhi64(*xs, e->rcp) >> e->shift;
-        *xs = *xs + e->bias + q * e->cmpl;
+    if (i % NL && ptr - floor_ < 2 * NL) return MVC_ERR_CAPACITY;
+    for (; i % NL; ) { i--; EPUT(x[i % NL], src[i]); }
+    for (; i; i -= NL) {
+        if (ptr - floor_ < 2 * NL) return MVC_ERR_CAPACITY; /* NL words at most */
+        const uint8_t *g = src + i - NL;
+        for (int s = NL - 1; s >= 0; s--) EPUT(x[s], g[s]);
     }
-    uint64_t x0 = x[0], x1 = x[1], x2 = x[2], x3 = x[3], x4 = x[4], x5 = x[5], x6 = x[6], x7 = x[7];
-    for (; i; i -= NST) {
-        if (ptr - floor_ < 4 * NST) return MVC_ERR_CAPACITY; /* eight words at most */
-        const uint8_t *g = src + i - NST;
-        EPUT(x7, g[7]); EPUT(x6, g[6]); EPUT(x5, g[5]); EPUT(x4, g[4]);
-        EPUT(x3, g[3]); EPUT(x2, g[2]); EPUT(x1, g[1]); EPUT(x0, g[0]);
-    }
-    x[0] = x0; x[1] = x1; x[2] = x2; x[3] = x3; x[4] = x4; x[5] = x5; x[6] = x6; x[7] = x7;
     size_t wbytes = (size_t)(end - ptr);
     uint8_t *o = dst;
-    *o++ = MODE_RANS;
+    *o++ = MODE_RANS32;
     o = varint_put(o, (uint32_t)k);
     for (int v = 0, prev = 0; v < 256; v++)
         if (freq[v]) { o = varint_put(o, (uint32_t)(v - prev)); o = varint_put(o, freq[v] - 1); prev = v + 1; }
-    for (int s = 0; s < NST; s++) { memcpy(o, &x[s], 8); o += 8; }
+    for (int s = 0; s < NL; s++) { st32(o, x[s]); o += 4; }
     memmove(o, ptr, wbytes);
     return (int64_t)(o - dst) + (int64_t)wbytes;
 }
@@ -166,7 +151,7 @@ int64_t rans_estimate_counts(const uint64_t *cnt, size_t n) {
     double bits = 0;
     for (int v = 0; v < 256; v++)
         if (cnt[v]) bits += (double)cnt[v] * (SCALE - log2_of((double)freq[v]));
-    return (int64_t)(1 + tsize + 8 * NST + 4 * ((uint64_t)(bits / 32) + 1));
+    return (int64_t)(1 + tsize + 4 * NL + 2 * ((uint64_t)(bits / 16) + 1));
 }
 
 int64_t mvc_rans_estimate(const uint8_t *src, size_t n) {
@@ -176,18 +161,17 @@ int64_t mvc_rans_estimate(const uint8_t *src, size_t n) {
     return rans_estimate_counts(cnt, n);
 }
 
-int mvc_rans_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n) {
-    if (n > MAX_BLOCK) return MVC_ERR_ARG;
-    if (n == 0 || len == 0 || src[0] != MODE_RANS) return mvc_huf_decode_block(src, len, dst, n, 1);
-    const uint8_t *p = src + 1, *end = src + len;
+/* The frequency table of modes 4 and 5, as a slot -> symbol | freq << 8 |
+ * (slot - start) << 20 lookup of TOTAL entries (malloc'd into *tab_out). */
+static int read_table(const uint8_t **pp, const uint8_t *end, uint32_t **tab_out) {
     uint32_t k, gap, fm1;
-    int r = varint_get32(&p, end, &k);
+    int r = varint_get32(pp, end, &k);
     if (r) return r;
     if (k < 2 || k > 256) return MVC_ERR_CORRUPT;
     uint32_t freq[256] = {0};
     uint32_t total = 0;
     for (uint32_t j = 0, v = 0; j < k; j++) {
-        if ((r = varint_get32(&p, end, &gap)) || (r = varint_get32(&p, end, &fm1))) return r;
+        if ((r = varint_get32(pp, end, &gap)) || (r = varint_get32(pp, end, &fm1))) return r;
         if (gap >= 256 || v + gap >= 256 || fm1 >= TOTAL) return MVC_ERR_CORRUPT;
         v += gap;
         freq[v] = fm1 + 1;
@@ -196,24 +180,27 @@ int mvc_rans_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n) {
         v++;
     }
     if (total != TOTAL) return MVC_ERR_CORRUPT;
-    /* slot -> symbol | freq << 8 | (slot - start) << 20 */
     uint32_t *tab = malloc(sizeof(uint32_t) * TOTAL);
     if (!tab) return MVC_ERR_NOMEM;
     for (uint32_t v = 0, acc = 0; v < 256; v++) {
         for (uint32_t j = 0; j < freq[v]; j++) tab[acc + j] = v | (freq[v] << 8) | (j << 20);
         acc += freq[v];
     }
-    if ((size_t)(end - p) < 8 * NST) { free(tab); return MVC_ERR_TRUNCATED; }
+    *tab_out = tab;
+    return MVC_OK;
+}
+
+/* Mode 4: eight 64-bit states, 32-bit words (blocks written before mode 5). */
+static int decode_mode4(const uint8_t *p, const uint8_t *end, const uint32_t *tab, uint8_t *dst, size_t n) {
+    if ((size_t)(end - p) < 8 * NST) return MVC_ERR_TRUNCATED;
     uint64_t x0, x1, x2, x3, x4, x5, x6, x7;
     memcpy(&x0, p, 8); memcpy(&x1, p + 8, 8); memcpy(&x2, p + 16, 8); memcpy(&x3, p + 24, 8);
     memcpy(&x4, p + 32, 8); memcpy(&x5, p + 40, 8); memcpy(&x6, p + 48, 8); memcpy(&x7, p + 56, 8);
     p += 8 * NST;
-    if (((size_t)(end - p)) % 4) { free(tab); return MVC_ERR_TRUNCATED; }
+    if (((size_t)(end - p)) % 4) return MVC_ERR_TRUNCATED;
     const uint8_t *w = p;
     size_t i = 0;
-    /* Fast path: eight symbols take at most eight words, so check once per
-     * group.  (A branch-free form, every candidate word loaded and selected,
-     * measured 20% slower here: it chains each state's word to the others'.) */
+    /* Eight symbols take at most eight words, so check once per group. */
 #define RSTEP(x, i) do { const uint32_t t_ = tab[x & (TOTAL - 1)]; dst[i] = (uint8_t)t_; \
         x = (uint64_t)((t_ >> 8) & 0xfff) * (x >> SCALE) + (t_ >> 20); \
         if (x < RL) { x = (x << 32) | ld32(w); w += 4; } } while (0)
@@ -229,14 +216,63 @@ int mvc_rans_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n) {
         dst[i] = (uint8_t)t;
         x = (uint64_t)((t >> 8) & 0xfff) * (x >> SCALE) + (t >> 20);
         if (x < RL) {
-            if ((size_t)(end - w) < 4) { free(tab); return MVC_ERR_TRUNCATED; }
-            uint32_t u; memcpy(&u, w, 4); w += 4; x = (x << 32) | u;
+            if ((size_t)(end - w) < 4) return MVC_ERR_TRUNCATED;
+            x = (x << 32) | ld32(w); w += 4;
         }
         *xs[i & (NST - 1)] = x;
     }
-    free(tab);
     /* The encoder started every state at L: anything else means corruption. */
     if ((x0 ^ RL) | (x1 ^ RL) | (x2 ^ RL) | (x3 ^ RL) | (x4 ^ RL) | (x5 ^ RL) | (x6 ^ RL) | (x7 ^ RL))
         return MVC_ERR_CORRUPT;
     return w == end ? MVC_OK : MVC_ERR_TRUNCATED;
+}
+
+/* Mode 5: NL 32-bit states, 16-bit words; whole groups in a SIMD kernel. */
+static int decode_mode5(const uint8_t *p, const uint8_t *end, const uint32_t *tab, uint8_t *dst,
+                        size_t n, int kernel) {
+    if ((size_t)(end - p) < 4 * NL) return MVC_ERR_TRUNCATED;
+    uint32_t x[NL];
+    for (int s = 0; s < NL; s++) x[s] = ld32(p + 4 * s);
+    p += 4 * NL;
+    if (((size_t)(end - p)) % 2) return MVC_ERR_TRUNCATED;
+    const uint8_t *w = p;
+    /* A state below L would read words out of lane order (and x >> 12 loses
+     * bits above 2^32 never): corrupt either way. */
+    for (int s = 0; s < NL; s++) if (x[s] < R32_L) return MVC_ERR_CORRUPT;
+    size_t i = r32_decode_groups(kernel, x, tab, &w, end, dst, n);
+    for (; i < n; i++) {
+        uint32_t s = x[i % NL];
+        const uint32_t t = tab[s & (TOTAL - 1)];
+        dst[i] = (uint8_t)t;
+        s = ((t >> 8) & 0xfff) * (s >> SCALE) + (t >> 20);
+        if (s < R32_L) {
+            if ((size_t)(end - w) < 2) return MVC_ERR_TRUNCATED;
+            s = (s << 16) | ld16(w); w += 2;
+        }
+        x[i % NL] = s;
+    }
+    uint32_t bad = 0;
+    for (int s = 0; s < NL; s++) bad |= x[s] ^ R32_L;
+    if (bad) return MVC_ERR_CORRUPT;
+    return w == end ? MVC_OK : MVC_ERR_TRUNCATED;
+}
+
+unsigned mvc_rans_kernels(void) { return r32_supported(); }
+
+int mvc_rans_decode_with(const uint8_t *src, size_t len, uint8_t *dst, size_t n, int kernel) {
+    if (n > MAX_BLOCK || kernel < R32_AUTO || kernel > R32_AVX512) return MVC_ERR_ARG;
+    if (kernel != R32_AUTO && !((r32_supported() >> kernel) & 1)) return MVC_ERR_ARG;
+    if (n == 0 || len == 0 || (src[0] != MODE_RANS && src[0] != MODE_RANS32))
+        return mvc_huf_decode_block(src, len, dst, n, 1);
+    const uint8_t *p = src + 1, *end = src + len;
+    uint32_t *tab = NULL;
+    int r = read_table(&p, end, &tab);
+    if (r) return r;
+    r = src[0] == MODE_RANS ? decode_mode4(p, end, tab, dst, n) : decode_mode5(p, end, tab, dst, n, kernel);
+    free(tab);
+    return r;
+}
+
+int mvc_rans_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n) {
+    return mvc_rans_decode_with(src, len, dst, n, R32_AUTO);
 }

@@ -2,12 +2,13 @@
 #define MVC_RANS_H
 #include <stddef.h>
 #include <stdint.h>
-/* Static-model rANS coding of one block of bytes: eight interleaved 64-bit
- * states, 32-bit renormalization words, 12-bit frequencies.  Within ~0.1% of
- * the order-0 entropy where Huffman's whole-bit code lengths lose a few
- * percent on skewed planes such as float exponents.  The block starts with
- * mode byte 4, so it shares the block namespace of huffman.h.
- * Format: docs/native-formats.md. */
+/* Static-model rANS coding of one block of bytes: 32 interleaved 32-bit
+ * states, 16-bit renormalization words, 12-bit frequencies (block mode 5).
+ * Within ~0.1% of the order-0 entropy where Huffman's whole-bit code lengths
+ * lose a few percent on skewed planes such as float exponents; the small
+ * states decode with SIMD gathers where the CPU has them.  Mode 4 (eight
+ * 64-bit states, 32-bit words), written before mode 5, is still decoded.
+ * Both share the block namespace of huffman.h.  Format: docs/native-formats.md. */
 
 /* Output capacity mvc_rans_encode needs for n bytes. */
 size_t mvc_rans_bound(size_t n);
@@ -22,4 +23,12 @@ int64_t mvc_rans_estimate(const uint8_t *src, size_t n);
 /* Decode a block of exactly len bytes into n bytes; also accepts every
  * 8-bit block mode of huffman.h.  Returns 0 or < 0. */
 int mvc_rans_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n);
+
+/* Bit (1 << k) for each mode-5 decode kernel k this CPU runs: 1 scalar,
+ * 2 AVX2, 3 AVX-512 (0 is "the fastest"). */
+unsigned mvc_rans_kernels(void);
+
+/* mvc_rans_decode with mode-5 groups decoded by kernel k (as above); every
+ * kernel gives the same result.  MVC_ERR_ARG for a kernel this CPU lacks. */
+int mvc_rans_decode_with(const uint8_t *src, size_t len, uint8_t *dst, size_t n, int kernel);
 #endif

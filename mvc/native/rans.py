@@ -1,8 +1,8 @@
 """Static rANS coding of byte blocks (native/rans.c): near-entropy coding for skewed planes.
 
-A rANS block is one more block mode (mode byte 4) beside the raw / constant /
-Huffman blocks of `mvc.native.huffman`; `decode_block` accepts all of them.
-Format: docs/native-formats.md.
+A rANS block is one more block mode (mode byte 5; mode 4, its predecessor, is still
+read) beside the raw / constant / Huffman blocks of `mvc.native.huffman`; `decode_block`
+accepts all of them.  Format: docs/native-formats.md.
 """
 from __future__ import annotations
 
@@ -20,7 +20,17 @@ from mvc.native.status import (
     check_encode,
 )
 
-MODE = 4
+MODE = 5
+LEGACY_MODE = 4
+
+#: Decode kernels of native/rans_kernels.c, by the number `mvc_rans_decode_with` takes.
+KERNELS = {1: "scalar", 2: "avx2", 3: "avx512"}
+
+
+def kernels() -> list[int]:
+    """The decode kernels this CPU runs (1 scalar always; 2 AVX2, 3 AVX-512 where present)."""
+    have = int(lib.mvc_rans_kernels())
+    return [k for k in KERNELS if have >> k & 1]
 
 
 def encode_block(src: Any, n: int) -> np.ndarray | None:

@@ -17,7 +17,7 @@
 #define MASK1 ((1u << LMAX1) - 1)
 #define MIN_SPLIT 64 /* blocks shorter than this use one stream */
 
-enum { MODE_RAW = 0, MODE_CONST = 1, MODE_HUF = 2, MODE_CTX = 3, MODE_RANS = 4 };
+enum { MODE_RAW = 0, MODE_CONST = 1, MODE_HUF = 2, MODE_CTX = 3, MODE_RANS = 4, MODE_RANS32 = 5 };
 
 static inline uint64_t ld64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 static inline void st64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }

@@ -337,10 +337,15 @@ def merge_planes(planes: np.ndarray, layout: int, itemsize: int) -> bytes:
     return x.astype(udt).tobytes()
 
 
+#: rANS block layouts by mode byte: (states, state bytes, word bytes, lower bound L).
+RANS_MODES = {4: (8, 8, 4, 1 << 31), 5: (32, 4, 2, 1 << 16)}
+
+
 def rans_decode_block(block: bytes, n: int) -> np.ndarray:
-    """Decode a rANS block (mode 4), or any plain 8-bit block, of n symbols."""
-    if not block or block[0] != 4:
+    """Decode a rANS block (mode 4 or 5), or any plain 8-bit block, of n symbols."""
+    if not block or block[0] not in RANS_MODES:
         return huf_decode_block(block, n, 1)
+    nst, sbytes, wbytes, low = RANS_MODES[block[0]]
     k, pos = varint(block, 1)
     freq = [0] * 256
     v = 0
@@ -354,21 +359,23 @@ def rans_decode_block(block: bytes, n: int) -> np.ndarray:
         raise RefError("frequencies do not sum to 4096")
     start = [sum(freq[:s]) for s in range(256)]
     slot_sym = [s for s in range(256) for _ in range(freq[s])]
-    states = [int.from_bytes(block[pos + 8 * i:pos + 8 * i + 8], "little") for i in range(8)]
-    pos += 64
+    states = [int.from_bytes(block[pos + sbytes * i:pos + sbytes * (i + 1)], "little") for i in range(nst)]
+    pos += nst * sbytes
+    if any(x < low for x in states):
+        raise RefError("a state starts below L")
     out = []
     for i in range(n):
-        x = states[i % 8]
+        x = states[i % nst]
         s = slot_sym[x & 4095]
         out.append(s)
         x = freq[s] * (x >> 12) + (x & 4095) - start[s]
-        if x < 1 << 31:
-            if pos + 4 > len(block):
+        if x < low:
+            if pos + wbytes > len(block):
                 raise RefError("words exhausted")
-            x = (x << 32) | int.from_bytes(block[pos:pos + 4], "little")
-            pos += 4
-        states[i % 8] = x
-    if pos != len(block) or any(x != 1 << 31 for x in states):
+            x = (x << (8 * wbytes)) | int.from_bytes(block[pos:pos + wbytes], "little")
+            pos += wbytes
+        states[i % nst] = x
+    if pos != len(block) or any(x != low for x in states):
         raise RefError("rANS block does not end cleanly")
     return np.array(out, dtype=np.uint8)
 
