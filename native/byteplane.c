@@ -2,6 +2,7 @@
 #include <string.h>
 #include "status.h"
 #include "byteplane.h"
+#include "internal/cpu.h"
 
 #define MAX_ITEMSIZE 16
 
@@ -45,6 +46,82 @@ static void merge32(const uint8_t *restrict p0, const uint8_t *restrict p1, cons
         memcpy(dst + 4 * i, &x, 4);
     }
 }
+#if MVC_X86
+/* The same merges with SIMD: whole vectors of elements built from zero-extended
+ * plane bytes, stored at cache-line-aligned addresses (the head is done by the
+ * scalar loop).  Streaming stores were measured too: 3x faster into memory
+ * already faulted in, but 1.8x slower into fresh pages, which is what a decoded
+ * tensor is written to.  dst must be element-aligned (the scalar loops take any). */
+__attribute__((target("avx512f,avx512bw")))
+static size_t merge32_avx512(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2,
+                             const uint8_t *p3, size_t n, uint8_t *dst) {
+    size_t i = 0;
+    while (i < n && ((uintptr_t)(dst + 4 * i) & 63)) i++;
+    merge32(p0, p1, p2, p3, i, dst);
+    for (; i + 16 <= n; i += 16) {
+#define LD(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((p) + i)))
+        __m512i x = _mm512_or_si512(_mm512_or_si512(_mm512_slli_epi32(LD(p0), 24), _mm512_slli_epi32(LD(p1), 16)),
+                                    _mm512_or_si512(_mm512_slli_epi32(LD(p2), 8), LD(p3)));
+#undef LD
+        _mm512_storeu_si512((void *)(dst + 4 * i), _mm512_ror_epi32(x, 1));
+    }
+    return i;
+}
+
+__attribute__((target("avx2")))
+static size_t merge32_avx2(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2,
+                           const uint8_t *p3, size_t n, uint8_t *dst) {
+    size_t i = 0;
+    while (i < n && ((uintptr_t)(dst + 4 * i) & 31)) i++;
+    merge32(p0, p1, p2, p3, i, dst);
+    for (; i + 8 <= n; i += 8) {
+#define LD(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)((p) + i)))
+        __m256i x = _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi32(LD(p0), 24), _mm256_slli_epi32(LD(p1), 16)),
+                                    _mm256_or_si256(_mm256_slli_epi32(LD(p2), 8), LD(p3)));
+#undef LD
+        x = _mm256_or_si256(_mm256_srli_epi32(x, 1), _mm256_slli_epi32(x, 31));
+        _mm256_storeu_si256((__m256i *)(dst + 4 * i), x);
+    }
+    return i;
+}
+
+__attribute__((target("avx512f,avx512bw")))
+static size_t merge16_avx512(const uint8_t *p0, const uint8_t *p1, size_t n, uint8_t *dst) {
+    size_t i = 0;
+    while (i < n && ((uintptr_t)(dst + 2 * i) & 63)) i++;
+    merge16(p0, p1, i, dst);
+    for (; i + 32 <= n; i += 32) {
+        __m512i x = _mm512_or_si512(
+            _mm512_slli_epi16(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(p0 + i))), 8),
+            _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(p1 + i))));
+        x = _mm512_or_si512(_mm512_srli_epi16(x, 1), _mm512_slli_epi16(x, 15));
+        _mm512_storeu_si512((void *)(dst + 2 * i), x);
+    }
+    return i;
+}
+#endif
+
+/* merge32 / merge16 by the fastest form this CPU runs. */
+static void merge32_any(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3,
+                        size_t n, uint8_t *dst) {
+    size_t i = 0;
+#if MVC_X86
+    if (!((uintptr_t)dst & 3)) {
+        if (cpu_avx512()) i = merge32_avx512(p0, p1, p2, p3, n, dst);
+        else if (cpu_avx2()) i = merge32_avx2(p0, p1, p2, p3, n, dst);
+    }
+#endif
+    merge32(p0 + i, p1 + i, p2 + i, p3 + i, n - i, dst + 4 * i);
+}
+
+static void merge16_any(const uint8_t *p0, const uint8_t *p1, size_t n, uint8_t *dst) {
+    size_t i = 0;
+#if MVC_X86
+    if (!((uintptr_t)dst & 1) && cpu_avx512()) i = merge16_avx512(p0, p1, n, dst);
+#endif
+    merge16(p0 + i, p1 + i, n - i, dst + 2 * i);
+}
+
 static void split64(const uint8_t *src, size_t n, uint8_t **pl) {
     for (size_t i = 0; i < n; i++) {
         uint64_t x; memcpy(&x, src + 8 * i, 8);
@@ -120,8 +197,8 @@ int mvc_bp_merge(uint8_t **pl, int count, size_t n, int layout, int itemsize, ui
     if (np < 0) return np;
     if (n && !dst) return MVC_ERR_ARG;
     switch (layout) {
-    case MVC_BP_F16: case MVC_BP_BF16: merge16(pl[0], pl[1], n, dst); break;
-    case MVC_BP_F32: merge32(pl[0], pl[1], pl[2], pl[3], n, dst); break;
+    case MVC_BP_F16: case MVC_BP_BF16: merge16_any(pl[0], pl[1], n, dst); break;
+    case MVC_BP_F32: merge32_any(pl[0], pl[1], pl[2], pl[3], n, dst); break;
     case MVC_BP_F64: merge64(pl, n, dst); break;
     default:
         if (np == 1) { memcpy(dst, pl[0], n); break; }

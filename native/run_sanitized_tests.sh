@@ -46,7 +46,8 @@ if [ $# -eq 0 ]; then
         tests/codecs/test_codec_lossless.py tests/quant/test_quant_assign.py tests/codecs/test_delta_groups.py \
         tests/codecs/test_codec_quantized.py tests/native/test_native_chain.py tests/codecs/test_hostile_payloads.py \
         tests/native/test_native_layer.py tests/native/test_native_pinned_output.py tests/codecs/test_delta_ablations.py tests/quant/test_quant_parallel.py \
-        tests/quant/test_quant_error.py tests/native/test_native_kmeans.py tests/quant/test_quant_kmeans.py
+        tests/quant/test_quant_error.py tests/native/test_native_kmeans.py tests/quant/test_quant_kmeans.py \
+        tests/native/test_native_rans_legacy.py tests/native/test_native_simd.py
 fi
 
 # -P keeps the source tree (cwd) off sys.path so the sanitized copy is imported.
