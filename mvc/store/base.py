@@ -112,7 +112,8 @@ class InvalidIdError(UsageError, ValueError):
 
 
 class StoreFormatError(DataError):
-    """The store's own bookkeeping (e.g. its format version) is missing or unreadable."""
+    """The store's own bookkeeping (e.g. its format version) is missing or unreadable, or LMDB
+    found its file damaged (a page of the wrong type, not an LMDB file)."""
 
     exit_code = 63
 

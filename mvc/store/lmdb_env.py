@@ -73,8 +73,18 @@ class StoreIOError(MvcError):
 FULL_BELOW_BYTES = 64 * MiB
 
 
+#: What LMDB raises when its own pages make no sense (a damaged file), not for an I/O failure.
+_DAMAGED = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError,
+            lmdb.IncompatibleError, lmdb.BadValsizeError, lmdb.VersionMismatchError)
+
+
 def io_error(where: str, exc: BaseException, need: int = 0) -> MvcError:
-    """The typed error for an LMDB / OS failure at `where`: disk full or another I/O error."""
+    """The typed error for an LMDB / OS failure at `where`: a damaged store file, disk full or
+    another I/O error."""
+    if isinstance(exc, _DAMAGED):
+        return StoreFormatError(f"the mvc store at {where} is damaged ({exc}); nothing was "
+                                "changed: restore .mvc from a backup or clone it again from a "
+                                "remote")
     if is_disk_full(exc, where, below=max(FULL_BELOW_BYTES, 2 * need)):
         free = free_bytes(where)
         shown = f" ({free >> 20} MiB free)" if free is not None else ""
@@ -142,7 +152,7 @@ class EnvHandle:
             kwargs.pop("lib_version", None)
             env = lmdb.open(self.store_dir, **kwargs)
         except lmdb.Error as e:
-            raise StoreIOError(f"cannot open the mvc store at {self.root}: {e}") from e
+            raise io_error(self.root, e) from e
         try:
             # Free reader slots left by dead processes: a stale slot would pin
             # old pages forever and make the file grow.
@@ -166,6 +176,8 @@ class EnvHandle:
                 env.set_mapsize(0)
             except lmdb.NotFoundError as e:
                 raise StoreFormatError(f"store is missing its {name!r} database") from e
+            except lmdb.Error as e:  # e.g. a damaged page on the way to the database's root
+                raise io_error(env.path(), e) from e
         raise MapGrowthError("could not open databases: map kept being resized")
 
     def close_env(self) -> None:
