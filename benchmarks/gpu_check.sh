@@ -21,7 +21,8 @@ python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, 
 TESTS=${MVC_GPU_TESTS:-"tests/repo/test_device_boundaries.py tests/repo/test_device_path.py \
   tests/quant/test_quant_tensor.py tests/quant/test_quant_error.py tests/codecs/test_codec_quantized.py \
   tests/codecs/test_codec_lossless.py tests/codecs/test_codec_registry.py tests/state/test_io_state.py \
-  tests/state/test_io_remainder.py tests/integrations/test_grad_ema.py"}
+  tests/state/test_io_remainder.py tests/integrations/test_grad_ema.py tests/native/test_native_simd.py \
+  tests/native/test_native_rans.py tests/native/test_native_rans_legacy.py"}
 echo "== CUDA tests"
 # shellcheck disable=SC2086
 timeout "${MVC_GPU_TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -p no:benchmark \
