@@ -7,6 +7,7 @@
 #include "internal/huf_common.h"
 #include "internal/rans_kernels.h"
 #include "internal/cpu.h"
+#include "internal/expand_lut.h"
 
 static size_t groups_scalar(uint32_t *x, const uint32_t *tab, const uint8_t **wp,
                             const uint8_t *end, uint8_t *dst, size_t n) {
@@ -62,10 +63,6 @@ static size_t groups_avx512(uint32_t *x, const uint32_t *tab, const uint8_t **wp
 __attribute__((target("avx2")))
 static size_t groups_avx2(uint32_t *x, const uint32_t *tab, const uint8_t **wp,
                           const uint8_t *end, uint8_t *dst, size_t n) {
-    /* Lane j of a renormalizing mask m takes word popcount(m & ((1 << j) - 1)). */
-    uint8_t perm[256][8];
-    for (int m = 0; m < 256; m++)
-        for (int j = 0, c = 0; j < 8; j++) { perm[m][j] = (uint8_t)((m >> j) & 1 ? c++ : 0); }
     const __m256i slot = _mm256_set1_epi32(4095), zero = _mm256_setzero_si256();
     /* Byte 0 of each 32-bit lane to the front of its 128-bit half, then both halves together. */
     const __m256i lowbytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
@@ -86,7 +83,7 @@ static size_t groups_avx2(uint32_t *x, const uint32_t *tab, const uint8_t **wp,
         const int m_ = _mm256_movemask_ps(_mm256_castsi256_ps(c_)); \
         const __m256i w_ = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w)); \
         const __m256i e_ = _mm256_permutevar8x32_epi32( \
-            w_, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)perm[m_]))); \
+            w_, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)EXPAND8[m_]))); \
         v = _mm256_blendv_epi8(v, _mm256_or_si256(_mm256_slli_epi32(v, 16), e_), c_); \
         w += 2 * (size_t)__builtin_popcount((unsigned)m_); \
     } while (0)
