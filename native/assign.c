@@ -2,6 +2,7 @@
  * (comparisons against midpoints, signs, prune/protect classes): those branches would
  * mispredict on a large share of elements. */
 #include "assign.h"
+#include "internal/cpu.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -334,7 +335,7 @@ int mvc_level_sums_i16(const float *x, const int16_t *levels, size_t n, int n_le
         const T *tab = (const T *)table;                                    \
         const T *prot = (const T *)protected_vals;                          \
         T *o = (T *)out;                                                    \
-        for (size_t i = 0; i < n; i++) {                                    \
+        for (size_t i = i0; i < n; i++) {                                   \
             const int l = (int)levels[i];                                   \
             if ((unsigned)l >= (unsigned)n_table) return -1;                \
             if (l == plevel) {                                              \
@@ -351,7 +352,7 @@ int mvc_level_sums_i16(const float *x, const int16_t *levels, size_t n, int n_le
     if (n > 0 && (levels == NULL || out == NULL)) return -1;                \
     if (n_protected > 0 && protected_vals == NULL) return -1;               \
     const int plevel = n_table - 1;                                         \
-    size_t p = 0;                                                           \
+    size_t p = 0, i0 = 0;                                                   \
     switch (elem_size) {                                                    \
     case 2: DEQUANT_LOOP(uint16_t); break;                                  \
     case 4: DEQUANT_LOOP(uint32_t); break;                                  \
@@ -360,9 +361,50 @@ int mvc_level_sums_i16(const float *x, const int16_t *levels, size_t n, int n_le
     }                                                                       \
     return p == n_protected ? 0 : -1;
 
+#if MVC_X86
+/* Byte levels into 4-byte values, 16 at a time: a gather from the table, the protected
+ * lanes filled from the protected values in order by an expanding load.  Stops before a
+ * group with a level out of range or more protected lanes than values left; the scalar
+ * loop then goes on from there and reports it. */
+__attribute__((target("avx512f,avx512bw")))
+static size_t dequant32_u8_avx512(const uint8_t *levels, size_t n, const uint32_t *tab, int n_table,
+                                  const uint32_t *prot, size_t n_protected, size_t *pp, uint32_t *o)
+{
+    const __m512i lim = _mm512_set1_epi32(n_table), plv = _mm512_set1_epi32(n_table - 1);
+    size_t i = 0, p = *pp;
+    for (; i + 16 <= n; i += 16) {
+        const __m512i l = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(levels + i)));
+        if (_mm512_cmpge_epu32_mask(l, lim)) break;
+        const __mmask16 k = _mm512_cmpeq_epi32_mask(l, plv);
+        __m512i v = _mm512_i32gather_epi32(l, (const void *)tab, 4);
+        if (k) {
+            const size_t c = (size_t)__builtin_popcount((unsigned)k);
+            if (n_protected - p < c) break;
+            v = _mm512_mask_expandloadu_epi32(v, k, prot + p);
+            p += c;
+        }
+        _mm512_storeu_si512((void *)(o + i), v);
+    }
+    *pp = p;
+    return i;
+}
+#endif
+
 int mvc_dequant_u8(const uint8_t *levels, size_t n, const void *table, int n_table,
                    size_t elem_size, const void *protected_vals, size_t n_protected, void *out)
 {
+#if MVC_X86
+    if (elem_size == 4 && n_table >= 1 && table != NULL && (n == 0 || (levels != NULL && out != NULL))
+        && (n_protected == 0 || protected_vals != NULL) && cpu_avx512()) {
+        size_t p = 0;
+        const size_t i0 = dequant32_u8_avx512(levels, n, (const uint32_t *)table, n_table,
+                                              (const uint32_t *)protected_vals, n_protected, &p,
+                                              (uint32_t *)out);
+        const int plevel = n_table - 1;
+        DEQUANT_LOOP(uint32_t);
+        return p == n_protected ? 0 : -1;
+    }
+#endif
     DEQUANT_BODY
 }
 

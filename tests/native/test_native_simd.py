@@ -1,6 +1,6 @@
 """The SIMD forms of the native kernels (AVX2, AVX-512, where this CPU has them) write the same
 bytes as the plain C ones: byte-plane merges at every alignment, rANS decodes, whole lossless
-tensors.  `simd.capped` runs each lower form on this machine."""
+tensors, level dequantization (and the level census beside it).  `simd.capped` runs each lower form on this machine."""
 from __future__ import annotations
 
 import numpy as np
@@ -74,3 +74,55 @@ def test_levels_and_the_cap():
         with simd.capped(1):
             pass
     assert simd.level() == LEVELS[-1]
+
+
+def _dequant_reference(levels: np.ndarray, table: np.ndarray, protected: np.ndarray) -> np.ndarray | None:
+    if levels.size and int(levels.max()) >= table.size:
+        return None
+    plevel = table.size - 1
+    out = table[levels.astype(np.int64)].copy()
+    where = np.flatnonzero(levels == plevel)
+    if where.size != protected.size:
+        return None
+    out[where] = protected
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 300), st.integers(1, 256), st.sampled_from([np.uint16, np.uint32, np.uint64]),
+       st.integers(-1, 1), st.booleans(), st.integers(0, 2**32 - 1))
+def test_every_level_dequantizes_as_the_reference(n, n_table, dtype, prot_skew, out_of_range, seed):
+    """Byte levels into 2/4/8-byte values: the AVX-512 form (gather plus an expanding load of
+    the protected values) and the plain loop agree, on good parts and on inconsistent ones
+    (a level outside the table, one protected value too many or too few)."""
+    from mvc.quant._kernels import dequant
+
+    rng = np.random.default_rng(seed)
+    levels = rng.integers(0, n_table, n).astype(np.uint8)
+    if out_of_range and n and n_table < 256:
+        levels[rng.integers(0, n)] = rng.integers(n_table, 256)
+    table = rng.integers(0, np.iinfo(dtype).max, n_table, dtype=dtype)
+    n_prot = max(0, int((levels == n_table - 1).sum()) + prot_skew)
+    protected = rng.integers(0, np.iinfo(dtype).max, n_prot, dtype=dtype)
+    want = _dequant_reference(levels, table, protected)
+    signed = np.dtype(dtype).str.replace("u", "i")  # torch has no uint32/uint64 tensors to view
+    for lv in LEVELS:
+        with simd.capped(lv):
+            got = dequant(torch.from_numpy(levels), torch.from_numpy(table.view(signed)),
+                          torch.from_numpy(protected.view(signed)))
+        if want is None:
+            assert got is None, lv
+        else:
+            assert got is not None and np.array_equal(got.numpy().view(dtype), want), lv
+
+
+def test_every_level_counts_levels_alike():
+    from mvc.quant._kernels import level_census
+
+    rng = np.random.default_rng(9)
+    lv = np.where(rng.random(100_003) < 0.6, 3, rng.integers(0, 7, 100_003)).astype(np.uint8)
+    want = np.bincount(lv, minlength=7)
+    assert np.array_equal(level_census(torch.from_numpy(lv), 7).numpy(), want)
+    assert level_census(torch.from_numpy(lv), 6) is None  # level 6 is out of range
+    big = np.full(3, 200, np.uint8)
+    assert np.array_equal(level_census(torch.from_numpy(big), 300).numpy()[200], 3)
