@@ -134,7 +134,8 @@ def bench_lossless(tensors: list[torch.Tensor], repeat: int) -> dict[str, dict[s
         return torch.frombuffer(bytearray(b), dtype=torch.uint8).view(t.dtype).reshape(t.shape)
 
     # The default codes exponents with rANS wherever that is smaller (about 1.4% of the plane
-    # on weights) at ~4x Huffman's decode cost: this row shows the other side of that trade.
+    # on weights) at ~1.5x Huffman's decode cost with AVX-512 (more without): this row shows
+    # the other side of that trade.
     huffman_exp = LosslessCodec(rans_saving=1.0)
 
     def huf_enc(t: torch.Tensor) -> Any:

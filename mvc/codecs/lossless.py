@@ -8,7 +8,8 @@ and each plane becomes one block:
 
 * plane 0 (exponents): canonical Huffman, or rANS where that is
   `RANS_SAVING` smaller (peaked exponent distributions, where whole-bit code
-  lengths waste most; rANS is near the entropy but ~4x slower to decode);
+  lengths waste most; rANS is near the entropy but slower to decode: ~1.5x Huffman's
+  time with AVX-512 gathers, ~4.5x in plain C);
   bfloat16 exponents stay Huffman (`RANS_SAVING_BF16`);
 * plane 1 of f32 / bf16 / f64 (top mantissa bits): Huffman conditioned on
   the exponent, since mantissa bits are not uniform within one binade;
@@ -51,7 +52,8 @@ SEGMENT = 1 << 17
 MANTISSA_SAVING = 0.02
 # The exponent plane becomes rANS instead of Huffman only when that saves this
 # much (0.0: whenever smaller).  On typical weights rANS saves ~2.5% of the plane
-# (0.2% of an fp32 tensor, 0.6% of a bf16 one) and decodes ~4x slower than Huffman.
+# (0.2% of an fp32 tensor, 0.6% of a bf16 one) and decodes ~1.5x slower than Huffman
+# (block mode 5 with AVX-512; ~4.5x in plain C, ~2.7x with AVX2).
 # On bench_scale's 30M checkpoint "whenever smaller" stores 0.15% less (ratio
 # 1.2124 -> 1.2142; ZipNN 1.2138, which the issue asks to match) and decoding the
 # whole checkpoint losslessly takes ~1.3-1.7x as long (0.22-0.31 s -> 0.39-0.43 s
