@@ -126,3 +126,34 @@ def test_every_level_counts_levels_alike():
     assert level_census(torch.from_numpy(lv), 6) is None  # level 6 is out of range
     big = np.full(3, 200, np.uint8)
     assert np.array_equal(level_census(torch.from_numpy(big), 300).numpy()[200], 3)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 700), st.sampled_from([1, 2, 7, 15, 16, 17, 31, 62, 120, 253]),
+       st.booleans(), st.booleans(), st.integers(0, 2**32 - 1))
+def test_every_level_assigns_the_same_levels_and_stats(n, n_mids, partition, odd_values, seed):
+    """Nearest-centroid assignment (the comparison sweep for few midpoints, the binary search
+    for many) gives the same levels, protected count, error sums and level counts at every SIMD
+    level, values on a midpoint, NaN and infinities included."""
+    from mvc.quant._kernels import AssignStats, Partition, assign_into
+
+    rng = np.random.default_rng(seed)
+    mids = np.sort(rng.standard_normal(n_mids).astype(np.float32))
+    x = rng.standard_normal(n).astype(np.float32)
+    if odd_values and n >= 4:
+        x[:4] = [np.nan, np.inf, -np.inf, mids[0]]
+    k = n_mids + 1
+    part = Partition(prune_t=0.3, protect_mag_t=2.0) if partition else None
+    table = torch.from_numpy(np.concatenate([rng.standard_normal(k), [0.0, 0.0]]).astype(np.float32))
+    results = []
+    for lv in LEVELS:
+        out = torch.empty(n, dtype=torch.uint8)
+        stats = AssignStats(table=table)
+        with simd.capped(lv):
+            n_prot = assign_into(torch.from_numpy(x), torch.from_numpy(mids), out, part, k, stats)
+        results.append((out.numpy().copy(), n_prot, np.asarray(stats.sums).copy(),
+                        np.asarray(stats.counts).copy()))
+    for got in results[1:]:
+        assert np.array_equal(got[0], results[0][0]) and got[1] == results[0][1]
+        assert np.array_equal(got[2], results[0][2], equal_nan=True)
+        assert np.array_equal(got[3], results[0][3])
