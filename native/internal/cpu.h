@@ -5,7 +5,9 @@
  * SIMD ones are compiled with per-function target attributes, so the build needs
  * no -m flags.  The level (and the cap tests set) lives in simd.c. */
 #include "../simd.h"
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+/* -DMVC_NO_SIMD builds the plain C forms only (what a CPU other than x86 gets). */
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) \
+    && !defined(MVC_NO_SIMD)
 #define MVC_X86 1
 #include <immintrin.h>
 #else
