@@ -4,7 +4,6 @@
 #include "qerr.h"
 
 #include <math.h>
-#include <string.h>
 
 #include "internal/qerr_sum.h"
 
@@ -52,45 +51,6 @@ int64_t mvc_ratio_max_f32(const float *m, const float *v, size_t n, float *out)
     }
     *out = best;
     return count;
-}
-
-#define COUNT_BODY                                                                     \
-    if (counts == NULL || n_levels < 1 || (n > 0 && levels == NULL)) return -1;        \
-    int bad = 0;                                                                       \
-    for (size_t i = 0; i < n; i++) {                                                   \
-        const int lv = (int)levels[i];                                                 \
-        if (lv < 0 || lv >= n_levels) { bad = 1; continue; }                           \
-        counts[lv]++;                                                                  \
-    }                                                                                  \
-    return bad ? -1 : 0;
-
-/* Byte levels: four count tables fed in turn (a run of one level, the pruned one above all,
- * would otherwise chain every increment through one counter), all 256 values counted and
- * the range checked once at the end.  uint32 tables, flushed every 2^30 levels. */
-int mvc_level_counts_u8(const uint8_t *levels, size_t n, int n_levels, int64_t *counts)
-{
-    if (counts == NULL || n_levels < 1 || (n > 0 && levels == NULL)) return -1;
-    uint32_t h[4][256];
-    int64_t total[256] = {0};
-    for (size_t i = 0; i < n;) {
-        const size_t m = n - i < ((size_t)1 << 30) ? n - i : ((size_t)1 << 30);
-        const uint8_t *l = levels + i;
-        memset(h, 0, sizeof h);
-        size_t j = 0;
-        for (; j + 4 <= m; j += 4) { h[0][l[j]]++; h[1][l[j + 1]]++; h[2][l[j + 2]]++; h[3][l[j + 3]]++; }
-        for (; j < m; j++) h[0][l[j]]++;
-        for (int v = 0; v < 256; v++) total[v] += (int64_t)h[0][v] + h[1][v] + h[2][v] + h[3][v];
-        i += m;
-    }
-    for (int v = n_levels; v < 256; v++)
-        if (total[v]) return -1;
-    for (int v = 0; v < n_levels && v < 256; v++) counts[v] += total[v];
-    return 0;
-}
-
-int mvc_level_counts_i16(const int16_t *levels, size_t n, int n_levels, int64_t *counts)
-{
-    COUNT_BODY
 }
 
 int mvc_scan_f32(const float *x, size_t n, int64_t *counts)

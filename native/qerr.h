@@ -23,10 +23,6 @@ int mvc_qerr_sums_i16(const float *x, const int16_t *levels, size_t n, const flo
  * rounding for the square root, one for the division), into *out; 0 when no v[i] > 0.
  * Returns the number of such i, or -1 on a bad argument. */
 int64_t mvc_ratio_max_f32(const float *m, const float *v, size_t n, float *out);
-/* counts[l] += number of i with levels[i] == l, for 0 <= l < n_levels.  Returns 0, or -1
- * on a bad argument or a level outside [0, n_levels) (counts are then partial). */
-int mvc_level_counts_u8(const uint8_t *levels, size_t n, int n_levels, int64_t *counts);
-int mvc_level_counts_i16(const int16_t *levels, size_t n, int n_levels, int64_t *counts);
 
 /* One scan of float32 x: counts[0] += non-finite (NaN, +-Inf), counts[1] += x < 0 (-Inf
  * included), counts[2] += zeros (+-0), counts[3] += x > 0 (+Inf included); NaN counts

@@ -317,15 +317,17 @@ def level_census(levels: torch.Tensor, n_levels: int) -> torch.Tensor | None:
     """`level_counts`, or None when a level is outside [0, n_levels) (levels read from
     storage: the caller names the damage)."""
     ffi, lib = _lib()
-    fn, ctype = ((lib.mvc_level_counts_u8, "const uint8_t *") if levels.dtype == torch.uint8
-                 else (lib.mvc_level_counts_i16, "const int16_t *"))
-    lp = ffi.cast(ctype, levels.data_ptr())
+    # The groups' count (native/groups.h, the delta coder's Alg. 5 pass) is this census:
+    # int16 levels read as uint16, so a negative one is out of range too.
+    width = levels.element_size()
+    lp = ffi.cast("const uint8_t *", levels.data_ptr())
     parts: list[np.ndarray] = []
     bad: list[int] = []
 
     def run(a: int, b: int) -> None:
-        counts = np.zeros(n_levels, dtype=np.int64)
-        if fn(lp + a, b - a, n_levels, ffi.cast("int64_t *", counts.ctypes.data)) != 0:
+        counts = np.empty(n_levels, dtype=np.int64)
+        if lib.mvc_grp_count(lp + a * width, b - a, width, n_levels,
+                             ffi.cast("int64_t *", counts.ctypes.data)) != 0:
             bad.append(a)
         parts.append(counts)
 
