@@ -398,12 +398,14 @@ int mvc_level_sums_i16(const float *x, const int16_t *levels, size_t n, int n_le
         }                                                                   \
     } while (0)
 
-#define DEQUANT_BODY                                                        \
+/* `FAST` may decode a prefix first: it sets i0 (elements done) and p (protected used). */
+#define DEQUANT_BODY(FAST)                                                  \
     if (n_table < 1 || table == NULL) return -1;                            \
     if (n > 0 && (levels == NULL || out == NULL)) return -1;                \
     if (n_protected > 0 && protected_vals == NULL) return -1;               \
     const int plevel = n_table - 1;                                         \
     size_t p = 0, i0 = 0;                                                   \
+    FAST;                                                                   \
     switch (elem_size) {                                                    \
     case 2: DEQUANT_LOOP(uint16_t); break;                                  \
     case 4: DEQUANT_LOOP(uint32_t); break;                                  \
@@ -441,26 +443,24 @@ static size_t dequant32_u8_avx512(const uint8_t *levels, size_t n, const uint32_
 }
 #endif
 
+/* Byte levels into 4-byte values take the AVX-512 prefix where the CPU has it. */
+#if MVC_X86
+#define DEQUANT_U8_FAST                                                     \
+    if (elem_size == 4 && cpu_avx512())                                     \
+        i0 = dequant32_u8_avx512(levels, n, (const uint32_t *)table, n_table, \
+                                 (const uint32_t *)protected_vals, n_protected, &p, (uint32_t *)out)
+#else
+#define DEQUANT_U8_FAST (void)0
+#endif
+
 int mvc_dequant_u8(const uint8_t *levels, size_t n, const void *table, int n_table,
                    size_t elem_size, const void *protected_vals, size_t n_protected, void *out)
 {
-#if MVC_X86
-    if (elem_size == 4 && n_table >= 1 && table != NULL && (n == 0 || (levels != NULL && out != NULL))
-        && (n_protected == 0 || protected_vals != NULL) && cpu_avx512()) {
-        size_t p = 0;
-        const size_t i0 = dequant32_u8_avx512(levels, n, (const uint32_t *)table, n_table,
-                                              (const uint32_t *)protected_vals, n_protected, &p,
-                                              (uint32_t *)out);
-        const int plevel = n_table - 1;
-        DEQUANT_LOOP(uint32_t);
-        return p == n_protected ? 0 : -1;
-    }
-#endif
-    DEQUANT_BODY
+    DEQUANT_BODY(DEQUANT_U8_FAST)
 }
 
 int mvc_dequant_i16(const int16_t *levels, size_t n, const void *table, int n_table,
                     size_t elem_size, const void *protected_vals, size_t n_protected, void *out)
 {
-    DEQUANT_BODY
+    DEQUANT_BODY((void)0)
 }
