@@ -17,13 +17,17 @@ static int detect(void) {
     return have;
 }
 
-int mvc_simd_level(void) {
+int mvc_simd_cpu(void) {
     int have = __atomic_load_n(&detected, __ATOMIC_RELAXED);
     if (have < 0) {
         have = detect();
         __atomic_store_n(&detected, have, __ATOMIC_RELAXED);
     }
-    const int c = __atomic_load_n(&cap, __ATOMIC_RELAXED);
+    return have;
+}
+
+int mvc_simd_level(void) {
+    const int have = mvc_simd_cpu(), c = __atomic_load_n(&cap, __ATOMIC_RELAXED);
     return have < c ? have : c;
 }
 

@@ -4,6 +4,9 @@
  * 0 plain C, 2 AVX2, 3 AVX-512, whichever the CPU and OS support.  Every form
  * gives the same bytes; the cap lets tests run each one on any machine. */
 
+/* The SIMD level this CPU and OS support (0, 2 or 3), whatever the cap. */
+int mvc_simd_cpu(void);
+
 /* The SIMD level the kernels use now: the CPU's, at most the cap. */
 int mvc_simd_level(void);
 

@@ -20,12 +20,8 @@ def level() -> int:
 
 
 def available() -> list[int]:
-    """The levels this CPU can run, lowest first (0 always)."""
-    prev = int(lib.mvc_simd_cap(3))
-    try:
-        top = level()
-    finally:
-        lib.mvc_simd_cap(prev)
+    """The levels this CPU can run, lowest first (0 always), whatever the cap."""
+    top = int(lib.mvc_simd_cpu())
     return [v for v in LEVELS if v <= top]
 
 
