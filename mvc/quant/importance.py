@@ -43,5 +43,12 @@ def sensitivity(w: torch.Tensor, grad: torch.Tensor, *, name: str | None = None)
     bad = int((~torch.isfinite(g)).sum().item())
     if bad:
         raise NonFiniteTensorError(name, bad, what="gradient of tensor")
-    s = (g * w.detach().reshape(-1).to(torch.float32)).abs_()
+    return sensitivity_values(w.detach().reshape(-1), g)
+
+
+def sensitivity_values(w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """|g * w| in float32 for flat `w` and `g` of one length and device, saturated at float32
+    max, with no checks: `sensitivity`'s arithmetic, which the batched quantizer
+    (`mvc.quant.batched`) runs on slices of gradients `sensitivity` has already checked."""
+    s = (g.to(torch.float32) * w.to(torch.float32)).abs_()
     return s.clamp_(max=_F32_MAX)

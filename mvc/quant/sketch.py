@@ -115,21 +115,38 @@ def _native_hist(x: torch.Tensor, tab: _Table, part: Partition | None = None
 _HIST_CHUNK = 1 << 23
 
 
+def bucket_keys(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    """The histogram key of each element of flat float32 `x` (any device): its positive bucket
+    j in [0, nb), nb + j for a negative one, 2 nb for a zero, 2 nb + 1 for NaN / +-Inf; nb is
+    `bucket_count(alpha)`.  The torch sketch and the batched quantizer
+    (`mvc.quant.batched`) count these, so both bin every value as the native kernel does."""
+    tab = _table(alpha)
+    nb = len(tab.bounds)
+    ax = x.abs()
+    key = torch.searchsorted(_device_bounds(tab.alpha, str(x.device)), ax.to(torch.float64))
+    key += nb * (x < 0).to(key.dtype)
+    key.masked_fill_(ax == 0, 2 * nb)
+    key.masked_fill_(~torch.isfinite(x), 2 * nb + 1)  # NaN / +-Inf: counted, never binned
+    return key
+
+
+def bucket_count(alpha: float) -> int:
+    """Buckets per sign of a sketch with relative error `alpha` (`bucket_keys`)."""
+    return len(_table(check_alpha(alpha)).bounds)
+
+
 def _torch_hist(x: torch.Tensor, tab: _Table) -> tuple[np.ndarray, np.ndarray, int, int]:
     nb = len(tab.bounds)
-    bounds = _device_bounds(tab.alpha, str(x.device))
     # Counts accumulate on the device and cross to the host once, with the non-finite count:
     # one synchronisation per tensor, not one per chunk.
     counts = torch.zeros(2 * nb + 2, dtype=torch.int64, device=x.device)
     for s in range(0, x.numel(), _HIST_CHUNK):
-        xc = x[s:s + _HIST_CHUNK]
-        ax = xc.abs()
-        key = torch.searchsorted(bounds, ax.to(torch.float64))
-        key += nb * (xc < 0).to(key.dtype)
-        key.masked_fill_(ax == 0, 2 * nb)
-        key.masked_fill_(~torch.isfinite(xc), 2 * nb + 1)  # NaN / +-Inf: counted, never binned
-        counts += torch.bincount(key, minlength=2 * nb + 2)
-    c = counts.cpu().numpy().astype(np.int64)
+        counts += torch.bincount(bucket_keys(x[s:s + _HIST_CHUNK], tab.alpha),
+                                 minlength=2 * nb + 2)
+    return _split_counts(counts.cpu().numpy().astype(np.int64), nb)
+
+
+def _split_counts(c: np.ndarray, nb: int) -> tuple[np.ndarray, np.ndarray, int, int]:
     return c[:nb].copy(), c[nb:2 * nb].copy(), int(c[2 * nb]), int(c[2 * nb + 1])
 
 
@@ -200,6 +217,22 @@ class LogSketch:
             pos, neg, zero, bad = _native_hist(flat, tab, part)
         else:
             pos, neg, zero, bad = _torch_hist(flat, tab)
+        if bad:
+            raise NonFiniteTensorError(name, bad)
+        return cls(a, pos=pos, pos_lo=tab.first, neg=neg, neg_lo=tab.first, zero=zero)
+
+    @classmethod
+    def from_key_counts(cls, counts: np.ndarray, alpha: float, *,
+                        name: str | None = None) -> LogSketch:
+        """The sketch whose values have these `bucket_keys` counts (length 2 nb + 2); raises
+        `NonFiniteTensorError` naming `name` when some value was NaN or +-Inf."""
+        a = check_alpha(alpha)
+        tab = _table(a)
+        nb = len(tab.bounds)
+        c = np.asarray(counts, dtype=np.int64).reshape(-1)
+        if c.size != 2 * nb + 2:
+            raise QuantConfigError(f"{c.size} key counts for a sketch of {2 * nb + 2} keys")
+        pos, neg, zero, bad = _split_counts(c, nb)
         if bad:
             raise NonFiniteTensorError(name, bad)
         return cls(a, pos=pos, pos_lo=tab.first, neg=neg, neg_lo=tab.first, zero=zero)

@@ -145,7 +145,9 @@ class QuantizedTensor:
         return cls(lv, centroids.to(lv.device), protected.to(lv.device), dtype, bins)
 
 
-def _generator(seed: int) -> torch.Generator:
+def seeded_generator(seed: int) -> torch.Generator:
+    """A CPU generator seeded with `seed` (any int, taken modulo 2^64): what seeds a tensor's
+    k-means++ in every quantizer path."""
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise QuantConfigError(f"seed must be an int, got {seed!r}")
     return torch.Generator(device="cpu").manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
@@ -276,7 +278,7 @@ def quantize_prepared(tensor: torch.Tensor, x: torch.Tensor, sketch: LogSketch,
     x = x.reshape(-1).to(torch.float32).contiguous()
     if x.numel() != tensor.numel() or (sens is not None and sens.numel() != x.numel()):
         raise QuantConfigError("quantize_prepared(): x / sens do not match the tensor")
-    gen = _generator(seed)
+    gen = seeded_generator(seed)
     flat = tensor.detach().reshape(-1)
     grid_np = None
     init_k = grid_size(k) if family == "uniform" else k

@@ -10,6 +10,8 @@ import torch
 
 from mvc.quant import (AssignStats, LogSketch, QuantConfig, QuantizedTensor, QuantPolicy,
                        quantize_prepared)
+from mvc.quant.batched import GroupJob, batchable, quantize_group
+from mvc.quant.batched_sketch import sketch_many
 from mvc.quant.error import cached_error_sums, level_histogram, relative_error, seed_error_stats
 from mvc.quant.errors import NonFiniteTensorError
 from mvc.quant.feedback import feedback_levels, usable
@@ -37,19 +39,15 @@ class Prepared:
         self.sketches: dict[str, LogSketch] = {}
         self.sens_sketches: dict[str, LogSketch] = {}
         self.groups: dict[str, list[str]] = {}
-        for name, t in tensors.items():
-            if not policy.should_quantize(name, t):
-                continue
-            try:
-                sk = LogSketch.from_tensor(t.detach().reshape(-1).to(torch.float32), alpha, name=name)
-                g = grads.get(name)
-                if g is not None:
-                    self.sens_sketches[name] = LogSketch.from_tensor(
-                        sensitivity(t, g, name=name), alpha, name=name)
-            except NonFiniteTensorError:
-                self.sens_sketches.pop(name, None)
+        chosen = {n: t for n, t in tensors.items() if policy.should_quantize(n, t)}
+        sketched = _sketches(chosen, grads, alpha)
+        for name, t in chosen.items():
+            got = sketched.get(name)
+            if got is None:
                 continue  # NaN/Inf: kept lossless, as quantize_state(nonfinite="lossless")
-            self.sketches[name] = sk
+            self.sketches[name] = got[0]
+            if got[1] is not None:
+                self.sens_sketches[name] = got[1]
             self.groups.setdefault(layer_type(name, t.shape), []).append(name)
         self.names = [n for names in self.groups.values() for n in names]
         self.mag = {lt: LogSketch(alpha).merge(*(self.sketches[n].abs() for n in names))
@@ -122,6 +120,38 @@ class Prepared:
         # on first use (their sums and level counts)
         return {name: feedback_levels(q, t, h)}
 
+    def quantize_group(self, keys: list[PieceKey], *, seed: int, sigma: float,
+                       init: Mapping[str, torch.Tensor], weigh: bool,
+                       family: str = DEFAULT_FAMILY, feedback: bool = False
+                       ) -> dict[PieceKey, Pieces]:
+        """The quantizations of those of `keys` whose tensors take the torch path (CUDA
+        tensors), in one batched pass per bins count (`mvc.quant.batched`), by key: what
+        `quantize` gives each, with the same sums and counts left for the search. Host tensors
+        (the native kernels), float64 ones and those error feedback re-assigns are left to
+        `quantize` (`mvc.search.trials.GroupTrialSource`)."""
+        jobs: dict[int, list[tuple[PieceKey, GroupJob]]] = {}
+        for key in keys:
+            name, bins, thr = key
+            t = self.tensors[name]
+            if not batchable(t) or (feedback and name in self.hessians):
+                continue
+            g = self.grads.get(name) if weigh else None
+            g = g if g is not None and g.shape == t.shape else None
+            grad = self.grads.get(name) if (
+                thr.needs_sensitivity and name in self.sens_sketches) else None
+            jobs.setdefault(bins, []).append(
+                (key, GroupJob(t, self.sketches[name], thr, grad=grad, weight=g,
+                               init=init.get(name))))
+        out: dict[PieceKey, Pieces] = {}
+        for bins, group in jobs.items():
+            got = quantize_group([job for _, job in group], bins, seed=seed, sigma=sigma,
+                                 family=family)
+            for (key, job), r in zip(group, got, strict=True):
+                if r is not None:  # None: a degenerate tensor, left to `quantize`
+                    seed_error_stats(r.q, job.tensor, job.weight, r.sums, r.counts)
+                    out[key] = {key[0]: r.q}
+        return out
+
     def measure(self, qmap: Mapping[str, QuantizedTensor | None],
                 pieces: Mapping[PieceKey, Pieces], proxy: bool) -> Measure:
         """The proxy (when asked for), each tensor's relative L2 error and the bits, all
@@ -131,6 +161,38 @@ class Prepared:
         distortion = {name: relative_error(cached_error_sums(got[name], self.tensors[name]))
                       for (name, _, _), got in pieces.items()}
         return Measure(value, metric, distortion, _bits(qmap))
+
+
+def _sketches(tensors: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor],
+              alpha: float) -> dict[str, tuple[LogSketch, LogSketch | None]]:
+    """(value sketch, sensitivity sketch or None without a gradient) by name; a tensor whose
+    values or gradient hold NaN / Inf is left out. Tensors on the torch path (CUDA) are
+    sketched together, per device (`mvc.quant.batched_sketch`): a synchronisation per batch
+    of tensors, not two per tensor."""
+    out: dict[str, tuple[LogSketch, LogSketch | None]] = {}
+    batched: dict[torch.device, list[str]] = {}
+    for name, t in tensors.items():
+        g = grads.get(name)
+        if batchable(t) and (g is None or g.shape == t.shape):
+            batched.setdefault(t.device, []).append(name)
+            continue
+        try:
+            sk = LogSketch.from_tensor(t.detach().reshape(-1).to(torch.float32), alpha, name=name)
+            out[name] = (sk, LogSketch.from_tensor(sensitivity(t, g, name=name), alpha, name=name)
+                         if g is not None else None)
+        except NonFiniteTensorError:
+            continue
+    for names in batched.values():
+        ts = [tensors[n] for n in names]
+        values = sketch_many(ts, alpha)
+        ok = [i for i, sk in enumerate(values) if sk is not None]
+        sens = sketch_many([ts[i] for i in ok], alpha, grads=[grads.get(names[i]) for i in ok])
+        for i, ssk in zip(ok, sens, strict=True):
+            sk = values[i]
+            assert sk is not None
+            if ssk is not None or grads.get(names[i]) is None:
+                out[names[i]] = (sk, ssk)
+    return out
 
 
 def _bits(qmap: Mapping[str, QuantizedTensor | None]) -> float:

@@ -125,6 +125,20 @@ class FamilyTrialSource(TrialSource, Protocol):
         ...
 
 
+class GroupTrialSource(TrialSource, Protocol):
+    """A source that can quantize a layer type's tensors together (`mvc.quant.batched`: one
+    batched pass on their device, not one per tensor)."""
+
+    def quantize_group(self, keys: list[PieceKey], *, seed: int, sigma: float,
+                       init: Mapping[str, torch.Tensor], weigh: bool,
+                       family: str = DEFAULT_FAMILY, feedback: bool = False
+                       ) -> dict[PieceKey, Pieces]:
+        """The quantizations of those of `keys` (one layer type's, one bins count) the source
+        batches, by key, as `quantize` would give each; the keys it leaves out are asked of
+        `quantize` one by one."""
+        ...
+
+
 def source_families(source: TrialSource) -> tuple[str, ...]:
     """The quantizer families `source` can quantize with: its `families`, else k-means."""
     got = getattr(source, "families", (DEFAULT_FAMILY,))
@@ -146,16 +160,24 @@ def quantize_config(source: TrialSource, config: QuantConfig, *, seed: int,
     quantized again (`reuse` must hold quantizations of `config.family` and `config.feedback`
     only: the key names neither).  `init`: warm-start centroids by tensor name.  A family other
     than k-means is asked of the source as `quantize(..., family=...)`, error feedback as
-    `feedback=True` (`FamilyTrialSource`)."""
+    `feedback=True` (`FamilyTrialSource`).  A source with `quantize_group` (`GroupTrialSource`)
+    is first asked for each layer type's tensors together."""
     qmap: dict[str, QuantizedTensor | None] = {n: None for n in source.tensors}
     keys: dict[PieceKey, Pieces] = {}
     reuse = reuse or {}
+    batch = cast(GroupTrialSource, source).quantize_group if hasattr(
+        source, "quantize_group") else None
     for ltype, names in source.groups.items():
         thr = source.thresholds(config, ltype)
         bins = config.for_layer_type(ltype).bins
-        for name in names:
-            key = (name, bins, source.tensor_thresholds(name, thr))
+        group = [(name, bins, source.tensor_thresholds(name, thr)) for name in names]
+        todo = [key for key in group if key not in reuse]
+        batched = batch(todo, seed=seed, sigma=config.sigma, init=init, weigh=weigh,
+                        family=config.family, feedback=config.feedback) if batch and todo else {}
+        for key in group:
+            name = key[0]
             got = reuse.get(key)
+            got = batched.get(key) if got is None else got
             if got is None and config.feedback:
                 got = cast(FamilyTrialSource, source).quantize(
                     name, bins, key[2], seed=seed, sigma=config.sigma, init=init.get(name),

@@ -1,0 +1,436 @@
+"""A layer type's tensors quantized by one config in one batched pass on their device (issue 27):
+what the torch path runs in place of a loop over tensors when they live on an accelerator.
+
+A search trial quantizes every tensor of a layer type with one bins count and one set of
+thresholds. Tensor by tensor, that was a dozen kernel launches and several host
+synchronisations each (`.item()`, boolean indexing, the error sums' `.tolist()`). Here the
+group's tensors are laid end to end and walked in chunks of a fixed number of elements; a
+chunk holds pieces of many tensors and is one set of element-wise kernels, with each element's
+tensor index selecting its thresholds, midpoints and level values from small tables:
+
+* masks: each tensor's prune / protect thresholds (a rule that is off is +-inf: it never fires);
+* levels: one `searchsorted` over every tensor's midpoints at once. A value's key is (tensor
+  index, its float32 bits in an order-preserving integer form), so it meets only its own
+  tensor's midpoints, and a value on a midpoint goes to the lower centroid (`mvc.quant.assign`);
+* error sums (`mvc.quant.error`'s six, in float64) by `torch.segment_reduce` over each piece,
+  which CUDA runs as CUB's segmented reduction (no atomics: the same sums every run), and the
+  level counts by one `bincount`;
+* protected values by one `masked_select` per chunk.
+
+What crosses to the host: the counts and sums once per group (the search's bits, proxy and
+guard rail read them); the protected values once per chunk, where protection is on; and,
+where a threshold uses sensitivity, the dropped values' histograms once per group (the kept
+values' sketch feeds the k-means). The k-means itself runs in the native code on the host, as
+on every path, so every device chooses the same centroids. The levels stay on the device.
+
+Levels, centroids and protected values are those of `quantize_prepared` on either path, the
+counts equal and the sums agree to float64 summation order (tests/quant/test_quant_batched.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mvc.quant.assign import level_dtype, midpoints
+from mvc.quant.backend import on_host_kernels
+from mvc.quant.config import check_bins
+from mvc.quant.error import ErrorSums
+from mvc.quant.errors import QuantConfigError
+from mvc.quant.importance import sensitivity_values
+from mvc.quant.kmeans import approx_kmeans
+from mvc.quant.partition import Thresholds
+from mvc.quant.sketch import LogSketch, bucket_count, bucket_keys
+from mvc.quant.tensor import QuantizedTensor, level_values, seeded_generator
+from mvc.quant.uniform import DEFAULT_FAMILY, check_family, grid_size, uniform_plan
+
+#: Elements per chunk: on an accelerator its temporaries (~50 bytes an element at their peak)
+#: stay ~200 MiB whatever the model's size; on the host (tests) smaller chunks exercise the
+#: pieces that straddle chunk boundaries.
+_DEVICE_CHUNK = 1 << 22
+_HOST_CHUNK = 1 << 20
+
+#: Dtypes whose values float32 holds exactly, so a protected value can be taken from the
+#: float32 chunk (a float64 tensor's cannot: it takes the per-tensor path).
+BATCH_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class GroupJob:
+    """One tensor of a group: its values, sketch and thresholds, what its sensitivity rules read
+    (`grad`), the weights of its error sums (`weight`: a gradient of its shape, or None) and
+    its warm-start centroids (`init`)."""
+
+    tensor: torch.Tensor
+    sketch: LogSketch
+    thr: Thresholds
+    grad: torch.Tensor | None = None
+    weight: torch.Tensor | None = None
+    init: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """A tensor's quantization with what its assignment measured: the six error sums
+    against the tensor (weighted by the job's `weight`) and the count of each level."""
+
+    q: QuantizedTensor
+    sums: ErrorSums
+    counts: np.ndarray
+
+
+def batchable(t: torch.Tensor) -> bool:
+    """Whether `quantize_group` serves `t`: a non-empty float32 / bfloat16 / float16 tensor
+    whose quantizer work takes the torch path (`mvc.quant.backend`)."""
+    return t.dtype in BATCH_DTYPES and t.numel() > 0 and not on_host_kernels(t)
+
+
+@dataclass
+class _Plan:
+    thr: Thresholds
+    k: int
+    init: np.ndarray | None
+    keep: LogSketch | None = None        # the kept values' sketch (k-means family)
+    centres: np.ndarray | None = None
+
+
+def quantize_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: float = 0.2,
+                   family: str = DEFAULT_FAMILY, chunk: int | None = None
+                   ) -> list[GroupResult | None]:
+    """Each job's tensor quantized as `quantize_prepared(tensor, x, sketch, sens, thr, bins,
+    seed=seed, sigma=sigma, init=init, family=family)` would, in one batched pass over the
+    group (module docstring). None for a job whose values have no more distinct buckets than
+    centroids: `quantize_prepared` replaces its centroids by exact means, a second pass that
+    is left to it. `chunk`: elements per chunk (default: by device)."""
+    k0 = check_bins(bins)
+    check_family(family)
+    if not jobs:
+        return []
+    device = jobs[0].tensor.device
+    for job in jobs:
+        if job.tensor.device != device or not batchable(job.tensor):
+            raise QuantConfigError("quantize_group() takes non-empty float32/bfloat16/float16 "
+                                   "tensors on one device that takes the torch path")
+    plans = [_plan(job, k0, family, init) for job, init in zip(jobs, _inits(jobs), strict=True)]
+    need = [i for i, p in enumerate(plans) if p.centres is None and p.keep is None]
+    if need:
+        dropped = _dropped_sketches([jobs[i] for i in need], [plans[i].thr for i in need],
+                                    device, chunk)
+        for i, sk in zip(need, dropped, strict=True):
+            plans[i].keep = jobs[i].sketch.subtract(sk)
+    live: list[int] = []
+    for i, p in enumerate(plans):
+        if p.centres is None:
+            assert p.keep is not None
+            if 0 < p.keep.buckets()[0].size <= p.k:
+                continue
+            p.centres = approx_kmeans(p.keep, p.k, sigma=sigma, generator=seeded_generator(seed),
+                                      init=p.init)
+        live.append(i)
+    out: list[GroupResult | None] = [None] * len(jobs)
+    if live:
+        got = _assign_group([jobs[i] for i in live], [plans[i] for i in live], device, chunk)
+        for i, r in zip(live, got, strict=True):
+            out[i] = r
+    return out
+
+
+def _inits(jobs: list[GroupJob]) -> list[np.ndarray | None]:
+    """The jobs' warm-start centroids on the host as float64; those on a device (a parent's
+    quantization kept there) cross together, in one copy."""
+    out: list[np.ndarray | None] = [None] * len(jobs)
+    away = [i for i, j in enumerate(jobs) if j.init is not None and j.init.device.type != "cpu"]
+    if away:
+        flat = [jobs[i].init.detach().reshape(-1).to(torch.float64)  # type: ignore[union-attr]
+                for i in away]
+        host = torch.cat(flat).cpu().split([f.numel() for f in flat])
+        for i, h in zip(away, host, strict=True):
+            out[i] = h.numpy()
+    for i, j in enumerate(jobs):
+        if j.init is not None and out[i] is None:
+            out[i] = j.init.detach().reshape(-1).to(torch.float64).numpy()
+    return out
+
+
+def _plan(job: GroupJob, k: int, family: str, init_all: np.ndarray | None) -> _Plan:
+    """The host's part before the device's (as `quantize_prepared`): the warm start, the
+    uniform family's grid and dead zone, the kept values' sketch where magnitude alone
+    decides what is kept."""
+    thr = job.thr
+    if thr.needs_sensitivity and job.grad is None:
+        raise QuantConfigError("these thresholds need sensitivity scores (a gradient)")
+    init_k = grid_size(k) if family == "uniform" else k
+    init = init_all if init_all is not None and init_all.size == init_k else None
+    if family == "uniform":
+        grid, thr = uniform_plan(job.sketch, thr, k, init)
+        return _Plan(thr, grid.size, init, centres=grid)
+    keep = None if thr.needs_sensitivity else job.sketch.restrict_magnitude(
+        thr.prune, thr.protect_magnitude)
+    return _Plan(thr, k, init, keep=keep)
+
+
+# ----------------------------------------------------------------------------- chunks
+@dataclass(frozen=True)
+class _Chunk:
+    pieces: list[tuple[int, int, int]]  # (job, start, stop) in the job's flat values
+    seg: torch.Tensor                   # int64 job index of each element, on the device
+    lengths: torch.Tensor               # int64 piece lengths, on the device
+    jobs: torch.Tensor                  # int64 piece job indices, on the device
+
+    @property
+    def size(self) -> int:
+        return sum(b - a for _, a, b in self.pieces)
+
+
+def chunks(sizes: list[int], device: torch.device, step: int | None = None) -> list[_Chunk]:
+    """Tensors of `sizes` elements, end to end, in chunks of at most `step` (default: by
+    device)."""
+    step = int(step or (_HOST_CHUNK if device.type == "cpu" else _DEVICE_CHUNK))
+    out: list[_Chunk] = []
+    pieces: list[tuple[int, int, int]] = []
+    room = step
+    for j, n in enumerate(sizes):
+        a = 0
+        while a < n:
+            b = min(n, a + room)
+            pieces.append((j, a, b))
+            room -= b - a
+            a = b
+            if room == 0:
+                out.append(_chunk(pieces, device))
+                pieces, room = [], step
+    if pieces:
+        out.append(_chunk(pieces, device))
+    return out
+
+
+def _chunk(pieces: list[tuple[int, int, int]], device: torch.device) -> _Chunk:
+    small = torch.tensor([[j, b - a] for j, a, b in pieces], dtype=torch.int64).to(device)
+    jobs, lengths = small[:, 0], small[:, 1]
+    n = sum(b - a for _, a, b in pieces)
+    seg = torch.repeat_interleave(jobs, lengths, output_size=n)  # no sync: the size is given
+    return _Chunk(pieces, seg, lengths, jobs)
+
+
+def flat_values(flats: list[torch.Tensor], pieces: list[tuple[int, int, int]]) -> torch.Tensor:
+    """The pieces' values of `flats` (flat tensors), end to end, as float32."""
+    parts = [flats[j][a:b] for j, a, b in pieces]
+    if len({p.dtype for p in parts}) == 1:
+        return torch.cat(parts).to(torch.float32)
+    return torch.cat([p.to(torch.float32) for p in parts])
+
+
+def _sens(jobs: list[GroupJob], flats: list[torch.Tensor], xs: torch.Tensor,
+          pieces: list[tuple[int, int, int]]) -> torch.Tensor:
+    """|g w| of the chunk's elements (0 where a job has no gradient: none of its rules read it)."""
+    device = xs.device
+    gs = []
+    for j, a, b in pieces:
+        g = jobs[j].grad
+        gs.append(g.detach().reshape(-1)[a:b].to(device=device, dtype=torch.float32)
+                  if g is not None else torch.zeros(b - a, dtype=torch.float32, device=device))
+    return sensitivity_values(xs, torch.cat(gs))
+
+
+def _weights(jobs: list[GroupJob], pieces: list[tuple[int, int, int]],
+             device: torch.device) -> torch.Tensor:
+    """|w| of the chunk's elements in float64 (0 where a job has no weights)."""
+    ws = []
+    for j, a, b in pieces:
+        w = jobs[j].weight
+        ws.append(w.detach().reshape(-1)[a:b].to(device=device, dtype=torch.float32)
+                  if w is not None else torch.zeros(b - a, dtype=torch.float32, device=device))
+    return torch.cat(ws).to(torch.float64).abs_()
+
+
+# ----------------------------------------------------------------------------- masks
+@dataclass(frozen=True)
+class _Rules:
+    """Per-job thresholds as float32 device tables (a rule that is off never fires)."""
+
+    prune: torch.Tensor | None
+    prune_on_sens: torch.Tensor | None  # bool per job, None when every job prunes alike
+    sens_prunes: bool                   # every job that prunes does so by sensitivity
+    protect_mag: torch.Tensor | None
+    protect_sens: torch.Tensor | None
+
+    @property
+    def active(self) -> bool:
+        return self.prune is not None or self.protect_mag is not None or \
+            self.protect_sens is not None
+
+    @property
+    def needs_sens(self) -> bool:
+        return self.protect_sens is not None or (self.prune is not None and (
+            self.sens_prunes or self.prune_on_sens is not None))
+
+
+def _rules(thrs: list[Thresholds], device: torch.device) -> _Rules:
+    inf = float("inf")
+
+    def table(vals: list[float | None], off: float) -> torch.Tensor | None:
+        if all(v is None for v in vals):
+            return None
+        # float32, as `mvc.quant.partition.masks` compares (a Python float against a float32
+        # tensor is rounded to float32 first)
+        return torch.tensor([off if v is None else v for v in vals], dtype=torch.float32,
+                            device=device)
+
+    pruning = [t for t in thrs if t.prune is not None]
+    by_sens = {t.prune_metric == "sensitivity" for t in pruning}
+    return _Rules(
+        prune=table([t.prune for t in thrs], -inf),
+        prune_on_sens=(torch.tensor([t.prune_metric == "sensitivity" for t in thrs],
+                                    device=device) if len(by_sens) > 1 else None),
+        sens_prunes=by_sens == {True},
+        protect_mag=table([t.protect_magnitude for t in thrs], inf),
+        protect_sens=table([t.protect_sensitivity for t in thrs], inf))
+
+
+def _masks(rules: _Rules, xs: torch.Tensor, sens: torch.Tensor | None, seg: torch.Tensor
+           ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(pruned, protected) over the chunk, as `mvc.quant.partition.masks` per job."""
+    mag = xs.abs()
+    protect = mag > rules.protect_mag[seg] if rules.protect_mag is not None else None
+    if rules.protect_sens is not None:
+        assert sens is not None
+        ps = sens > rules.protect_sens[seg]
+        protect = ps if protect is None else protect.logical_or_(ps)
+    if rules.prune is None:
+        return None, protect
+    if rules.prune_on_sens is not None:
+        assert sens is not None
+        imp = torch.where(rules.prune_on_sens[seg], sens, mag)
+    elif rules.sens_prunes:
+        assert sens is not None
+        imp = sens
+    else:
+        imp = mag
+    prune = imp <= rules.prune[seg]
+    if protect is not None:
+        prune.logical_and_(protect.logical_not())
+    return prune, protect
+
+
+def _dropped_sketches(jobs: list[GroupJob], thrs: list[Thresholds], device: torch.device,
+                      step: int | None) -> list[LogSketch]:
+    """Each job's sketch of the values its thresholds prune or protect: one bincount over
+    (job, bucket) keys, one transfer for the group."""
+    alpha = jobs[0].sketch.alpha
+    width = 2 * bucket_count(alpha) + 2
+    flats = [j.tensor.detach().reshape(-1) for j in jobs]
+    rules = _rules(thrs, device)
+    trash = len(jobs) * width
+    counts = torch.zeros(trash + 1, dtype=torch.int64, device=device)
+    for c in chunks([f.numel() for f in flats], device, step):
+        xs = flat_values(flats, c.pieces)
+        sens = _sens(jobs, flats, xs, c.pieces) if rules.needs_sens else None
+        prune, protect = _masks(rules, xs, sens, c.seg)
+        dropped = prune if protect is None else (
+            protect if prune is None else prune.logical_or_(protect))
+        key = bucket_keys(xs, alpha).add_(c.seg * width)
+        if dropped is not None:
+            key.masked_fill_(dropped.logical_not_(), trash)
+        else:
+            key.fill_(trash)
+        counts += torch.bincount(key, minlength=trash + 1)
+    host = counts.cpu().numpy()
+    return [LogSketch.from_key_counts(host[j * width:(j + 1) * width], alpha)
+            for j in range(len(jobs))]
+
+
+# ----------------------------------------------------------------------------- assignment
+def float_keys(x: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
+    """int64 keys ordered as (seg, x) for float32 `x` (no NaN): equal floats get equal keys
+    (-0.0 is taken as +0.0) and a larger float a larger key, within each `seg`."""
+    b = (x + 0.0).view(torch.int32)   # -0.0 + 0.0 is +0.0
+    b = b ^ ((b >> 31) & 0x7FFFFFFF)  # negative floats: magnitude bits reversed
+    return (seg << 32) + b.to(torch.int64) + (1 << 31)
+
+
+def _assign_group(jobs: list[GroupJob], plans: list[_Plan], device: torch.device,
+                  step: int | None) -> list[GroupResult]:
+    n_jobs = len(jobs)
+    ks = [p.k for p in plans]
+    width = max(ks) + 2
+    cens = [torch.from_numpy(np.asarray(p.centres, dtype=np.float64)).to(torch.float32)
+            for p in plans]
+    # host-built tables, one transfer each
+    mids = [midpoints(c) for c in cens]
+    mid_keys = torch.cat([float_keys(m, torch.full_like(m, j, dtype=torch.int64))
+                          for j, m in enumerate(mids)]).to(device)
+    mid_off = torch.tensor(np.cumsum([0] + [m.numel() for m in mids[:-1]]),
+                           dtype=torch.int64).to(device)
+    kvec = torch.tensor(ks, dtype=torch.int64).to(device)
+    table = torch.zeros(n_jobs, width, dtype=torch.float32)
+    for j, (job, c) in enumerate(zip(jobs, cens, strict=True)):
+        # each level's value as the QuantizedTensor restores it (centroids in the tensor's dtype)
+        table[j, :c.numel() + 2] = level_values(c.to(job.tensor.dtype).to(torch.float32),
+                                                torch.device("cpu"))
+    table = table.reshape(-1).to(device)
+    rules = _rules([p.thr for p in plans], device)
+    weighted = any(job.weight is not None for job in jobs)
+    ldt = level_dtype(max(ks))
+    flats = [job.tensor.detach().reshape(-1) for job in jobs]
+    sizes = [f.numel() for f in flats]
+    starts = np.cumsum([0] + sizes)
+    arena = torch.empty(int(starts[-1]), dtype=ldt, device=device)
+    n_sums = 6 if weighted else 4
+    acc = torch.zeros(n_jobs, n_sums, dtype=torch.float64, device=device)
+    counts = torch.zeros(n_jobs * width, dtype=torch.int64, device=device)
+    protected: list[torch.Tensor] = []
+    pos = 0
+    for c in chunks(sizes, device, step):
+        xs = flat_values(flats, c.pieces)
+        sens = _sens(jobs, flats, xs, c.pieces) if rules.needs_sens else None
+        prune, protect = _masks(rules, xs, sens, c.seg) if rules.active else (None, None)
+        del sens
+        lv = torch.searchsorted(mid_keys, float_keys(xs, c.seg)).sub_(mid_off[c.seg])
+        if prune is not None:
+            lv = torch.where(prune, kvec[c.seg], lv)
+        if protect is not None:
+            lv = torch.where(protect, kvec[c.seg] + 1, lv)
+            protected.append(torch.masked_select(xs, protect))
+        del prune
+        n = c.size
+        arena[pos:pos + n].copy_(lv)
+        pos += n
+        idx = lv.add_(c.seg * width)
+        counts += torch.bincount(idx, minlength=n_jobs * width)
+        x64 = xs.to(torch.float64)
+        del xs
+        d = table[idx].to(torch.float64).sub_(x64)
+        del idx, lv
+        if protect is not None:
+            d.masked_fill_(protect, 0.0)  # protected values restore exactly
+        del protect
+        dd, xx, ax = d.mul_(d), x64 * x64, x64.abs()
+        del x64
+        parts = [dd, xx, ax * dd, ax * xx]
+        del ax
+        if weighted:
+            aw = _weights(jobs, c.pieces, device)
+            parts += [aw * dd, aw * xx]
+            del aw
+        sums = torch.stack([torch.segment_reduce(p, "sum", lengths=c.lengths, unsafe=True)
+                            for p in parts], dim=1)
+        del parts, dd, xx
+        acc.index_add_(0, c.jobs, sums)  # a job has one piece per chunk: no two adds meet
+    # the group's one synchronisation (the second copy finds nothing left to wait for)
+    counts_h = counts.cpu().reshape(n_jobs, width).numpy()
+    sums_h = acc.cpu().numpy()
+    n_prot = [int(counts_h[j, k + 1]) for j, k in enumerate(ks)]
+    prot = (torch.cat(protected) if protected
+            else torch.empty(0, dtype=torch.float32, device=device)).split(n_prot)
+    out = []
+    for j, (job, k) in enumerate(zip(jobs, ks, strict=True)):
+        levels = arena[int(starts[j]):int(starts[j + 1])]
+        if level_dtype(k) != ldt:
+            levels = levels.to(level_dtype(k))
+        q = QuantizedTensor(levels.view(job.tensor.shape), cens[j].to(device),
+                            prot[j].to(job.tensor.dtype), job.tensor.dtype, k)
+        s = [float(v) for v in sums_h[j]] + [0.0] * (6 - n_sums)
+        out.append(GroupResult(q, (s[0], s[1], s[2], s[3], s[4], s[5]),
+                               counts_h[j, :k + 2].copy()))
+    return out

@@ -1,0 +1,82 @@
+"""Many tensors' sketches in one batched pass on their device (issue 27): a search's first
+step, which sketched each tensor, and each gradient's sensitivity, with a host
+synchronisation apiece.
+
+The tensors are laid end to end and walked in chunks (`mvc.quant.batched`'s chunks); each
+element's histogram key (`mvc.quant.sketch.bucket_keys`) is offset by its tensor's index, and
+one `bincount` per chunk adds every tensor's counts at once. The counts cross to the host once
+per batch of tensors (their table is 19k int64s a tensor at alpha 0.01, so a batch holds at
+most `_BATCH` tensors). The counts are those of `LogSketch.from_tensor` on either path.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from mvc.quant.batched import chunks, flat_values
+from mvc.quant.errors import NonFiniteTensorError, QuantConfigError
+from mvc.quant.importance import sensitivity_values
+from mvc.quant.sketch import LogSketch, bucket_count, bucket_keys, check_alpha
+
+#: Tensors per count table: 64 x 19k int64s is 10 MiB, on the device and on the host.
+_BATCH = 64
+
+
+def sketch_many(tensors: Sequence[torch.Tensor], alpha: float, *,
+                grads: Sequence[torch.Tensor | None] | None = None,
+                chunk: int | None = None) -> list[LogSketch | None]:
+    """Each tensor's `LogSketch` (its values as float32), or, with `grads`, the sketch of its
+    sensitivity |g w| (`mvc.quant.importance.sensitivity`; None where it has no gradient). None
+    where a value or gradient is NaN or +-Inf (`LogSketch.from_tensor` raises
+    `NonFiniteTensorError` there; the search keeps such a tensor lossless). The tensors share
+    one device; a gradient must have its tensor's shape."""
+    a = check_alpha(alpha)
+    if grads is not None and len(grads) != len(tensors):
+        raise QuantConfigError("sketch_many(): one gradient (or None) per tensor")
+    out: list[LogSketch | None] = [None] * len(tensors)
+    todo = [i for i in range(len(tensors)) if grads is None or grads[i] is not None]
+    for s in range(0, len(todo), _BATCH):
+        idx = todo[s:s + _BATCH]
+        got = _sketch_batch([tensors[i] for i in idx],
+                            [grads[i] for i in idx] if grads is not None else None, a, chunk)
+        for i, sk in zip(idx, got, strict=True):
+            out[i] = sk
+    return out
+
+
+def _sketch_batch(tensors: list[torch.Tensor], grads: list[torch.Tensor | None] | None,
+                  alpha: float, chunk: int | None) -> list[LogSketch | None]:
+    if not tensors:
+        return []
+    device = tensors[0].device
+    width = 2 * bucket_count(alpha) + 2
+    bad_key = width - 1
+    flats = [t.detach().reshape(-1) for t in tensors]
+    gflats: list[torch.Tensor] = []
+    if grads is not None:
+        for t, g in zip(tensors, grads, strict=True):
+            assert g is not None
+            if tuple(g.shape) != tuple(t.shape):
+                raise QuantConfigError(f"gradient has shape {tuple(g.shape)}, expected "
+                                       f"{tuple(t.shape)}")
+            gflats.append(g.detach().reshape(-1))
+    counts = torch.zeros(len(tensors) * width, dtype=torch.int64, device=device)
+    for c in chunks([f.numel() for f in flats], device, chunk):
+        xs = flat_values(flats, c.pieces)
+        if grads is None:
+            key = bucket_keys(xs, alpha)
+        else:
+            gs = flat_values(gflats, c.pieces).to(device)
+            key = bucket_keys(sensitivity_values(xs, gs), alpha)
+            # a NaN / Inf gradient is named as such, whatever the product saturated to
+            key.masked_fill_(~torch.isfinite(gs), bad_key)
+        counts += torch.bincount(key.add_(c.seg * width), minlength=len(tensors) * width)
+    host = counts.cpu().numpy()
+    out: list[LogSketch | None] = []
+    for j in range(len(tensors)):
+        try:
+            out.append(LogSketch.from_key_counts(host[j * width:(j + 1) * width], alpha))
+        except NonFiniteTensorError:
+            out.append(None)
+    return out
