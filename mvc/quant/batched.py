@@ -36,6 +36,7 @@ import torch
 from mvc.quant.assign import level_dtype, midpoints
 from mvc.quant.backend import on_host_kernels
 from mvc.quant.config import check_bins
+from mvc.quant.device_chunks import Chunk, chunks, flat_values, float_keys
 from mvc.quant.error import ErrorSums
 from mvc.quant.errors import QuantConfigError
 from mvc.quant.importance import sensitivity_values
@@ -44,12 +45,6 @@ from mvc.quant.partition import Thresholds
 from mvc.quant.sketch import LogSketch, bucket_count, bucket_keys
 from mvc.quant.tensor import QuantizedTensor, level_values, seeded_generator
 from mvc.quant.uniform import DEFAULT_FAMILY, check_family, grid_size, uniform_plan
-
-#: Elements per chunk: on an accelerator its temporaries (~50 bytes an element at their peak)
-#: stay ~200 MiB whatever the model's size; on the host (tests) smaller chunks exercise the
-#: pieces that straddle chunk boundaries.
-_DEVICE_CHUNK = 1 << 22
-_HOST_CHUNK = 1 << 20
 
 #: Dtypes whose values float32 holds exactly, so a protected value can be taken from the
 #: float32 chunk (a float64 tensor's cannot: it takes the per-tensor path).
@@ -68,6 +63,13 @@ class GroupJob:
     grad: torch.Tensor | None = None
     weight: torch.Tensor | None = None
     init: torch.Tensor | None = None
+    # Optimizer moments (`mvc.quant.batched_moments`): entries set aside at the pruned level,
+    # outside the quantization (its sketch, k-means and thresholds see the rest only):
+    # exact zeros (in the log domain every v <= 0), and where `pruned_by` (the flat levels of
+    # the moment's weight) is `pruned_level`.
+    drop_zeros: bool = False
+    pruned_by: torch.Tensor | None = None
+    pruned_level: int = -1
 
 
 @dataclass(frozen=True)
@@ -96,15 +98,22 @@ class _Plan:
 
 
 def quantize_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: float = 0.2,
-                   family: str = DEFAULT_FAMILY, chunk: int | None = None
-                   ) -> list[GroupResult | None]:
+                   family: str = DEFAULT_FAMILY, chunk: int | None = None,
+                   domain: str = "linear") -> list[GroupResult | None]:
     """Each job's tensor quantized as `quantize_prepared(tensor, x, sketch, sens, thr, bins,
     seed=seed, sigma=sigma, init=init, family=family)` would, in one batched pass over the
     group (module docstring). None for a job whose values have no more distinct buckets than
     centroids: `quantize_prepared` replaces its centroids by exact means, a second pass that
-    is left to it. `chunk`: elements per chunk (default: by device)."""
+    is left to it. `chunk`: elements per chunk (default: by device).
+
+    `domain` "log" (second moments, `mvc.quant.optimizer`): the values quantized are
+    float32(log(v)) of the kept entries, protected entries keep v, and the sums measure
+    sqrt(v') against sqrt(v) (`moment_error_sums`). The jobs' sketches are then of the kept
+    entries' transformed values."""
     k0 = check_bins(bins)
     check_family(family)
+    if domain not in DOMAINS:
+        raise QuantConfigError(f"unknown domain {domain!r}")
     if not jobs:
         return []
     device = jobs[0].tensor.device
@@ -115,6 +124,8 @@ def quantize_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: flo
     plans = [_plan(job, k0, family, init) for job, init in zip(jobs, _inits(jobs), strict=True)]
     need = [i for i, p in enumerate(plans) if p.centres is None and p.keep is None]
     if need:
+        if domain != "linear" or any(_drops_some(jobs[i]) for i in need):
+            raise QuantConfigError("sensitivity rules apply to weights only")
         dropped = _dropped_sketches([jobs[i] for i in need], [plans[i].thr for i in need],
                                     device, chunk)
         for i, sk in zip(need, dropped, strict=True):
@@ -130,7 +141,8 @@ def quantize_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: flo
         live.append(i)
     out: list[GroupResult | None] = [None] * len(jobs)
     if live:
-        got = _assign_group([jobs[i] for i in live], [plans[i] for i in live], device, chunk)
+        got = _assign_group([jobs[i] for i in live], [plans[i] for i in live], device, chunk,
+                            domain)
         for i, r in zip(live, got, strict=True):
             out[i] = r
     return out
@@ -170,57 +182,6 @@ def _plan(job: GroupJob, k: int, family: str, init_all: np.ndarray | None) -> _P
     return _Plan(thr, k, init, keep=keep)
 
 
-# ----------------------------------------------------------------------------- chunks
-@dataclass(frozen=True)
-class _Chunk:
-    pieces: list[tuple[int, int, int]]  # (job, start, stop) in the job's flat values
-    seg: torch.Tensor                   # int64 job index of each element, on the device
-    lengths: torch.Tensor               # int64 piece lengths, on the device
-    jobs: torch.Tensor                  # int64 piece job indices, on the device
-
-    @property
-    def size(self) -> int:
-        return sum(b - a for _, a, b in self.pieces)
-
-
-def chunks(sizes: list[int], device: torch.device, step: int | None = None) -> list[_Chunk]:
-    """Tensors of `sizes` elements, end to end, in chunks of at most `step` (default: by
-    device)."""
-    step = int(step or (_HOST_CHUNK if device.type == "cpu" else _DEVICE_CHUNK))
-    out: list[_Chunk] = []
-    pieces: list[tuple[int, int, int]] = []
-    room = step
-    for j, n in enumerate(sizes):
-        a = 0
-        while a < n:
-            b = min(n, a + room)
-            pieces.append((j, a, b))
-            room -= b - a
-            a = b
-            if room == 0:
-                out.append(_chunk(pieces, device))
-                pieces, room = [], step
-    if pieces:
-        out.append(_chunk(pieces, device))
-    return out
-
-
-def _chunk(pieces: list[tuple[int, int, int]], device: torch.device) -> _Chunk:
-    small = torch.tensor([[j, b - a] for j, a, b in pieces], dtype=torch.int64).to(device)
-    jobs, lengths = small[:, 0], small[:, 1]
-    n = sum(b - a for _, a, b in pieces)
-    seg = torch.repeat_interleave(jobs, lengths, output_size=n)  # no sync: the size is given
-    return _Chunk(pieces, seg, lengths, jobs)
-
-
-def flat_values(flats: list[torch.Tensor], pieces: list[tuple[int, int, int]]) -> torch.Tensor:
-    """The pieces' values of `flats` (flat tensors), end to end, as float32."""
-    parts = [flats[j][a:b] for j, a, b in pieces]
-    if len({p.dtype for p in parts}) == 1:
-        return torch.cat(parts).to(torch.float32)
-    return torch.cat([p.to(torch.float32) for p in parts])
-
-
 def _sens(jobs: list[GroupJob], flats: list[torch.Tensor], xs: torch.Tensor,
           pieces: list[tuple[int, int, int]]) -> torch.Tensor:
     """|g w| of the chunk's elements (0 where a job has no gradient: none of its rules read it)."""
@@ -231,6 +192,46 @@ def _sens(jobs: list[GroupJob], flats: list[torch.Tensor], xs: torch.Tensor,
         gs.append(g.detach().reshape(-1)[a:b].to(device=device, dtype=torch.float32)
                   if g is not None else torch.zeros(b - a, dtype=torch.float32, device=device))
     return sensitivity_values(xs, torch.cat(gs))
+
+
+DOMAINS = ("linear", "log")
+
+
+def _drops_some(job: GroupJob) -> bool:
+    return job.drop_zeros or job.pruned_by is not None
+
+
+def log32(v: torch.Tensor) -> torch.Tensor:
+    """float32(log(float64(v))): a second moment's quantized values (`mvc.quant.optimizer`)."""
+    return v.to(torch.float64).log_().to(torch.float32)
+
+
+def chunk_values(jobs: list[GroupJob], flats: list[torch.Tensor], c: Chunk, domain: str
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(raw float32 values, the values quantized, the entries set aside or None) of chunk `c`:
+    in the log domain the quantized values are `log32` of the kept entries (0 where set aside)."""
+    raw = flat_values(flats, c.pieces)
+    drop = None
+    if any(job.drop_zeros for job in jobs):
+        drop = raw <= 0 if domain == "log" else raw == 0
+        if not all(job.drop_zeros for job in jobs):
+            on = torch.tensor([job.drop_zeros for job in jobs]).to(raw.device)
+            drop.logical_and_(on[c.seg])
+    if any(job.pruned_by is not None for job in jobs):
+        lv = []
+        for j, a, b in c.pieces:
+            w = jobs[j].pruned_by
+            lv.append(w.reshape(-1)[a:b].to(device=raw.device, dtype=torch.int32)
+                      if w is not None else
+                      torch.full((b - a,), -2, dtype=torch.int32, device=raw.device))
+        lvl = torch.tensor([job.pruned_level if job.pruned_by is not None else -1
+                            for job in jobs], dtype=torch.int32).to(raw.device)
+        joint = torch.cat(lv) == lvl[c.seg]
+        drop = joint if drop is None else drop.logical_or_(joint)
+    if domain == "linear":
+        return raw, raw, drop
+    xs = log32(raw.clamp_min(torch.finfo(torch.float32).tiny)) if drop is not None else log32(raw)
+    return raw, xs, drop
 
 
 def _weights(jobs: list[GroupJob], pieces: list[tuple[int, int, int]],
@@ -341,16 +342,24 @@ def _dropped_sketches(jobs: list[GroupJob], thrs: list[Thresholds], device: torc
 
 
 # ----------------------------------------------------------------------------- assignment
-def float_keys(x: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
-    """int64 keys ordered as (seg, x) for float32 `x` (no NaN): equal floats get equal keys
-    (-0.0 is taken as +0.0) and a larger float a larger key, within each `seg`."""
-    b = (x + 0.0).view(torch.int32)   # -0.0 + 0.0 is +0.0
-    b = b ^ ((b >> 31) & 0x7FFFFFFF)  # negative floats: magnitude bits reversed
-    return (seg << 32) + b.to(torch.int64) + (1 << 31)
+def _measured(cen: torch.Tensor, dtype: torch.dtype, domain: str) -> torch.Tensor:
+    """float32 value of each centroid in the quantity the sums measure: as the tensor restores
+    it (rounded to its dtype); in the log domain sqrt of the restored v (exp in float64, as
+    `mvc.quant.optimizer.restore` takes it)."""
+    if domain == "linear":
+        return cen.to(dtype).to(torch.float32)
+    return exp_levels(cen, dtype).to(torch.float32).sqrt()
+
+
+def exp_levels(cen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """exp of log-domain centroids as the restore gives them, on the host: exp in float64
+    (numpy's: the same values on every device), then one rounding to `dtype`."""
+    table64 = np.exp(cen.detach().cpu().numpy().astype(np.float64))
+    return torch.from_numpy(table64).to(dtype)
 
 
 def _assign_group(jobs: list[GroupJob], plans: list[_Plan], device: torch.device,
-                  step: int | None) -> list[GroupResult]:
+                  step: int | None, domain: str) -> list[GroupResult]:
     n_jobs = len(jobs)
     ks = [p.k for p in plans]
     width = max(ks) + 2
@@ -365,8 +374,7 @@ def _assign_group(jobs: list[GroupJob], plans: list[_Plan], device: torch.device
     kvec = torch.tensor(ks, dtype=torch.int64).to(device)
     table = torch.zeros(n_jobs, width, dtype=torch.float32)
     for j, (job, c) in enumerate(zip(jobs, cens, strict=True)):
-        # each level's value as the QuantizedTensor restores it (centroids in the tensor's dtype)
-        table[j, :c.numel() + 2] = level_values(c.to(job.tensor.dtype).to(torch.float32),
+        table[j, :c.numel() + 2] = level_values(_measured(c, job.tensor.dtype, domain),
                                                 torch.device("cpu"))
     table = table.reshape(-1).to(device)
     rules = _rules([p.thr for p in plans], device)
@@ -382,24 +390,29 @@ def _assign_group(jobs: list[GroupJob], plans: list[_Plan], device: torch.device
     protected: list[torch.Tensor] = []
     pos = 0
     for c in chunks(sizes, device, step):
-        xs = flat_values(flats, c.pieces)
+        raw, xs, drop = chunk_values(jobs, flats, c, domain)
         sens = _sens(jobs, flats, xs, c.pieces) if rules.needs_sens else None
         prune, protect = _masks(rules, xs, sens, c.seg) if rules.active else (None, None)
         del sens
+        if drop is not None:  # set aside: pruned, never protected
+            prune = drop if prune is None else prune.logical_or_(drop)
+            if protect is not None:
+                protect.logical_and_(~drop)
         lv = torch.searchsorted(mid_keys, float_keys(xs, c.seg)).sub_(mid_off[c.seg])
+        del xs, drop
         if prune is not None:
             lv = torch.where(prune, kvec[c.seg], lv)
         if protect is not None:
             lv = torch.where(protect, kvec[c.seg] + 1, lv)
-            protected.append(torch.masked_select(xs, protect))
+            protected.append(torch.masked_select(raw, protect))
         del prune
         n = c.size
         arena[pos:pos + n].copy_(lv)
         pos += n
         idx = lv.add_(c.seg * width)
         counts += torch.bincount(idx, minlength=n_jobs * width)
-        x64 = xs.to(torch.float64)
-        del xs
+        x64 = (raw if domain == "linear" else raw.clamp_min(0).sqrt_()).to(torch.float64)
+        del raw
         d = table[idx].to(torch.float64).sub_(x64)
         del idx, lv
         if protect is not None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mvc.quant.batched import chunks, flat_values
+from mvc.quant.device_chunks import chunks, flat_values
 from mvc.quant.errors import NonFiniteTensorError, QuantConfigError
 from mvc.quant.importance import sensitivity_values
 from mvc.quant.sketch import LogSketch, bucket_count, bucket_keys, check_alpha

@@ -72,9 +72,9 @@ compressed, only without joint pruning.
 from __future__ import annotations
 
 import re
+import weakref
 from typing import Iterable, Literal, Mapping, NamedTuple
 
-import numpy as np
 import torch
 
 from mvc.errors import UsageError
@@ -89,11 +89,14 @@ from mvc.quant._kernels import (
     scan_f32,
 )
 from mvc.quant.assign import level_dtype
+from mvc.quant.batched import GroupJob, batchable, exp_levels
+from mvc.quant.batched_moments import quantize_moments, ratio_bounds, scan_many
 from mvc.quant.backend import on_host_kernels
 from mvc.quant.config import check_bins
 from mvc.quant.error import chunk_for, error_sums, table_error_sums
 from mvc.quant.errors import QuantError
-from mvc.quant.partition import check_fraction
+from mvc.quant.partition import Thresholds, check_fraction
+from mvc.quant.sketch import LogSketch
 from mvc.quant.tensor import QuantizedTensor, level_values, quantize
 
 Domain = Literal["linear", "log"]
@@ -361,8 +364,7 @@ def _quantize_log(v: torch.Tensor, bins: int, *, protect: float, seed: int, alph
 
 def _log_values(q: QuantizedTensor) -> torch.Tensor:
     # exp in float64, then one rounding to the stored dtype: the same values on every device.
-    table64 = np.exp(q.centroids.detach().cpu().numpy().astype(np.float64))
-    return torch.from_numpy(table64).to(q.dtype)
+    return exp_levels(q.centroids, q.dtype)
 
 
 def restore(q: QuantizedTensor, domain: str) -> torch.Tensor:
@@ -381,6 +383,9 @@ def moment_error_sums(q: QuantizedTensor, domain: str, x: torch.Tensor) -> tuple
     float32 values (v' rounded to its dtype, as `restore` gives it), float64 sums, from the
     levels and a table of level values in one pass: no restored copy of the moment.
     """
+    hit = _MOMENT_SUMS.get(q)
+    if hit is not None and hit[0]() is x and hit[1] == x._version:
+        return hit[2]  # measured by the batched pass that made q
     if domain == "linear":
         s = error_sums(q, x)
         return s[0], s[1]
@@ -399,6 +404,11 @@ def moment_error_sums(q: QuantizedTensor, domain: str, x: torch.Tensor) -> tuple
         num, den = num + s[0], den + s[1]
     return num, den
 
+
+#: `moment_error_sums` of moments the batched pass compressed, by quantization (freed with it),
+#: checked against the very tensor object, unchanged since, they were measured against.
+_MOMENT_SUMS: weakref.WeakKeyDictionary[QuantizedTensor, tuple[weakref.ref, int, tuple[float, float]]] = \
+    weakref.WeakKeyDictionary()
 
 #: Elements per chunk of sqrt(v) in `moment_error_sums` (a 16 MiB float32 temporary).
 _SQRT_CHUNK = 1 << 22
@@ -477,9 +487,70 @@ def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],
                                 init=init.get(name))
         return OptQuantized(q, "linear")
 
+    # Moments on the torch path (CUDA) are compressed together, a few passes per domain
+    # (`mvc.quant.batched_moments`); what that leaves, and host moments, one by one.
+    batched = [j for j in jobs if batchable(j[1])]
+    done, rest = _batched_moments(batched, bins_moment=bins_moment, bins_second=bins_second,
+                                  prune_moment=prune_moment, protect=protect, seed=seed,
+                                  alpha=alpha, log_alpha=log_alpha, sigma=sigma,
+                                  log_sigma=log_sigma, init=init)
+    jobs = [j for j in jobs if not batchable(j[1])] + rest
     # One moment per pool thread, biggest first: a moment's own passes parallelize poorly
     # (k-means, masks and small tensors between the native loops).  Each result depends on
     # its tensor alone (seeded k-means, sums in fixed blocks), not on the scheduling.
     jobs.sort(key=lambda j: -j[1].numel())
-    done = {j[0]: r for j, r in zip(jobs, pmap(one, jobs)) if r is not None}
+    done.update({j[0]: r for j, r in zip(jobs, pmap(one, jobs)) if r is not None})
     return {name: done[name] for name in tensors if name in done}
+
+
+_Job = tuple[str, torch.Tensor, str, QuantizedTensor | None]
+
+
+def _batched_moments(jobs: list[_Job], *, bins_moment: int, bins_second: int,
+                     prune_moment: float, protect: float, seed: int, alpha: float,
+                     log_alpha: float, sigma: float, log_sigma: float,
+                     init: Mapping[str, torch.Tensor]) -> tuple[dict[str, OptQuantized], list[_Job]]:
+    """({name: compressed moment} of `jobs` done in batched passes, the jobs left to the
+    per-moment path: moments the batched pass leaves (`quantize_moments`) or on another device
+    than the first)."""
+    if not jobs:
+        return {}, []
+    device = jobs[0][1].device
+    rest = [j for j in jobs if j[1].device != device]
+    jobs = [j for j in jobs if j[1].device == device]
+    scans = scan_many([j[1] for j in jobs])
+    done: dict[str, OptQuantized] = {}
+    for domain, bins, prune, a, sig in (("linear", bins_moment, prune_moment, alpha, sigma),
+                                        ("log", bins_second, 0.0, log_alpha, log_sigma)):
+        group = [j for j, (bad, neg) in zip(jobs, scans, strict=True)
+                 if j[2] == domain and not bad and not (domain == "log" and neg)]
+        work = [GroupJob(t, LogSketch(a), Thresholds(), init=init.get(name), drop_zeros=True,
+                         pruned_by=wq.levels if wq is not None else None,
+                         pruned_level=wq.pruned_level if wq is not None else -1)
+                for name, t, _, wq in group]
+        got = quantize_moments(work, bins, domain=domain, prune=prune, protect=protect,
+                               seed=seed, alpha=a, sigma=sig)
+        for job, r in zip(group, got, strict=True):
+            if r is None:
+                rest.append(job)
+                continue
+            _MOMENT_SUMS[r.q] = (weakref.ref(job[1]), job[1]._version, (r.sums[0], r.sums[1]))
+            done[job[0]] = OptQuantized(r.q, domain)
+    return done, rest
+
+
+def moment_ratio_bounds(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
+    """`moment_ratio_bound` of each (m, v) pair: pairs on the torch path in one batched pass
+    per device (`mvc.quant.batched_moments.ratio_bounds`), host pairs one per pool thread."""
+    out: list[float | None] = [None] * len(pairs)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, (m, v) in enumerate(pairs):
+        if batchable(m) and batchable(v) and m.device == v.device:
+            by_device.setdefault(m.device, []).append(i)
+    for idx in by_device.values():
+        for i, b in zip(idx, ratio_bounds([pairs[i] for i in idx]), strict=True):
+            out[i] = b
+    left = [i for i, b in enumerate(out) if b is None]
+    for i, b in zip(left, pmap(lambda i: moment_ratio_bound(*pairs[i]), left), strict=True):
+        out[i] = b
+    return [float(b) for b in out if b is not None]

@@ -33,7 +33,7 @@ from mvc.native.parallel import pmap
 from mvc.progress import Progress
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy, quantize_state
 from mvc.quant.feedback import apply_feedback, usable
-from mvc.quant.optimizer import moment_ratio_bound, quantize_optimizer_state, zeroed_moment
+from mvc.quant.optimizer import moment_ratio_bounds, quantize_optimizer_state, zeroed_moment
 from mvc.search.driver import default_policy
 from mvc.search.gate import DEFAULT_MIRROR
 from mvc.search.measure import DEFAULT_MOMENT_CAP, measure, moment_distortion
@@ -372,7 +372,7 @@ def moment_bounds(tensors: Mapping[str, torch.Tensor], domains: Mapping[str, str
     the largest |m| / sqrt(v) of the exact state, so restore can keep Adam's step bounded."""
     pairs = [n for n, domain in domains.items() if domain == "linear" and n.endswith("exp_avg")
              and n + "_sq" in tensors and tensors[n].shape == tensors[n + "_sq"].shape]
-    bounds = pmap(lambda n: moment_ratio_bound(tensors[n], tensors[n + "_sq"]), pairs)
+    bounds = moment_ratio_bounds([(tensors[n], tensors[n + "_sq"]) for n in pairs])
     return {n: {"partner": n + "_sq", "ratio_bound": b} for n, b in zip(pairs, bounds)}
 
 

@@ -23,7 +23,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mvc.quant import LogSketch, QuantConfigError, quantize_prepared, sensitivity, thresholds
 from mvc.quant.backend import device_path
-from mvc.quant.batched import GroupJob, batchable, float_keys, quantize_group
+from mvc.quant.batched import GroupJob, batchable, quantize_group
+from mvc.quant.device_chunks import float_keys
 from mvc.quant.batched_sketch import sketch_many
 from mvc.quant.error import error_sums, level_histogram
 

@@ -1,0 +1,120 @@
+"""Optimizer moments compressed in batched passes on their device (issue 27): what
+`mvc.quant.optimizer.quantize_optimizer_state` and the guard rails run for moments on the torch
+path (CUDA) instead of a loop with several host synchronisations a moment.
+
+Per domain (first moments "linear", second moments "log"), for all moments at once:
+
+1. `scan_many`: each moment's non-finite and negative entry counts (one transfer);
+2. the sketch of each moment's kept entries (nonzero, weight not pruned; v > 0, as log v),
+   one `bincount` over (moment, bucket) keys and one transfer per batch of moments;
+3. thresholds and k-means on the host, as `quantize` takes them;
+4. `mvc.quant.batched.quantize_group`: levels, counts, protected values and the guard rail's
+   error sums in the quantity Adam uses (`moment_error_sums`), in one pass.
+
+`ratio_bounds` takes each first moment's largest |m| / sqrt(v) (the restore's clamp) in one
+pass over all pairs. Every result is the per-moment path's (tests/quant/test_quant_batched_moments.py).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+
+from mvc.quant.batched import GroupJob, GroupResult, chunk_values, quantize_group
+from mvc.quant.device_chunks import chunks, flat_values
+from mvc.quant.partition import thresholds
+from mvc.quant.sketch import LogSketch, bucket_count, bucket_keys
+
+#: Moments per sketch count table (64 x 2 x 48k int64s at the log domain's alpha: 48 MiB).
+_BATCH = 64
+
+
+def scan_many(tensors: Sequence[torch.Tensor], chunk: int | None = None) -> list[tuple[int, int]]:
+    """(non-finite, < 0) entry counts of each tensor (float32 / bfloat16 / float16, on one
+    device), as `mvc.quant.optimizer`'s scan: -inf is both, NaN only the first."""
+    if not tensors:
+        return []
+    device = tensors[0].device
+    flats = [t.detach().reshape(-1) for t in tensors]
+    acc = torch.zeros(len(flats), 2, dtype=torch.float64, device=device)
+    for c in chunks([f.numel() for f in flats], device, chunk):
+        xs = flat_values(flats, c.pieces)
+        parts = [(~torch.isfinite(xs)).to(torch.float64), (xs < 0).to(torch.float64)]
+        sums = torch.stack([torch.segment_reduce(p, "sum", lengths=c.lengths, unsafe=True)
+                            for p in parts], dim=1)
+        acc.index_add_(0, c.jobs, sums)  # one piece per tensor per chunk
+    return [(int(a), int(b)) for a, b in acc.cpu().tolist()]
+
+
+def kept_sketches(jobs: list[GroupJob], alpha: float, domain: str,
+                  chunk: int | None = None) -> list[LogSketch]:
+    """Each moment's sketch of its kept entries' quantized values (`chunk_values`): what
+    `quantize` sketches of the compacted moment."""
+    out: list[LogSketch] = []
+    for s in range(0, len(jobs), _BATCH):
+        out += _kept_batch(jobs[s:s + _BATCH], alpha, domain, chunk)
+    return out
+
+
+def _kept_batch(jobs: list[GroupJob], alpha: float, domain: str,
+                chunk: int | None) -> list[LogSketch]:
+    if not jobs:
+        return []
+    device = jobs[0].tensor.device
+    width = 2 * bucket_count(alpha) + 2
+    trash = len(jobs) * width
+    flats = [j.tensor.detach().reshape(-1) for j in jobs]
+    counts = torch.zeros(trash + 1, dtype=torch.int64, device=device)
+    for c in chunks([f.numel() for f in flats], device, chunk):
+        _, xs, drop = chunk_values(jobs, flats, c, domain)
+        key = bucket_keys(xs, alpha).add_(c.seg * width)
+        if drop is not None:
+            key.masked_fill_(drop, trash)
+        counts += torch.bincount(key, minlength=trash + 1)
+    host = counts.cpu().numpy()
+    return [LogSketch.from_key_counts(host[j * width:(j + 1) * width], alpha)
+            for j in range(len(jobs))]
+
+
+def quantize_moments(jobs: list[GroupJob], bins: int, *, domain: str, prune: float,
+                     protect: float, seed: int, alpha: float, sigma: float,
+                     chunk: int | None = None) -> list[GroupResult | None]:
+    """Each moment compressed as `mvc.quant.optimizer` does one (`quantize` of its kept entries,
+    in `domain`, spread back with the rest at the pruned level), with the sums of
+    `moment_error_sums` as the result's first two. None where the moment is left to that path:
+    no kept entry, or no more distinct buckets than bins. The jobs' `sketch` and `thr` are
+    ignored: they are taken here."""
+    sketches = kept_sketches(jobs, alpha, domain, chunk)
+    ready: list[GroupJob] = []
+    where: list[int] = []
+    for i, (job, sk) in enumerate(zip(jobs, sketches, strict=True)):
+        if sk.count == 0:
+            continue
+        thr = thresholds(sk.abs(), None, prune=prune, prune_metric="magnitude", protect=protect)
+        ready.append(replace(job, sketch=sk, thr=thr))
+        where.append(i)
+    out: list[GroupResult | None] = [None] * len(jobs)
+    got = quantize_group(ready, bins, seed=seed, sigma=sigma, chunk=chunk, domain=domain)
+    for i, r in zip(where, got, strict=True):
+        out[i] = r
+    return out
+
+
+def ratio_bounds(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                 chunk: int | None = None) -> list[float]:
+    """The largest |m| / sqrt(v) over each pair's entries with v > 0 (0.0 if none), float32
+    arithmetic as `mvc.quant.optimizer.moment_ratio_bound` on the torch path; m and v of one
+    shape, every pair on one device."""
+    if not pairs:
+        return []
+    device = pairs[0][0].device
+    ms = [m.detach().reshape(-1) for m, _ in pairs]
+    vs = [v.detach().reshape(-1) for _, v in pairs]
+    acc = torch.zeros(len(pairs), dtype=torch.float32, device=device)
+    for c in chunks([m.numel() for m in ms], device, chunk):
+        mf, vf = flat_values(ms, c.pieces), flat_values(vs, c.pieces)
+        r = torch.where(vf > 0, mf.abs_() / vf.sqrt(), torch.zeros((), device=device))
+        top = torch.segment_reduce(r, "max", lengths=c.lengths, unsafe=True)
+        acc[c.jobs] = torch.maximum(acc[c.jobs], top)  # one piece per pair per chunk
+    return [float(b) for b in acc.cpu().tolist()]

@@ -1,0 +1,73 @@
+"""The chunks the batched quantizer walks (issue 27): tensors laid end to end, cut into pieces
+of at most a fixed number of elements, each element tagged with its tensor's index on the
+device (`mvc.quant.batched`, `mvc.quant.batched_sketch`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+#: Elements per chunk: on an accelerator its temporaries (~50 bytes an element at their peak)
+#: stay ~200 MiB whatever the model's size; on the host (tests) smaller chunks exercise the
+#: pieces that straddle chunk boundaries.
+_DEVICE_CHUNK = 1 << 22
+_HOST_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Chunk:
+    pieces: list[tuple[int, int, int]]  # (job, start, stop) in the job's flat values
+    seg: torch.Tensor                   # int64 job index of each element, on the device
+    lengths: torch.Tensor               # int64 piece lengths, on the device
+    jobs: torch.Tensor                  # int64 piece job indices, on the device
+
+    @property
+    def size(self) -> int:
+        return sum(b - a for _, a, b in self.pieces)
+
+
+def chunks(sizes: list[int], device: torch.device, step: int | None = None) -> list[Chunk]:
+    """Tensors of `sizes` elements, end to end, in chunks of at most `step` (default: by
+    device)."""
+    step = int(step or (_HOST_CHUNK if device.type == "cpu" else _DEVICE_CHUNK))
+    out: list[Chunk] = []
+    pieces: list[tuple[int, int, int]] = []
+    room = step
+    for j, n in enumerate(sizes):
+        a = 0
+        while a < n:
+            b = min(n, a + room)
+            pieces.append((j, a, b))
+            room -= b - a
+            a = b
+            if room == 0:
+                out.append(_chunk(pieces, device))
+                pieces, room = [], step
+    if pieces:
+        out.append(_chunk(pieces, device))
+    return out
+
+
+def _chunk(pieces: list[tuple[int, int, int]], device: torch.device) -> Chunk:
+    small = torch.tensor([[j, b - a] for j, a, b in pieces], dtype=torch.int64).to(device)
+    jobs, lengths = small[:, 0], small[:, 1]
+    n = sum(b - a for _, a, b in pieces)
+    seg = torch.repeat_interleave(jobs, lengths, output_size=n)  # no sync: the size is given
+    return Chunk(pieces, seg, lengths, jobs)
+
+
+def flat_values(flats: list[torch.Tensor], pieces: list[tuple[int, int, int]]) -> torch.Tensor:
+    """The pieces' values of `flats` (flat tensors), end to end, as float32."""
+    parts = [flats[j][a:b] for j, a, b in pieces]
+    if len({p.dtype for p in parts}) == 1:
+        return torch.cat(parts).to(torch.float32)
+    return torch.cat([p.to(torch.float32) for p in parts])
+
+
+def float_keys(x: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
+    """int64 keys ordered as (seg, x) for float32 `x` (no NaN): equal floats get equal keys
+    (-0.0 is taken as +0.0) and a larger float a larger key, within each `seg`. One
+    `searchsorted` of such keys finds every element's level among its own tensor's midpoints."""
+    b = (x + 0.0).view(torch.int32)   # -0.0 + 0.0 is +0.0
+    b = b ^ ((b >> 31) & 0x7FFFFFFF)  # negative floats: magnitude bits reversed
+    return (seg << 32) + b.to(torch.int64) + (1 << 31)

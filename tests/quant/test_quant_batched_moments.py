@@ -1,0 +1,142 @@
+"""Issue 27: optimizer moments compressed in batched passes on their device
+(mvc.quant.batched_moments), against the per-moment paths (native and torch).
+
+`device_path()` sends host tensors down the torch path, which for moments is now the batched
+one: `quantize_optimizer_state` must give the same quantizations there as on the host, with
+the guard rail's sums (`moment_error_sums`) measured in the same pass, and the restore clamp's
+ratio bounds must be those of `moment_ratio_bound`.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mvc.quant.optimizer as opt
+from mvc.quant import quantize
+from mvc.quant.backend import device_path
+from mvc.quant.batched_moments import ratio_bounds, scan_many
+from mvc.quant.optimizer import (moment_error_sums, moment_ratio_bound, moment_ratio_bounds,
+                                 quantize_optimizer_state)
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _state(seed: int = 0, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for i, n in enumerate((5000, 300, 70000, 4096)):
+        m = torch.randn(n, generator=g) * 1e-3
+        m[::5] = 0.0
+        v = torch.exp(torch.randn(n, generator=g) * 2.5 - 16.0)
+        v[::9] = 0.0
+        v[1::9] = -0.0
+        out[f"opt/state/{i}/exp_avg"] = m.to(dtype)
+        out[f"opt/state/{i}/exp_avg_sq"] = v.to(dtype)
+    return out
+
+
+def _weights(state: dict[str, torch.Tensor]) -> dict[str, object]:
+    # a weight quantization per parameter, with pruned levels (joint pruning reads them)
+    g = torch.Generator().manual_seed(9)
+    out = {}
+    for i in range(4):
+        n = state[f"opt/state/{i}/exp_avg"].numel()
+        out[f"model/w{i}"] = quantize(torch.randn(n, generator=g), 8, prune=0.3)
+    return out
+
+
+def _same(a, b) -> bool:
+    return (a.domain == b.domain and torch.equal(a.q.levels, b.q.levels)
+            and a.q.levels.dtype == b.q.levels.dtype and torch.equal(a.q.centroids, b.q.centroids)
+            and torch.equal(a.q.protected, b.q.protected) and a.q.dtype == b.q.dtype
+            and a.q.bins == b.q.bins)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("protect", [0.0, 0.01])
+@pytest.mark.parametrize("joint", [False, True])
+def test_moments_compress_as_one_by_one(dtype, protect, joint):
+    state = _state(dtype=dtype)
+    wq = _weights(state) if joint else None
+    pmap = {("opt/", i): f"model/w{i}" for i in range(4)} if joint else None
+    host = quantize_optimizer_state(state, wq, param_map=pmap, protect=protect)
+    with device_path():
+        dev = quantize_optimizer_state(state, wq, param_map=pmap, protect=protect)
+        measured = {n: moment_error_sums(dev[n].q, dev[n].domain, state[n]) for n in dev}
+    assert set(dev) == set(host) == set(state)
+    for n in state:
+        assert _same(dev[n], host[n]), n
+        assert dev[n].q in opt._MOMENT_SUMS  # measured by the batched pass
+        opt._MOMENT_SUMS.pop(dev[n].q)
+        again = moment_error_sums(dev[n].q, dev[n].domain, state[n])
+        assert measured[n] == pytest.approx(again, rel=1e-12, abs=0.0)
+
+
+def test_the_measured_sums_are_not_served_for_a_changed_tensor():
+    state = _state()
+    with device_path():
+        dev = quantize_optimizer_state(state)
+    name = "opt/state/0/exp_avg"
+    before = moment_error_sums(dev[name].q, "linear", state[name])
+    state[name].mul_(2.0)  # a new version: measured again
+    assert moment_error_sums(dev[name].q, "linear", state[name]) != before
+
+
+def test_nonfinite_and_negative_moments_stay_exact():
+    state = _state()
+    state["opt/state/0/exp_avg"][7] = float("nan")
+    state["opt/state/1/exp_avg_sq"][3] = -1e-9
+    state["opt/state/2/exp_avg_sq"][3] = float("inf")
+    host = quantize_optimizer_state(state)
+    with device_path():
+        dev = quantize_optimizer_state(state)
+    assert set(dev) == set(host)
+    assert not {"opt/state/0/exp_avg", "opt/state/1/exp_avg_sq", "opt/state/2/exp_avg_sq"} & set(dev)
+
+
+def test_an_all_zero_or_tiny_moment_takes_the_per_moment_path():
+    state = {"opt/state/0/exp_avg": torch.zeros(500), "opt/state/0/exp_avg_sq": torch.zeros(500),
+             "opt/state/1/exp_avg": torch.full((500,), 1e-3),
+             "opt/state/1/exp_avg_sq": torch.full((500,), 1e-8)}
+    host = quantize_optimizer_state(state)
+    with device_path():
+        dev = quantize_optimizer_state(state)
+    assert set(dev) == set(host) == set(state)
+    for n in state:
+        assert _same(dev[n], host[n])
+
+
+def test_scan_many_counts_as_the_scan():
+    t = torch.tensor([1.0, -2.0, float("nan"), float("-inf"), float("inf"), -0.0, 0.0])
+    u = torch.randn(10_000)
+    with device_path():
+        got = scan_many([t, u, t.to(torch.bfloat16)], chunk=5)
+    assert got == [opt._scan(t), opt._scan(u), (3, 2)]
+
+
+def test_ratio_bounds_are_moment_ratio_bound():
+    state = _state(3)
+    pairs = [(state[f"opt/state/{i}/exp_avg"], state[f"opt/state/{i}/exp_avg_sq"])
+             for i in range(4)]
+    pairs.append((torch.ones(10), torch.zeros(10)))  # no v > 0: 0.0
+    with device_path():
+        want = [moment_ratio_bound(m, v) for m, v in pairs]
+        got = ratio_bounds(pairs, chunk=1000)
+        assert moment_ratio_bounds(pairs) == want
+    assert got == want and want[-1] == 0.0
+    assert moment_ratio_bounds(pairs) == [moment_ratio_bound(m, v) for m, v in pairs]
+
+
+@cuda
+def test_cuda_moments_are_the_host_ones():  # pragma: no cover - no GPU in CI
+    state = _state()
+    wq = _weights(state)
+    pmap = {("opt/", i): f"model/w{i}" for i in range(4)}
+    host = quantize_optimizer_state(state, wq, param_map=pmap, protect=0.01)
+    dev_state = {n: t.cuda() for n, t in state.items()}
+    dev_w = {n: q.to("cuda") for n, q in wq.items()}
+    dev = quantize_optimizer_state(dev_state, dev_w, param_map=pmap, protect=0.01)
+    for n in state:
+        d = dev[n]
+        assert d.q.levels.device.type == "cuda"
+        assert _same(type(d)(d.q.to("cpu"), d.domain), host[n])
