@@ -36,7 +36,7 @@ import torch
 from mvc.quant.assign import level_dtype, midpoints
 from mvc.quant.backend import on_host_kernels
 from mvc.quant.config import check_bins
-from mvc.quant.device_chunks import Chunk, chunks, flat_values, float_keys
+from mvc.quant.device_chunks import Chunk, chunks, flat_values, float_keys, to_device
 from mvc.quant.error import ErrorSums
 from mvc.quant.errors import QuantConfigError
 from mvc.quant.importance import sensitivity_values
@@ -189,7 +189,7 @@ def _sens(jobs: list[GroupJob], flats: list[torch.Tensor], xs: torch.Tensor,
     gs = []
     for j, a, b in pieces:
         g = jobs[j].grad
-        gs.append(g.detach().reshape(-1)[a:b].to(device=device, dtype=torch.float32)
+        gs.append(to_device(g.detach().reshape(-1)[a:b], device).to(torch.float32)
                   if g is not None else torch.zeros(b - a, dtype=torch.float32, device=device))
     return sensitivity_values(xs, torch.cat(gs))
 
@@ -221,7 +221,7 @@ def chunk_values(jobs: list[GroupJob], flats: list[torch.Tensor], c: Chunk, doma
         lv = []
         for j, a, b in c.pieces:
             w = jobs[j].pruned_by
-            lv.append(w.reshape(-1)[a:b].to(device=raw.device, dtype=torch.int32)
+            lv.append(to_device(w.reshape(-1)[a:b], raw.device).to(torch.int32)
                       if w is not None else
                       torch.full((b - a,), -2, dtype=torch.int32, device=raw.device))
         lvl = torch.tensor([job.pruned_level if job.pruned_by is not None else -1
@@ -240,7 +240,7 @@ def _weights(jobs: list[GroupJob], pieces: list[tuple[int, int, int]],
     ws = []
     for j, a, b in pieces:
         w = jobs[j].weight
-        ws.append(w.detach().reshape(-1)[a:b].to(device=device, dtype=torch.float32)
+        ws.append(to_device(w.detach().reshape(-1)[a:b], device).to(torch.float32)
                   if w is not None else torch.zeros(b - a, dtype=torch.float32, device=device))
     return torch.cat(ws).to(torch.float64).abs_()
 
@@ -373,9 +373,9 @@ def _assign_group(jobs: list[GroupJob], plans: list[_Plan], device: torch.device
                            dtype=torch.int64).to(device)
     kvec = torch.tensor(ks, dtype=torch.int64).to(device)
     table = torch.zeros(n_jobs, width, dtype=torch.float32)
-    for j, (job, c) in enumerate(zip(jobs, cens, strict=True)):
-        table[j, :c.numel() + 2] = level_values(_measured(c, job.tensor.dtype, domain),
-                                                torch.device("cpu"))
+    for j, (job, cen) in enumerate(zip(jobs, cens, strict=True)):
+        table[j, :cen.numel() + 2] = level_values(_measured(cen, job.tensor.dtype, domain),
+                                                  torch.device("cpu"))
     table = table.reshape(-1).to(device)
     rules = _rules([p.thr for p in plans], device)
     weighted = any(job.weight is not None for job in jobs)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mvc.quant.device_chunks import chunks, flat_values
+from mvc.quant.device_chunks import chunks, flat_values, to_device
 from mvc.quant.errors import NonFiniteTensorError, QuantConfigError
 from mvc.quant.importance import sensitivity_values
 from mvc.quant.sketch import LogSketch, bucket_count, bucket_keys, check_alpha
@@ -67,7 +67,7 @@ def _sketch_batch(tensors: list[torch.Tensor], grads: list[torch.Tensor | None] 
         if grads is None:
             key = bucket_keys(xs, alpha)
         else:
-            gs = flat_values(gflats, c.pieces).to(device)
+            gs = to_device(flat_values(gflats, c.pieces), device)
             key = bucket_keys(sensitivity_values(xs, gs), alpha)
             # a NaN / Inf gradient is named as such, whatever the product saturated to
             key.masked_fill_(~torch.isfinite(gs), bad_key)

@@ -71,3 +71,9 @@ def float_keys(x: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
     b = (x + 0.0).view(torch.int32)   # -0.0 + 0.0 is +0.0
     b = b ^ ((b >> 31) & 0x7FFFFFFF)  # negative floats: magnitude bits reversed
     return (seg << 32) + b.to(torch.int64) + (1 << 31)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` on `device`: itself when it is there (a gradient or a weight's levels may live
+    elsewhere than the tensors they go with)."""
+    return t if t.device == device else t.to(device)

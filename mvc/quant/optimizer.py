@@ -520,8 +520,10 @@ def _batched_moments(jobs: list[_Job], *, bins_moment: int, bins_second: int,
     jobs = [j for j in jobs if j[1].device == device]
     scans = scan_many([j[1] for j in jobs])
     done: dict[str, OptQuantized] = {}
-    for domain, bins, prune, a, sig in (("linear", bins_moment, prune_moment, alpha, sigma),
-                                        ("log", bins_second, 0.0, log_alpha, log_sigma)):
+    runs: tuple[tuple[Domain, int, float, float, float], ...] = (
+        ("linear", bins_moment, prune_moment, alpha, sigma),
+        ("log", bins_second, 0.0, log_alpha, log_sigma))
+    for domain, bins, prune, a, sig in runs:
         group = [j for j, (bad, neg) in zip(jobs, scans, strict=True)
                  if j[2] == domain and not bad and not (domain == "log" and neg)]
         work = [GroupJob(t, LogSketch(a), Thresholds(), init=init.get(name), drop_zeros=True,

@@ -188,10 +188,10 @@ def _sketches(tensors: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Ten
         ok = [i for i, sk in enumerate(values) if sk is not None]
         sens = sketch_many([ts[i] for i in ok], alpha, grads=[grads.get(names[i]) for i in ok])
         for i, ssk in zip(ok, sens, strict=True):
-            sk = values[i]
-            assert sk is not None
+            vsk = values[i]
+            assert vsk is not None
             if ssk is not None or grads.get(names[i]) is None:
-                out[names[i]] = (sk, ssk)
+                out[names[i]] = (vsk, ssk)
     return out
 
 

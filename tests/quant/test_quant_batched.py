@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -19,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
+from sync_counter import SyncCounter
 
 from mvc.quant import LogSketch, QuantConfigError, quantize_prepared, sensitivity, thresholds
 from mvc.quant.backend import device_path
@@ -193,76 +192,35 @@ def test_sketch_many_marks_nonfinite_values_and_gradients():
 
 
 # ----------------------------------------------------------------------------- synchronisations
-#: The aten ops that wait for a CUDA stream because their output's size or value is read on
-#: the host: `item` / `bool` / `int`, `nonzero`, boolean indexing, `masked_select`.
-_DATA_DEPENDENT = ("_local_scalar_dense", "nonzero", "masked_select", "unique")
-
-
-class _Syncs(TorchDispatchMode):
-    """Counts what synchronises a CUDA stream: the data-dependent ops above, boolean indexing,
-    and `Tensor.cpu()` / `tolist()` (the device-to-host copies: on the host every tensor is
-    on the host, so a copy cannot be told apart by its devices)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.overloadpacket.__name__)
-        if name in _DATA_DEPENDENT:
-            self.count[name] += 1
-        elif name == "index" and any(
-                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]):
-            self.count["bool index"] += 1
-        return func(*args, **(kwargs or {}))
-
-
-@contextmanager
-def _counting(counter: _Syncs) -> Iterator[None]:
-    cpu, tolist = torch.Tensor.cpu, torch.Tensor.tolist
-
-    def counted(orig, what):
-        def call(self, *a, **k):
-            counter.count[what] += 1
-            return orig(self, *a, **k)
-        return call
-
-    torch.Tensor.cpu = counted(cpu, "cpu")  # type: ignore[method-assign]
-    torch.Tensor.tolist = counted(tolist, "tolist")  # type: ignore[method-assign]
-    try:
-        with counter:
-            yield
-    finally:
-        torch.Tensor.cpu, torch.Tensor.tolist = cpu, tolist  # type: ignore[method-assign]
-
-
-def _syncs(n_tensors: int, batched: bool, rules: dict) -> int:
+def _count(n_tensors: int, batched: bool, rules: dict) -> SyncCounter:
     total = 1 << 15
     g = torch.Generator().manual_seed(3)
     ts = [torch.randn(total // n_tensors, generator=g) for _ in range(n_tensors)]
-    jobs = _jobs(ts, [torch.randn(t.shape, generator=g) for t in ts], rules)
-    with device_path():
-        counter = _Syncs()
-        with _counting(counter):
-            if batched:
-                quantize_group([j for j, _ in jobs], 16, chunk=total)
-            else:
-                for j, sens in jobs:
-                    q = quantize_prepared(j.tensor, j.tensor.reshape(-1), j.sketch, sens, j.thr, 16)
-                    error_sums(q, j.tensor, j.weight)
-                    level_histogram(q)
-    return sum(counter.count.values())
+    grads = [torch.randn(t.shape, generator=g) for t in ts]
+    jobs = _jobs(ts, grads, rules)
+    with device_path(), SyncCounter(device=ts + grads) as counter:
+        if batched:
+            quantize_group([j for j, _ in jobs], 16, chunk=total)
+        else:
+            for j, sens in jobs:
+                q = quantize_prepared(j.tensor, j.tensor.reshape(-1), j.sketch, sens, j.thr, 16)
+                error_sums(q, j.tensor, j.weight)
+                level_histogram(q)
+    return counter
 
 
 @pytest.mark.parametrize("rules", [dict(), dict(prune=0.2, protect=0.01, sens=True)],
                          ids=["plain", "prune-protect-sens"])
 def test_a_groups_synchronisations_do_not_grow_with_its_tensors(rules):
-    few, many = _syncs(4, True, rules), _syncs(64, True, rules)
+    few, many = _count(4, True, rules), _count(64, True, rules)
     # the counts, the sums, and where rules need them the chunk's protected values and the
-    # dropped values' histograms
-    assert many == few and few <= 4
+    # dropped values' histograms; and the same kernel launches for 4 tensors as for 64
+    assert many.syncs == few.syncs <= 4, (few.kinds, many.kinds)
+    assert many.ops == few.ops
     # the per-tensor path's grow with the tensors: the counter sees them
-    assert _syncs(64, False, rules) > _syncs(4, False, rules) + 60
+    one_by_one = _count(64, False, rules), _count(4, False, rules)
+    assert one_by_one[0].syncs >= one_by_one[1].syncs + 60 * 3
+    assert one_by_one[0].ops >= 10 * one_by_one[1].ops
 
 
 # ----------------------------------------------------------------------------- on a real GPU

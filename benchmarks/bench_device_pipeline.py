@@ -1,0 +1,176 @@
+"""The commit hook's device (torch) path: batched passes against one tensor at a time (issue 27).
+
+On a GPT-2-shaped checkpoint (bench_scale's workload, trained a few AdamW steps), each of the
+device path's stages is run both ways on the same tensors, and for each the host
+synchronisations, the aten ops (on a GPU, about one kernel launch each) and the wall time are
+measured:
+
+    sketches     the search's value sketches of every weight (`Prepared`'s first step)
+    trial        one search trial: every weight quantized by one config and measured (the
+                 error sums, level counts and bits the search reads), per layer type
+    moments      every Adam moment compressed, with the guard rail's error sums
+    bounds       the restore clamp's |m| / sqrt(v) bound of every first moment
+
+(`bench_scale --device cuda` times whole commits.)
+
+"one by one" is the per-tensor torch path as it was before the batched passes (still what a
+tensor the batched passes leave takes); "batched" is what a commit of CUDA tensors now runs.
+Synchronisations are counted as in tests/quant/test_quant_batched.py: ops whose output size or
+value the host reads, and `Tensor.cpu()` / `tolist()` calls. The counts are the point on a
+machine without a GPU (`--device cpu` runs the device path on host tensors); the times are only
+meaningful on a GPU, where each synchronisation stalls the stream.
+
+    python benchmarks/bench_device_pipeline.py                  # 30M parameters, CPU
+    python benchmarks/bench_device_pipeline.py --device cuda --params 124e6 --json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
+
+from bench_scale import shape_for, train  # noqa: E402
+
+import mvc.quant.optimizer as opt  # noqa: E402
+import mvc.search.prepared as prepared  # noqa: E402
+from mvc.quant import QuantConfig  # noqa: E402
+from mvc.quant.backend import device_path  # noqa: E402
+from mvc.search import default_policy  # noqa: E402
+from mvc.state import flatten  # noqa: E402
+from sync_counter import SyncCounter  # noqa: E402
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(fn: Callable[[], Any], device: str, repeat: int, on_device: list[torch.Tensor]
+            ) -> dict[str, Any]:
+    """Counts from one counted run (`on_device`: the state's tensors), then the median wall
+    time of `repeat` plain runs."""
+    # inline, not on the pool's threads: the counter sees this thread's ops only
+    with mock.patch.dict(os.environ, {"MVC_THREADS": "1"}), SyncCounter(device=on_device) as counter:
+        fn()
+    times = []
+    for _ in range(repeat):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return {"seconds": times[len(times) // 2], "launches": counter.ops,
+            "syncs": counter.syncs, "sync_kinds": dict(counter.kinds)}
+
+
+def stages(state: dict[str, Any], device: str, repeat: int) -> dict[str, dict[str, Any]]:
+    flat = flatten({"model": state["model"], "optimizer": state["optimizer"]}).tensors
+    everything = {n: t for n, t in flat.items() if isinstance(t, torch.Tensor)}
+    tensors = {n: t for n, t in everything.items() if n.startswith("model/")}
+    config = QuantConfig(bins=16, prune=0.1, protect=0.001)
+    prep = prepared.Prepared(tensors, {}, default_policy(), 0.01)
+    out: dict[str, dict[str, Any]] = {}
+    off = mock.patch.object(prepared, "batchable", lambda t: False)
+    moment_off = mock.patch.object(opt, "batchable", lambda t: False)
+
+    def sketches() -> Any:
+        return prepared._sketches({n: tensors[n] for n in prep.names}, {}, 0.01)
+
+    def keys() -> dict[str, list]:
+        out_k: dict[str, list] = {}
+        for lt, names in prep.groups.items():
+            thr = prep.thresholds(config, lt)
+            bins = config.for_layer_type(lt).bins
+            out_k[lt] = [(n, bins, prep.tensor_thresholds(n, thr)) for n in names]
+        return out_k
+
+    def trial(batched: bool) -> Callable[[], Any]:
+        def run() -> Any:
+            pieces: dict = {}
+            for group in keys().values():
+                if batched:
+                    pieces.update(prep.quantize_group(group, seed=0, sigma=0.2, init={},
+                                                      weigh=True))
+                else:
+                    for key in group:
+                        pieces[key] = prep.quantize(key[0], key[1], key[2], seed=0, sigma=0.2,
+                                                    init=None, weigh=True)
+            qmap = {n: q for got in pieces.values() for n, q in got.items()}
+            return prep.measure({**{n: None for n in tensors}, **qmap}, pieces, proxy=True), qmap
+        return run
+
+    moments = {n: t for n, t in everything.items() if opt.parse_moment_name(n)}
+    live = list(everything.values())
+    pairs = [(moments[n], moments[n + "_sq"]) for n in moments
+             if n.endswith("exp_avg") and n + "_sq" in moments]
+
+    def moment_run() -> Any:
+        got = opt.quantize_optimizer_state(moments)
+        return [opt.moment_error_sums(o.q, o.domain, moments[n]) for n, o in got.items()]
+
+    with device_path() if device == "cpu" else _nothing():
+        with off:
+            out["sketches"] = {"one by one": measure(sketches, device, repeat, live)}
+        out["sketches"]["batched"] = measure(sketches, device, repeat, live)
+        with off:
+            out["trial"] = {"one by one": measure(trial(False), device, repeat, live)}
+        out["trial"]["batched"] = measure(trial(True), device, repeat, live)
+        with moment_off:
+            out["moments"] = {"one by one": measure(moment_run, device, repeat, live)}
+            out["bounds"] = {"one by one": measure(
+                lambda: [opt.moment_ratio_bound(m, v) for m, v in pairs], device, repeat, live)}
+        out["moments"]["batched"] = measure(moment_run, device, repeat, live)
+        out["bounds"]["batched"] = measure(lambda: opt.moment_ratio_bounds(pairs), device, repeat, live)
+    return out
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--params", type=float, default=30e6)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    shape = shape_for(args.params)
+    state = train(shape, [args.steps], args.device, batch=4, seq=64)[0]
+    n = sum(p.numel() for p in state["model"].values())
+    res = stages(state, args.device, args.repeat)
+    report = {"device": args.device, "params": n, "shape": shape,
+              "torch_threads": torch.get_num_threads(), "stages": res,
+              "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None}
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(f"device {args.device}, {n / 1e6:.1f}M parameters "
+              f"({len(state['model'])} weights), {torch.get_num_threads()} threads")
+        print(f"{'stage':10s} {'path':11s} {'syncs':>6s} {'launches':>8s} {'seconds':>8s}  ratio")
+        for stage, paths in res.items():
+            base = paths["one by one"]["seconds"]
+            for path, m in paths.items():
+                print(f"{stage:10s} {path:11s} {m['syncs']:6d} {m['launches']:8d} "
+                      f"{m['seconds']:8.3f}  {m['seconds'] / base:5.2f}x")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Counting what would make the host wait for a GPU, on a machine without one (issue 27).
+
+On CUDA a host synchronisation is a device-to-host copy (`.cpu()`, `.tolist()`), a value
+read on the host (`.item()`, `bool()`, `int()`: aten's `_local_scalar_dense`), or an op whose
+output size depends on the data (`nonzero`, `masked_select`, boolean indexing, `unique`). On
+the host all of these are plain work on host tensors, so this counter follows where the data
+came from instead: the tensors it is told "live on the device" (`SyncCounter(device=...)`) and,
+op by op, every output computed from one of them (a taint). One of the ops above on such a
+tensor counts as a synchronisation; the same op on a small host-built table (thresholds,
+centroids, the counts already copied back) does not, as on a GPU. Every aten op on such a tensor that
+is not a view counts as one kernel launch (`ops`; host-built tables moved to the device do not
+count, nor do the ops that make them: a lower bound on launches). A move to "the device" (`.to(device)` with device
+the host here) cannot be told from a move to the host: the code under count skips moves to
+where a tensor already is.
+
+    with SyncCounter(device=tensors) as c:
+        run()
+    c.syncs, c.kinds, c.ops
+"""
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten
+
+_DATA_DEPENDENT = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "unique_dim",
+                   "_unique2")
+
+
+class SyncCounter(TorchDispatchMode):
+    """Counts the synchronisations and aten ops of the code run inside it (module docstring)."""
+
+    def __init__(self, device: Iterable[torch.Tensor] = ()) -> None:
+        super().__init__()
+        self._on: dict[int, weakref.ref] = {}  # by id (a tensor's == is elementwise)
+        for t in device:
+            self._mark(t)
+        self.kinds: Counter[str] = Counter()
+        self.ops = 0
+        self._saved: dict[str, Any] = {}
+
+    @property
+    def syncs(self) -> int:
+        return sum(self.kinds.values())
+
+    def _mark(self, t: torch.Tensor) -> None:
+        self._on[id(t)] = weakref.ref(t)
+
+    def on_device(self, t: Any) -> bool:
+        """Whether tensor `t` would live on the device: marked, or an op's output (a view
+        included) with a marked input."""
+        if not isinstance(t, torch.Tensor):
+            return False
+        ref = self._on.get(id(t))
+        return ref is not None and ref() is t
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        flat, _ = tree_flatten((args, kwargs))
+        tainted = any(self.on_device(a) for a in flat)
+        if tainted and not func.is_view:  # a view launches nothing
+            self.ops += 1
+        name = str(func.overloadpacket.__name__)
+        if tainted and name in _DATA_DEPENDENT:
+            self.kinds[name] += 1
+        elif tainted and name == "index" and any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]):
+            self.kinds["bool index"] += 1
+        out = func(*args, **kwargs)
+        if tainted:
+            for o in tree_flatten(out)[0]:
+                if isinstance(o, torch.Tensor):
+                    self._mark(o)
+        return out
+
+    def __enter__(self) -> SyncCounter:
+        counter = self
+        cpu, to, tolist = torch.Tensor.cpu, torch.Tensor.to, torch.Tensor.tolist
+
+        def host(t: torch.Tensor, orig: Any, *a: Any, **k: Any) -> Any:
+            # a device-to-host copy: counted, and its result is a host tensor (on the host the
+            # copy may be `t` itself: a new tensor stands for it, outside the count)
+            counter.kinds["to host"] += 1
+            with _disable_current_modes():
+                got = orig(t, *a, **k)
+                return got.clone() if got.untyped_storage().data_ptr() == \
+                    t.untyped_storage().data_ptr() else got
+
+        def cpu_(t: torch.Tensor, *a: Any, **k: Any) -> Any:
+            return host(t, cpu, *a, **k) if counter.on_device(t) else cpu(t, *a, **k)
+
+        def to_(t: torch.Tensor, *a: Any, **k: Any) -> Any:
+            dest = [x for x in (*a, k.get("device")) if isinstance(x, (str, torch.device))]
+            if counter.on_device(t) and dest and torch.device(dest[0]).type == "cpu":
+                return host(t, to, *a, **k)
+            return to(t, *a, **k)
+
+        def tolist_(t: torch.Tensor) -> Any:
+            if counter.on_device(t):
+                counter.kinds["tolist"] += 1
+            return tolist(t)
+
+        self._saved = {"cpu": cpu, "to": to, "tolist": tolist}
+        torch.Tensor.cpu = cpu_  # type: ignore[method-assign]
+        torch.Tensor.to = to_  # type: ignore[method-assign,assignment]
+        torch.Tensor.tolist = tolist_  # type: ignore[method-assign]
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        for name, orig in self._saved.items():
+            setattr(torch.Tensor, name, orig)
