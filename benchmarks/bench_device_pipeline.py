@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 from bench_scale import shape_for, train  # noqa: E402
 
+import mvc.quant.device_chunks as device_chunks  # noqa: E402
 import mvc.quant.optimizer as opt  # noqa: E402
 import mvc.search.prepared as prepared  # noqa: E402
 from mvc.quant import QuantConfig  # noqa: E402
@@ -122,7 +123,9 @@ def stages(state: dict[str, Any], device: str, repeat: int) -> dict[str, dict[st
         got = opt.quantize_optimizer_state(moments)
         return [opt.moment_error_sums(o.q, o.domain, moments[n]) for n, o in got.items()]
 
-    with device_path() if device == "cpu" else _nothing():
+    # on the host, the chunks a GPU takes: the launch counts are then a GPU's
+    chunking = mock.patch.object(device_chunks, "_HOST_CHUNK", device_chunks._DEVICE_CHUNK)
+    with (device_path() if device == "cpu" else _nothing()), chunking:
         with off:
             out["sketches"] = {"one by one": measure(sketches, device, repeat, live)}
         out["sketches"]["batched"] = measure(sketches, device, repeat, live)

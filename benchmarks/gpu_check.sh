@@ -4,7 +4,8 @@
 # (cffi, pycparser, lmdb, pygit2; docs/development.md) and mvc/_mvc_native.abi3.so carried.
 #   bash benchmarks/gpu_check.sh [bench_scale args...]      (results under $OUT)
 # MVC_GPU_TESTS: test paths (default: the device tests); MVC_GPU_BENCH=0 skips the benchmark;
-# MVC_GPU_BACKGROUND=1 adds bench_background --device cuda (issue 27's background commit).
+# MVC_GPU_BACKGROUND=1 adds bench_background --device cuda (issue 27's background commit);
+# MVC_GPU_PIPELINE=0 skips bench_device_pipeline (the batched device passes, 124M).
 set -u
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
@@ -22,7 +23,9 @@ TESTS=${MVC_GPU_TESTS:-"tests/repo/test_device_boundaries.py tests/repo/test_dev
   tests/quant/test_quant_tensor.py tests/quant/test_quant_error.py tests/codecs/test_codec_quantized.py \
   tests/codecs/test_codec_lossless.py tests/codecs/test_codec_registry.py tests/state/test_io_state.py \
   tests/state/test_io_remainder.py tests/integrations/test_grad_ema.py tests/native/test_native_simd.py \
-  tests/native/test_native_rans.py tests/native/test_native_rans_legacy.py"}
+  tests/native/test_native_rans.py tests/native/test_native_rans_legacy.py \
+  tests/quant/test_quant_batched.py tests/quant/test_quant_batched_moments.py \
+  tests/quant/test_quant_optimizer.py"}
 echo "== CUDA tests"
 # shellcheck disable=SC2086
 timeout "${MVC_GPU_TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -p no:benchmark \
@@ -37,6 +40,17 @@ if [ "${MVC_GPU_BENCH:-1}" != 0 ]; then
   echo "bench rc $?"
   sed -n '/^bench_scale:/,/^{/p' "$OUT/bench.log"
   grep -E "^  [a-z_]+: " "$OUT/bench.log" | cut -c1-160
+fi
+if [ "${MVC_GPU_PIPELINE:-1}" != 0 ]; then
+  echo "== bench_device_pipeline --device cuda --params 124e6"
+  timeout "${MVC_GPU_BENCH_TIMEOUT:-330}" python3 benchmarks/bench_device_pipeline.py --device cuda \
+    --params 124e6 --json > "$OUT/pipeline.json" 2> "$OUT/pipeline.log"
+  echo "pipeline rc $?"
+  python3 -c "import json,sys; r=json.load(open(sys.argv[1]))
+for s, p in r['stages'].items():
+    b = p['one by one']['seconds']
+    for k, m in p.items(): print(s, k, m['syncs'], m['launches'], round(m['seconds'], 4), round(m['seconds'] / b, 2))" \
+    "$OUT/pipeline.json" 2>/dev/null || tail -5 "$OUT/pipeline.log"
 fi
 if [ "${MVC_GPU_BACKGROUND:-0}" != 0 ]; then
   echo "== bench_background --device cuda --epsilon 0.05"

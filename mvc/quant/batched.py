@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mvc.native.parallel import pmap
 from mvc.quant.assign import level_dtype, midpoints
 from mvc.quant.backend import on_host_kernels
 from mvc.quant.config import check_bins
@@ -130,15 +131,16 @@ def quantize_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: flo
                                     device, chunk)
         for i, sk in zip(need, dropped, strict=True):
             plans[i].keep = jobs[i].sketch.subtract(sk)
-    live: list[int] = []
-    for i, p in enumerate(plans):
-        if p.centres is None:
-            assert p.keep is not None
-            if 0 < p.keep.buckets()[0].size <= p.k:
-                continue
-            p.centres = approx_kmeans(p.keep, p.k, sigma=sigma, generator=seeded_generator(seed),
-                                      init=p.init)
-        live.append(i)
+    live = [i for i, p in enumerate(plans)
+            if p.centres is not None or not 0 < p.keep.buckets()[0].size <= p.k]  # type: ignore[union-attr]
+    todo = [plans[i] for i in live if plans[i].centres is None]
+
+    def kmeans(p: _Plan) -> None:
+        # each from its own seeded generator: the same centres in any order, on any thread
+        p.centres = approx_kmeans(p.keep, p.k, sigma=sigma,  # type: ignore[arg-type]
+                                  generator=seeded_generator(seed), init=p.init)
+
+    pmap(kmeans, todo)  # the native k-means, one tensor per pool thread
     out: list[GroupResult | None] = [None] * len(jobs)
     if live:
         got = _assign_group([jobs[i] for i in live], [plans[i] for i in live], device, chunk,

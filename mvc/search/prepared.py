@@ -125,11 +125,11 @@ class Prepared:
                        family: str = DEFAULT_FAMILY, feedback: bool = False
                        ) -> dict[PieceKey, Pieces]:
         """The quantizations of those of `keys` whose tensors take the torch path (CUDA
-        tensors), in one batched pass per bins count (`mvc.quant.batched`), by key: what
-        `quantize` gives each, with the same sums and counts left for the search. Host tensors
-        (the native kernels), float64 ones and those error feedback re-assigns are left to
-        `quantize` (`mvc.search.trials.GroupTrialSource`)."""
-        jobs: dict[int, list[tuple[PieceKey, GroupJob]]] = {}
+        tensors), in one batched pass per bins count and device (`mvc.quant.batched`), by
+        key: what `quantize` gives each, with the same sums and counts left for the search.
+        Host tensors (the native kernels), float64 ones and those error feedback re-assigns
+        are left to `quantize` (`mvc.search.trials.GroupTrialSource`)."""
+        jobs: dict[tuple[int, torch.device], list[tuple[PieceKey, GroupJob]]] = {}
         for key in keys:
             name, bins, thr = key
             t = self.tensors[name]
@@ -139,11 +139,11 @@ class Prepared:
             g = g if g is not None and g.shape == t.shape else None
             grad = self.grads.get(name) if (
                 thr.needs_sensitivity and name in self.sens_sketches) else None
-            jobs.setdefault(bins, []).append(
+            jobs.setdefault((bins, t.device), []).append(
                 (key, GroupJob(t, self.sketches[name], thr, grad=grad, weight=g,
                                init=init.get(name))))
         out: dict[PieceKey, Pieces] = {}
-        for bins, group in jobs.items():
+        for (bins, _), group in jobs.items():
             got = quantize_group([job for _, job in group], bins, seed=seed, sigma=sigma,
                                  family=family)
             for (key, job), r in zip(group, got, strict=True):
