@@ -131,8 +131,9 @@ def quantize_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: flo
                                     device, chunk)
         for i, sk in zip(need, dropped, strict=True):
             plans[i].keep = jobs[i].sketch.subtract(sk)
+    # no more distinct buckets than bins: `quantize_prepared` takes exact means (module doc)
     live = [i for i, p in enumerate(plans)
-            if p.centres is not None or not 0 < p.keep.buckets()[0].size <= p.k]  # type: ignore[union-attr]
+            if p.keep is None or not 0 < p.keep.buckets()[0].size <= p.k]
     todo = [plans[i] for i in live if plans[i].centres is None]
 
     def kmeans(p: _Plan) -> None:
@@ -154,12 +155,15 @@ def _inits(jobs: list[GroupJob]) -> list[np.ndarray | None]:
     """The jobs' warm-start centroids on the host as float64; those on a device (a parent's
     quantization kept there) cross together, in one copy."""
     out: list[np.ndarray | None] = [None] * len(jobs)
-    away = [i for i, j in enumerate(jobs) if j.init is not None and j.init.device.type != "cpu"]
-    if away:
+    away: dict[torch.device, list[int]] = {}
+    for i, j in enumerate(jobs):
+        if j.init is not None and j.init.device.type != "cpu":
+            away.setdefault(j.init.device, []).append(i)
+    for idx in away.values():
         flat = [jobs[i].init.detach().reshape(-1).to(torch.float64)  # type: ignore[union-attr]
-                for i in away]
+                for i in idx]
         host = torch.cat(flat).cpu().split([f.numel() for f in flat])
-        for i, h in zip(away, host, strict=True):
+        for i, h in zip(idx, host, strict=True):
             out[i] = h.numpy()
     for i, j in enumerate(jobs):
         if j.init is not None and out[i] is None:
