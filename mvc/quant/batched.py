@@ -14,7 +14,7 @@ tensor index selecting its thresholds, midpoints and level values from small tab
   tensor's midpoints, and a value on a midpoint goes to the lower centroid (`mvc.quant.assign`);
 * error sums (`mvc.quant.error`'s six, in float64) by `torch.segment_reduce` over each piece,
   which CUDA runs as CUB's segmented reduction (no atomics: the same sums every run), and the
-  level counts by one `bincount`;
+  level counts by one `index_add_` of ones (`bincount` would read its input's range back);
 * protected values by one `masked_select` per chunk.
 
 What crosses to the host: the counts and sums once per group (the search's bits, proxy and
@@ -37,7 +37,7 @@ from mvc.native.parallel import pmap
 from mvc.quant.assign import level_dtype, midpoints
 from mvc.quant.backend import on_host_kernels
 from mvc.quant.config import check_bins
-from mvc.quant.device_chunks import Chunk, chunks, flat_values, float_keys, to_device
+from mvc.quant.device_chunks import Chunk, chunks, count_into, flat_values, float_keys, to_device
 from mvc.quant.error import ErrorSums
 from mvc.quant.errors import QuantConfigError
 from mvc.quant.importance import sensitivity_values
@@ -322,7 +322,7 @@ def _masks(rules: _Rules, xs: torch.Tensor, sens: torch.Tensor | None, seg: torc
 
 def _dropped_sketches(jobs: list[GroupJob], thrs: list[Thresholds], device: torch.device,
                       step: int | None) -> list[LogSketch]:
-    """Each job's sketch of the values its thresholds prune or protect: one bincount over
+    """Each job's sketch of the values its thresholds prune or protect: one count over
     (job, bucket) keys, one transfer for the group."""
     alpha = jobs[0].sketch.alpha
     width = 2 * bucket_count(alpha) + 2
@@ -341,7 +341,7 @@ def _dropped_sketches(jobs: list[GroupJob], thrs: list[Thresholds], device: torc
             key.masked_fill_(dropped.logical_not_(), trash)
         else:
             key.fill_(trash)
-        counts += torch.bincount(key, minlength=trash + 1)
+        count_into(counts, key)
     host = counts.cpu().numpy()
     return [LogSketch.from_key_counts(host[j * width:(j + 1) * width], alpha)
             for j in range(len(jobs))]
@@ -416,7 +416,7 @@ def _assign_group(jobs: list[GroupJob], plans: list[_Plan], device: torch.device
         arena[pos:pos + n].copy_(lv)
         pos += n
         idx = lv.add_(c.seg * width)
-        counts += torch.bincount(idx, minlength=n_jobs * width)
+        count_into(counts, idx)
         x64 = (raw if domain == "linear" else raw.clamp_min(0).sqrt_()).to(torch.float64)
         del raw
         d = table[idx].to(torch.float64).sub_(x64)

@@ -6,7 +6,7 @@ Per domain (first moments "linear", second moments "log"), for all moments at on
 
 1. `scan_many`: each moment's non-finite and negative entry counts (one transfer);
 2. the sketch of each moment's kept entries (nonzero, weight not pruned; v > 0, as log v),
-   one `bincount` over (moment, bucket) keys and one transfer per batch of moments;
+   one count over (moment, bucket) keys and one transfer per batch of moments;
 3. thresholds and k-means on the host, as `quantize` takes them;
 4. `mvc.quant.batched.quantize_group`: levels, counts, protected values and the guard rail's
    error sums in the quantity Adam uses (`moment_error_sums`), in one pass.
@@ -22,7 +22,7 @@ from dataclasses import replace
 import torch
 
 from mvc.quant.batched import GroupJob, GroupResult, chunk_values, quantize_group
-from mvc.quant.device_chunks import chunks, flat_values
+from mvc.quant.device_chunks import chunks, count_into, flat_values
 from mvc.quant.partition import thresholds
 from mvc.quant.sketch import LogSketch, bucket_count, bucket_keys
 
@@ -71,7 +71,7 @@ def _kept_batch(jobs: list[GroupJob], alpha: float, domain: str,
         key = bucket_keys(xs, alpha).add_(c.seg * width)
         if drop is not None:
             key.masked_fill_(drop, trash)
-        counts += torch.bincount(key, minlength=trash + 1)
+        count_into(counts, key)
     host = counts.cpu().numpy()
     return [LogSketch.from_key_counts(host[j * width:(j + 1) * width], alpha)
             for j in range(len(jobs))]

@@ -4,7 +4,7 @@ synchronisation apiece.
 
 The tensors are laid end to end and walked in chunks (`mvc.quant.batched`'s chunks); each
 element's histogram key (`mvc.quant.sketch.bucket_keys`) is offset by its tensor's index, and
-one `bincount` per chunk adds every tensor's counts at once. The counts cross to the host once
+one count per chunk (`count_into`) adds every tensor's counts at once. The counts cross to the host once
 per batch of tensors (their table is 19k int64s a tensor at alpha 0.01, so a batch holds at
 most `_BATCH` tensors). The counts are those of `LogSketch.from_tensor` on either path.
 """
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mvc.quant.device_chunks import chunks, flat_values, to_device
+from mvc.quant.device_chunks import chunks, count_into, flat_values, to_device
 from mvc.quant.errors import NonFiniteTensorError, QuantConfigError
 from mvc.quant.importance import sensitivity_values
 from mvc.quant.sketch import LogSketch, bucket_count, bucket_keys, check_alpha
@@ -71,7 +71,7 @@ def _sketch_batch(tensors: list[torch.Tensor], grads: list[torch.Tensor | None] 
             key = bucket_keys(sensitivity_values(xs, gs), alpha)
             # a NaN / Inf gradient is named as such, whatever the product saturated to
             key.masked_fill_(~torch.isfinite(gs), bad_key)
-        counts += torch.bincount(key.add_(c.seg * width), minlength=len(tensors) * width)
+        count_into(counts, key.add_(c.seg * width))
     host = counts.cpu().numpy()
     out: list[LogSketch | None] = []
     for j in range(len(tensors)):

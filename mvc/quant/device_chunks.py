@@ -77,3 +77,11 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """`t` on `device`: itself when it is there (a gradient or a weight's levels may live
     elsewhere than the tensors they go with)."""
     return t if t.device == device else t.to(device)
+
+
+def count_into(counts: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """`counts[k] += 1` for every k in int64 `keys` (all in range), in place: a histogram
+    without `torch.bincount`, which on CUDA reads its input's min and max back to the host
+    (two synchronisations a call). Integer adds: the same counts in any order."""
+    one = torch.ones((), dtype=counts.dtype, device=counts.device)
+    return counts.index_add_(0, keys, one.expand(keys.numel()))

@@ -1,8 +1,9 @@
 """Counting what would make the host wait for a GPU, on a machine without one (issue 27).
 
 On CUDA a host synchronisation is a device-to-host copy (`.cpu()`, `.tolist()`), a value
-read on the host (`.item()`, `bool()`, `int()`: aten's `_local_scalar_dense`), or an op whose
-output size depends on the data (`nonzero`, `masked_select`, boolean indexing, `unique`). On
+read on the host (`.item()`, `bool()`, `int()`: aten's `_local_scalar_dense`), an op whose
+output size depends on the data (`nonzero`, `masked_select`, boolean indexing, `unique`), or
+one that reads its input's range back inside (CUDA's `bincount` and `histc`). On
 the host all of these are plain work on host tensors, so this counter follows where the data
 came from instead: the tensors it is told "live on the device" (`SyncCounter(device=...)`) and,
 op by op, every output computed from one of them (a taint). One of the ops above on such a
@@ -29,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten
 
 _DATA_DEPENDENT = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "unique_dim",
-                   "_unique2")
+                   "_unique2", "bincount", "histc")
 
 
 class SyncCounter(TorchDispatchMode):
