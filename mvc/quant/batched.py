@@ -222,7 +222,7 @@ def chunk_values(jobs: list[GroupJob], flats: list[torch.Tensor], c: Chunk, doma
         drop = raw <= 0 if domain == "log" else raw == 0
         if not all(job.drop_zeros for job in jobs):
             on = torch.tensor([job.drop_zeros for job in jobs]).to(raw.device)
-            drop.logical_and_(on[c.seg])
+            drop.logical_and_(on.index_select(0, c.seg))
     if any(job.pruned_by is not None for job in jobs):
         lv = []
         for j, a, b in c.pieces:
@@ -232,7 +232,7 @@ def chunk_values(jobs: list[GroupJob], flats: list[torch.Tensor], c: Chunk, doma
                       torch.full((b - a,), -2, dtype=torch.int32, device=raw.device))
         lvl = torch.tensor([job.pruned_level if job.pruned_by is not None else -1
                             for job in jobs], dtype=torch.int32).to(raw.device)
-        joint = torch.cat(lv) == lvl[c.seg]
+        joint = torch.cat(lv) == lvl.index_select(0, c.seg)
         drop = joint if drop is None else drop.logical_or_(joint)
     if domain == "linear":
         return raw, raw, drop
@@ -299,22 +299,22 @@ def _masks(rules: _Rules, xs: torch.Tensor, sens: torch.Tensor | None, seg: torc
            ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(pruned, protected) over the chunk, as `mvc.quant.partition.masks` per job."""
     mag = xs.abs()
-    protect = mag > rules.protect_mag[seg] if rules.protect_mag is not None else None
+    protect = mag > rules.protect_mag.index_select(0, seg) if rules.protect_mag is not None else None
     if rules.protect_sens is not None:
         assert sens is not None
-        ps = sens > rules.protect_sens[seg]
+        ps = sens > rules.protect_sens.index_select(0, seg)
         protect = ps if protect is None else protect.logical_or_(ps)
     if rules.prune is None:
         return None, protect
     if rules.prune_on_sens is not None:
         assert sens is not None
-        imp = torch.where(rules.prune_on_sens[seg], sens, mag)
+        imp = torch.where(rules.prune_on_sens.index_select(0, seg), sens, mag)
     elif rules.sens_prunes:
         assert sens is not None
         imp = sens
     else:
         imp = mag
-    prune = imp <= rules.prune[seg]
+    prune = imp <= rules.prune.index_select(0, seg)
     if protect is not None:
         prune.logical_and_(protect.logical_not())
     return prune, protect
@@ -404,12 +404,12 @@ def _assign_group(jobs: list[GroupJob], plans: list[_Plan], device: torch.device
             prune = drop if prune is None else prune.logical_or_(drop)
             if protect is not None:
                 protect.logical_and_(~drop)
-        lv = torch.searchsorted(mid_keys, float_keys(xs, c.seg)).sub_(mid_off[c.seg])
+        lv = torch.searchsorted(mid_keys, float_keys(xs, c.seg)).sub_(mid_off.index_select(0, c.seg))
         del xs, drop
         if prune is not None:
-            lv = torch.where(prune, kvec[c.seg], lv)
+            lv = torch.where(prune, kvec.index_select(0, c.seg), lv)
         if protect is not None:
-            lv = torch.where(protect, kvec[c.seg] + 1, lv)
+            lv = torch.where(protect, kvec.index_select(0, c.seg) + 1, lv)
             protected.append(torch.masked_select(raw, protect))
         del prune
         n = c.size
@@ -419,7 +419,7 @@ def _assign_group(jobs: list[GroupJob], plans: list[_Plan], device: torch.device
         count_into(counts, idx)
         x64 = (raw if domain == "linear" else raw.clamp_min(0).sqrt_()).to(torch.float64)
         del raw
-        d = table[idx].to(torch.float64).sub_(x64)
+        d = table.index_select(0, idx).to(torch.float64).sub_(x64)
         del idx, lv
         if protect is not None:
             d.masked_fill_(protect, 0.0)  # protected values restore exactly
