@@ -37,7 +37,8 @@ from mvc.native.parallel import pmap
 from mvc.quant.assign import level_dtype, midpoints
 from mvc.quant.backend import on_host_kernels
 from mvc.quant.config import check_bins
-from mvc.quant.device_chunks import Chunk, chunks, count_into, flat_values, float_keys, to_device
+from mvc.quant.device_chunks import (Chunk, chunks, count_into, flat_values, float_keys,
+                                     to_device, upload)
 from mvc.quant.error import ErrorSums
 from mvc.quant.errors import QuantConfigError
 from mvc.quant.importance import sensitivity_values
@@ -221,7 +222,7 @@ def chunk_values(jobs: list[GroupJob], flats: list[torch.Tensor], c: Chunk, doma
     if any(job.drop_zeros for job in jobs):
         drop = raw <= 0 if domain == "log" else raw == 0
         if not all(job.drop_zeros for job in jobs):
-            on = torch.tensor([job.drop_zeros for job in jobs]).to(raw.device)
+            on = upload(torch.tensor([job.drop_zeros for job in jobs]), raw.device)
             drop.logical_and_(on.index_select(0, c.seg))
     if any(job.pruned_by is not None for job in jobs):
         lv = []
@@ -230,8 +231,8 @@ def chunk_values(jobs: list[GroupJob], flats: list[torch.Tensor], c: Chunk, doma
             lv.append(to_device(w.reshape(-1)[a:b], raw.device).to(torch.int32)
                       if w is not None else
                       torch.full((b - a,), -2, dtype=torch.int32, device=raw.device))
-        lvl = torch.tensor([job.pruned_level if job.pruned_by is not None else -1
-                            for job in jobs], dtype=torch.int32).to(raw.device)
+        lvl = upload(torch.tensor([job.pruned_level if job.pruned_by is not None else -1
+                                   for job in jobs], dtype=torch.int32), raw.device)
         joint = torch.cat(lv) == lvl.index_select(0, c.seg)
         drop = joint if drop is None else drop.logical_or_(joint)
     if domain == "linear":
@@ -281,15 +282,15 @@ def _rules(thrs: list[Thresholds], device: torch.device) -> _Rules:
             return None
         # float32, as `mvc.quant.partition.masks` compares (a Python float against a float32
         # tensor is rounded to float32 first)
-        return torch.tensor([off if v is None else v for v in vals], dtype=torch.float32,
-                            device=device)
+        return upload(torch.tensor([off if v is None else v for v in vals],
+                                   dtype=torch.float32), device)
 
     pruning = [t for t in thrs if t.prune is not None]
     by_sens = {t.prune_metric == "sensitivity" for t in pruning}
     return _Rules(
         prune=table([t.prune for t in thrs], -inf),
-        prune_on_sens=(torch.tensor([t.prune_metric == "sensitivity" for t in thrs],
-                                    device=device) if len(by_sens) > 1 else None),
+        prune_on_sens=(upload(torch.tensor([t.prune_metric == "sensitivity" for t in thrs]),
+                              device) if len(by_sens) > 1 else None),
         sens_prunes=by_sens == {True},
         protect_mag=table([t.protect_magnitude for t in thrs], inf),
         protect_sens=table([t.protect_sensitivity for t in thrs], inf))
@@ -371,18 +372,19 @@ def _assign_group(jobs: list[GroupJob], plans: list[_Plan], device: torch.device
     width = max(ks) + 2
     cens = [torch.from_numpy(np.asarray(p.centres, dtype=np.float64)).to(torch.float32)
             for p in plans]
-    # host-built tables, one transfer each
+    # host-built tables, one transfer each, none waited for
     mids = [midpoints(c) for c in cens]
-    mid_keys = torch.cat([float_keys(m, torch.full_like(m, j, dtype=torch.int64))
-                          for j, m in enumerate(mids)]).to(device)
-    mid_off = torch.tensor(np.cumsum([0] + [m.numel() for m in mids[:-1]]),
-                           dtype=torch.int64).to(device)
-    kvec = torch.tensor(ks, dtype=torch.int64).to(device)
+    mid_keys = upload(torch.cat([float_keys(m, torch.full_like(m, j, dtype=torch.int64))
+                                 for j, m in enumerate(mids)]), device)
+    mid_off = upload(torch.tensor(np.cumsum([0] + [m.numel() for m in mids[:-1]]),
+                                  dtype=torch.int64), device)
+    kvec = upload(torch.tensor(ks, dtype=torch.int64), device)
+    cens_on = upload(torch.cat(cens), device).split([c.numel() for c in cens])
     table = torch.zeros(n_jobs, width, dtype=torch.float32)
     for j, (job, cen) in enumerate(zip(jobs, cens, strict=True)):
         table[j, :cen.numel() + 2] = level_values(_measured(cen, job.tensor.dtype, domain),
                                                   torch.device("cpu"))
-    table = table.reshape(-1).to(device)
+    table = upload(table.reshape(-1), device)
     rules = _rules([p.thr for p in plans], device)
     weighted = any(job.weight is not None for job in jobs)
     ldt = level_dtype(max(ks))
@@ -447,7 +449,7 @@ def _assign_group(jobs: list[GroupJob], plans: list[_Plan], device: torch.device
         levels = arena[int(starts[j]):int(starts[j + 1])]
         if level_dtype(k) != ldt:
             levels = levels.to(level_dtype(k))
-        q = QuantizedTensor(levels.view(job.tensor.shape), cens[j].to(device),
+        q = QuantizedTensor(levels.view(job.tensor.shape), cens_on[j],
                             prot[j].to(job.tensor.dtype), job.tensor.dtype, k)
         s = [float(v) for v in sums_h[j]] + [0.0] * (6 - n_sums)
         out.append(GroupResult(q, (s[0], s[1], s[2], s[3], s[4], s[5]),

@@ -49,7 +49,7 @@ def chunks(sizes: list[int], device: torch.device, step: int | None = None) -> l
 
 
 def _chunk(pieces: list[tuple[int, int, int]], device: torch.device) -> Chunk:
-    small = torch.tensor([[j, b - a] for j, a, b in pieces], dtype=torch.int64).to(device)
+    small = upload(torch.tensor([[j, b - a] for j, a, b in pieces], dtype=torch.int64), device)
     jobs, lengths = small[:, 0], small[:, 1]
     n = sum(b - a for _, a, b in pieces)
     seg = torch.repeat_interleave(jobs, lengths, output_size=n)  # no sync: the size is given
@@ -85,3 +85,14 @@ def count_into(counts: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     (two synchronisations a call). Integer adds: the same counts in any order."""
     one = torch.ones((), dtype=counts.dtype, device=counts.device)
     return counts.index_add_(0, keys, one.expand(keys.numel()))
+
+
+def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host tensor `t` (a small table) on `device` without the host waiting: to a CUDA device
+    from pinned memory, asynchronously. A plain copy from pageable memory synchronises the
+    stream (`cudaMemcpy` and a stream sync), which once per table per chunk is a wait per
+    chunk; the pinned block is not reused before the copy is done (torch's host allocator
+    records the copy)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)

@@ -20,6 +20,7 @@ where a tensor already is.
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections import Counter
 from collections.abc import Iterable
@@ -117,3 +118,16 @@ class SyncCounter(TorchDispatchMode):
         super().__exit__(*exc)
         for name, orig in self._saved.items():
             setattr(torch.Tensor, name, orig)
+
+
+def cuda_syncs(fn: Any) -> int:
+    """The synchronisations CUDA reports while `fn` runs (`torch.cuda.set_sync_debug_mode`)."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in seen)

@@ -13,6 +13,7 @@ import torch
 
 import mvc.quant.optimizer as opt
 from mvc.quant import quantize
+from sync_counter import cuda_syncs
 from mvc.quant.backend import device_path
 from mvc.quant.batched_moments import ratio_bounds, scan_many
 from mvc.quant.optimizer import (moment_error_sums, moment_ratio_bound, moment_ratio_bounds,
@@ -140,3 +141,20 @@ def test_cuda_moments_are_the_host_ones():  # pragma: no cover - no GPU in CI
         d = dev[n]
         assert d.q.levels.device.type == "cuda"
         assert _same(type(d)(d.q.to("cpu"), d.domain), host[n])
+
+
+@cuda
+def test_cuda_moments_synchronise_a_fixed_number_of_times():  # pragma: no cover - no GPU in CI
+    def count(n: int) -> int:
+        g = torch.Generator().manual_seed(0)
+        state = {}
+        for i in range(n):
+            state[f"opt/state/{i}/exp_avg"] = (torch.randn((1 << 20) // n, generator=g) * 1e-3).cuda()
+            state[f"opt/state/{i}/exp_avg_sq"] = torch.rand((1 << 20) // n, generator=g).cuda() * 1e-6
+        pairs = [(state[f"opt/state/{i}/exp_avg"], state[f"opt/state/{i}/exp_avg_sq"])
+                 for i in range(n)]
+        return cuda_syncs(lambda: quantize_optimizer_state(state)) + cuda_syncs(
+            lambda: moment_ratio_bounds(pairs))
+
+    few, many = count(4), count(32)
+    assert many == few and few <= 16, (few, many)
