@@ -29,6 +29,7 @@ import torch
 
 from mvc.quant._kernels import Partition, loghist
 from mvc.quant.backend import on_host_kernels
+from mvc.quant.device_chunks import count_into
 from mvc.quant.errors import NonFiniteTensorError, QuantConfigError
 
 MIN_ALPHA = 1e-3
@@ -141,8 +142,7 @@ def _torch_hist(x: torch.Tensor, tab: _Table) -> tuple[np.ndarray, np.ndarray, i
     # one synchronisation per tensor, not one per chunk.
     counts = torch.zeros(2 * nb + 2, dtype=torch.int64, device=x.device)
     for s in range(0, x.numel(), _HIST_CHUNK):
-        counts += torch.bincount(bucket_keys(x[s:s + _HIST_CHUNK], tab.alpha),
-                                 minlength=2 * nb + 2)
+        count_into(counts, bucket_keys(x[s:s + _HIST_CHUNK], tab.alpha))
     return _split_counts(counts.cpu().numpy().astype(np.int64), nb)
 
 
