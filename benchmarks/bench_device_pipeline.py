@@ -15,10 +15,11 @@ measured:
 
 "one by one" is the per-tensor torch path as it was before the batched passes (still what a
 tensor the batched passes leave takes); "batched" is what a commit of CUDA tensors now runs.
-Synchronisations are counted as in tests/quant/test_quant_batched.py: ops whose output size or
-value the host reads, and `Tensor.cpu()` / `tolist()` calls. The counts are the point on a
-machine without a GPU (`--device cpu` runs the device path on host tensors); the times are only
-meaningful on a GPU, where each synchronisation stalls the stream.
+Synchronisations and launches are counted by tests/helpers/sync_counter.py (what would make the
+host wait for a CUDA stream, following the data that would live on the GPU). The counts are the
+point on a machine without a GPU (`--device cpu` runs the device path on host tensors, in a
+GPU's chunk size); the times, and each stage's peak extra GPU memory against the state's bytes,
+mean something only on a GPU, where each synchronisation stalls the stream.
 
     python benchmarks/bench_device_pipeline.py                  # 30M parameters, CPU
     python benchmarks/bench_device_pipeline.py --device cuda --params 124e6 --json
@@ -66,6 +67,14 @@ def measure(fn: Callable[[], Any], device: str, repeat: int, on_device: list[tor
     # inline, not on the pool's threads: the counter sees this thread's ops only
     with mock.patch.dict(os.environ, {"MVC_THREADS": "1"}), SyncCounter(device=on_device) as counter:
         fn()
+    peak = None
+    if device == "cuda":  # the stage's peak GPU memory above what was allocated before it
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
     times = []
     for _ in range(repeat):
         _sync(device)
@@ -75,7 +84,7 @@ def measure(fn: Callable[[], Any], device: str, repeat: int, on_device: list[tor
         times.append(time.perf_counter() - t0)
     times.sort()
     return {"seconds": times[len(times) // 2], "launches": counter.ops,
-            "syncs": counter.syncs, "sync_kinds": dict(counter.kinds)}
+            "syncs": counter.syncs, "sync_kinds": dict(counter.kinds), "peak_extra_gpu": peak}
 
 
 def stages(state: dict[str, Any], device: str, repeat: int) -> dict[str, dict[str, Any]]:
@@ -158,7 +167,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     state = train(shape, [args.steps], args.device, batch=4, seq=64)[0]
     n = sum(p.numel() for p in state["model"].values())
     res = stages(state, args.device, args.repeat)
-    report = {"device": args.device, "params": n, "shape": shape,
+    state_bytes = sum(t.numel() * t.element_size() for t in flatten(state).tensors.values()
+                      if isinstance(t, torch.Tensor))
+    report = {"device": args.device, "params": n, "shape": shape, "state_bytes": state_bytes,
               "torch_threads": torch.get_num_threads(), "stages": res,
               "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None}
     if args.json:
@@ -170,8 +181,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for stage, paths in res.items():
             base = paths["one by one"]["seconds"]
             for path, m in paths.items():
+                gpu = ("" if m["peak_extra_gpu"] is None
+                       else f"  GPU peak {m['peak_extra_gpu'] / state_bytes:.3f}x the state")
                 print(f"{stage:10s} {path:11s} {m['syncs']:6d} {m['launches']:8d} "
-                      f"{m['seconds']:8.3f}  {m['seconds'] / base:5.2f}x")
+                      f"{m['seconds']:8.3f}  {m['seconds'] / base:5.2f}x{gpu}")
     return report
 
 

@@ -426,17 +426,21 @@ def _assign_group(jobs: list[GroupJob], plans: list[_Plan], device: torch.device
         if protect is not None:
             d.masked_fill_(protect, 0.0)  # protected values restore exactly
         del protect
-        dd, xx, ax = d.mul_(d), x64 * x64, x64.abs()
-        del x64
-        parts = [dd, xx, ax * dd, ax * xx]
+        dd, xx = d.mul_(d), x64.mul_(x64)  # x64 is not needed past here: |x| = sqrt(x^2)
+        ax = xx.sqrt()
+
+        def total(t: torch.Tensor) -> torch.Tensor:
+            return torch.segment_reduce(t, "sum", lengths=c.lengths, unsafe=True)
+
+        # one product alive at a time: the chunk's float64 temporaries stay ~4 arrays deep
+        parts = [total(dd), total(xx), total(ax * dd), total(ax.mul_(xx))]
         del ax
         if weighted:
             aw = _weights(jobs, c.pieces, device)
-            parts += [aw * dd, aw * xx]
+            parts += [total(aw * dd), total(aw.mul_(xx))]
             del aw
-        sums = torch.stack([torch.segment_reduce(p, "sum", lengths=c.lengths, unsafe=True)
-                            for p in parts], dim=1)
-        del parts, dd, xx
+        del dd, xx
+        sums = torch.stack(parts, dim=1)
         acc.index_add_(0, c.jobs, sums)  # a job has one piece per chunk: no two adds meet
     # the group's one synchronisation (the second copy finds nothing left to wait for)
     counts_h = counts.cpu().reshape(n_jobs, width).numpy()

@@ -3,6 +3,7 @@ of at most a fixed number of elements, each element tagged with its tensor's ind
 device (`mvc.quant.batched`, `mvc.quant.batched_sketch`)."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -26,11 +27,11 @@ class Chunk:
         return sum(b - a for _, a, b in self.pieces)
 
 
-def chunks(sizes: list[int], device: torch.device, step: int | None = None) -> list[Chunk]:
+def chunks(sizes: list[int], device: torch.device, step: int | None = None) -> Iterator[Chunk]:
     """Tensors of `sizes` elements, end to end, in chunks of at most `step` (default: by
-    device)."""
+    device), made one at a time as they are walked: a chunk's tensor index per element is 8
+    bytes an element, so all of them at once would be a copy of the state's size."""
     step = int(step or (_HOST_CHUNK if device.type == "cpu" else _DEVICE_CHUNK))
-    out: list[Chunk] = []
     pieces: list[tuple[int, int, int]] = []
     room = step
     for j, n in enumerate(sizes):
@@ -41,11 +42,10 @@ def chunks(sizes: list[int], device: torch.device, step: int | None = None) -> l
             room -= b - a
             a = b
             if room == 0:
-                out.append(_chunk(pieces, device))
+                yield _chunk(pieces, device)
                 pieces, room = [], step
     if pieces:
-        out.append(_chunk(pieces, device))
-    return out
+        yield _chunk(pieces, device)
 
 
 def _chunk(pieces: list[tuple[int, int, int]], device: torch.device) -> Chunk:
