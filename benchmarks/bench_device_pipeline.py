@@ -13,8 +13,9 @@ measured:
 
 (`bench_scale --device cuda` times whole commits.)
 
-"one by one" is the per-tensor torch path as it was before the batched passes (still what a
-tensor the batched passes leave takes); "batched" is what a commit of CUDA tensors now runs.
+"one by one" is the per-tensor torch path, which every device tensor took before the batched
+passes (and a tensor they leave still takes); "batched" is what a commit of CUDA tensors now
+runs.
 Synchronisations and launches are counted by tests/helpers/sync_counter.py (what would make the
 host wait for a CUDA stream, following the data that would live on the GPU). The counts are the
 point on a machine without a GPU (`--device cpu` runs the device path on host tensors, in a
