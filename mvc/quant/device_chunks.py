@@ -50,7 +50,7 @@ def chunks(sizes: list[int], device: torch.device, step: int | None = None) -> I
 
 def _chunk(pieces: list[tuple[int, int, int]], device: torch.device) -> Chunk:
     small = upload(torch.tensor([[j, b - a] for j, a, b in pieces], dtype=torch.int64), device)
-    jobs, lengths = small[:, 0], small[:, 1]
+    jobs, lengths = small[:, 0].contiguous(), small[:, 1].contiguous()
     n = sum(b - a for _, a, b in pieces)
     seg = torch.repeat_interleave(jobs, lengths, output_size=n)  # no sync: the size is given
     return Chunk(pieces, seg, lengths, jobs)
