@@ -37,14 +37,14 @@ from mvc.native.parallel import pmap
 from mvc.quant.assign import level_dtype, midpoints
 from mvc.quant.backend import on_host_kernels
 from mvc.quant.config import check_bins
-from mvc.quant.device_chunks import (Chunk, chunks, count_into, flat_values, float_keys,
-                                     to_device, upload)
+from mvc.quant.batched_sketch import count_sketches, finite
+from mvc.quant.device_chunks import Chunk, chunks, count_into, flat_values, float_keys, upload
 from mvc.quant.error import ErrorSums
 from mvc.quant.errors import QuantConfigError
 from mvc.quant.importance import sensitivity_values
 from mvc.quant.kmeans import approx_kmeans
 from mvc.quant.partition import Thresholds
-from mvc.quant.sketch import LogSketch, bucket_count, bucket_keys
+from mvc.quant.sketch import LogSketch
 from mvc.quant.tensor import QuantizedTensor, level_values, seeded_generator
 from mvc.quant.uniform import DEFAULT_FAMILY, check_family, grid_size, uniform_plan
 
@@ -65,11 +65,10 @@ class GroupJob:
     grad: torch.Tensor | None = None
     weight: torch.Tensor | None = None
     init: torch.Tensor | None = None
-    # Optimizer moments (`mvc.quant.batched_moments`): entries set aside at the pruned level,
-    # outside the quantization (its sketch, k-means and thresholds see the rest only):
-    # exact zeros (in the log domain every v <= 0), and where `pruned_by` (the flat levels of
-    # the moment's weight) is `pruned_level`.
-    drop_zeros: bool = False
+    # Optimizer moments (`mvc.quant.batched_moments`): entries where `pruned_by` (the levels
+    # of the moment's weight) is `pruned_level` are set aside at the pruned level, outside the
+    # quantization (its sketch, k-means and thresholds see the rest only), as are exact zeros
+    # with `quantize_group(drop_zeros=True)`.
     pruned_by: torch.Tensor | None = None
     pruned_level: int = -1
 
@@ -101,7 +100,8 @@ class _Plan:
 
 def quantize_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: float = 0.2,
                    family: str = DEFAULT_FAMILY, chunk: int | None = None,
-                   domain: str = "linear") -> list[GroupResult | None]:
+                   domain: str = "linear", drop_zeros: bool = False
+                   ) -> list[GroupResult | None]:
     """Each job's tensor quantized as `quantize_prepared(tensor, x, sketch, sens, thr, bins,
     seed=seed, sigma=sigma, init=init, family=family)` would, in one batched pass over the
     group (module docstring). None for a job whose values have no more distinct buckets than
@@ -110,8 +110,9 @@ def quantize_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: flo
 
     `domain` "log" (second moments, `mvc.quant.optimizer`): the values quantized are
     float32(log(v)) of the kept entries, protected entries keep v, and the sums measure
-    sqrt(v') against sqrt(v) (`moment_error_sums`). The jobs' sketches are then of the kept
-    entries' transformed values."""
+    sqrt(v') against sqrt(v) (`moment_error_sums`). `drop_zeros`: exact zeros (in the log
+    domain every v <= 0) are set aside at the pruned level (a moment's). The jobs' sketches are
+    then of the kept entries' (transformed) values."""
     k0 = check_bins(bins)
     check_family(family)
     if domain not in DOMAINS:
@@ -126,10 +127,11 @@ def quantize_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: flo
     plans = [_plan(job, k0, family, init) for job, init in zip(jobs, _inits(jobs), strict=True)]
     need = [i for i, p in enumerate(plans) if p.centres is None and p.keep is None]
     if need:
-        if domain != "linear" or any(_drops_some(jobs[i]) for i in need):
+        sub = [jobs[i] for i in need]
+        if domain != "linear" or drop_zeros or any(j.pruned_by is not None for j in sub):
             raise QuantConfigError("sensitivity rules apply to weights only")
-        dropped = _dropped_sketches([jobs[i] for i in need], [plans[i].thr for i in need],
-                                    device, chunk)
+        dropped = _dropped_sketches(GroupData(sub, device, domain, drop_zeros),
+                                    _rules([plans[i].thr for i in need], device), chunk)
         for i, sk in zip(need, dropped, strict=True):
             plans[i].keep = jobs[i].sketch.subtract(sk)
     # no more distinct buckets than bins: `quantize_prepared` takes exact means (module doc)
@@ -145,8 +147,8 @@ def quantize_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: flo
     pmap(kmeans, todo)  # the native k-means, one tensor per pool thread
     out: list[GroupResult | None] = [None] * len(jobs)
     if live:
-        got = _assign_group([jobs[i] for i in live], [plans[i] for i in live], device, chunk,
-                            domain)
+        got = _assign_group(GroupData([jobs[i] for i in live], device, domain, drop_zeros),
+                            [plans[i] for i in live], chunk)
         for i, r in zip(live, got, strict=True):
             out[i] = r
     return out
@@ -189,23 +191,7 @@ def _plan(job: GroupJob, k: int, family: str, init_all: np.ndarray | None) -> _P
     return _Plan(thr, k, init, keep=keep)
 
 
-def _sens(jobs: list[GroupJob], flats: list[torch.Tensor], xs: torch.Tensor,
-          pieces: list[tuple[int, int, int]]) -> torch.Tensor:
-    """|g w| of the chunk's elements (0 where a job has no gradient: none of its rules read it)."""
-    device = xs.device
-    gs = []
-    for j, a, b in pieces:
-        g = jobs[j].grad
-        gs.append(to_device(g.detach().reshape(-1)[a:b], device).to(torch.float32)
-                  if g is not None else torch.zeros(b - a, dtype=torch.float32, device=device))
-    return sensitivity_values(xs, torch.cat(gs))
-
-
 DOMAINS = ("linear", "log")
-
-
-def _drops_some(job: GroupJob) -> bool:
-    return job.drop_zeros or job.pruned_by is not None
 
 
 def log32(v: torch.Tensor) -> torch.Tensor:
@@ -213,43 +199,56 @@ def log32(v: torch.Tensor) -> torch.Tensor:
     return v.to(torch.float64).log_().to(torch.float32)
 
 
-def chunk_values(jobs: list[GroupJob], flats: list[torch.Tensor], c: Chunk, domain: str
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(raw float32 values, the values quantized, the entries set aside or None) of chunk `c`:
-    in the log domain the quantized values are `log32` of the kept entries (0 where set aside)."""
-    raw = flat_values(flats, c.pieces)
-    drop = None
-    if any(job.drop_zeros for job in jobs):
-        drop = raw <= 0 if domain == "log" else raw == 0
-        if not all(job.drop_zeros for job in jobs):
-            on = upload(torch.tensor([job.drop_zeros for job in jobs]), raw.device)
-            drop.logical_and_(on.index_select(0, c.seg))
-    if any(job.pruned_by is not None for job in jobs):
-        lv = []
-        for j, a, b in c.pieces:
-            w = jobs[j].pruned_by
-            lv.append(to_device(w.reshape(-1)[a:b], raw.device).to(torch.int32)
-                      if w is not None else
-                      torch.full((b - a,), -2, dtype=torch.int32, device=raw.device))
-        lvl = upload(torch.tensor([job.pruned_level if job.pruned_by is not None else -1
-                                   for job in jobs], dtype=torch.int32), raw.device)
-        joint = torch.cat(lv) == lvl.index_select(0, c.seg)
-        drop = joint if drop is None else drop.logical_or_(joint)
-    if domain == "linear":
-        return raw, raw, drop
-    xs = log32(raw.clamp_min(torch.finfo(torch.float32).tiny)) if drop is not None else log32(raw)
-    return raw, xs, drop
+class GroupData:
+    """A group's tensors as its chunks read them: values, gradients, error-sum weights and the
+    joint-pruning levels, flattened (and the pruned levels' table sent to the device) once per
+    group, not per chunk."""
+
+    def __init__(self, jobs: list[GroupJob], device: torch.device, domain: str,
+                 drop_zeros: bool) -> None:
+        self.jobs = jobs
+        self.device = device
+        self.domain = domain
+        self.drop_zeros = drop_zeros
+        self.flats = [j.tensor.detach().reshape(-1) for j in jobs]
+        self.sizes = [f.numel() for f in self.flats]
+        self.grads = [_flat(j.grad) for j in jobs]
+        self.weights = [_flat(j.weight) for j in jobs]
+        self.weighted = any(w is not None for w in self.weights)
+        self.pruned = [_flat(j.pruned_by) for j in jobs]
+        self.pruned_levels = None if all(p is None for p in self.pruned) else upload(
+            torch.tensor([j.pruned_level if j.pruned_by is not None else -1 for j in jobs],
+                         dtype=torch.int32), device)
+
+    def values(self, c: Chunk) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(raw float32 values, the values quantized, the entries set aside or None) of chunk
+        `c`: in the log domain the values quantized are `log32` of the kept entries (0 where
+        set aside)."""
+        raw = flat_values(self.flats, c)
+        drop = None
+        if self.drop_zeros:
+            drop = raw <= 0 if self.domain == "log" else raw == 0
+        if self.pruned_levels is not None:
+            joint = flat_values(self.pruned, c, torch.int32, fill=-2) == \
+                self.pruned_levels.index_select(0, c.seg)
+            drop = joint if drop is None else drop.logical_or_(joint)
+        if self.domain == "linear":
+            return raw, raw, drop
+        tiny = torch.finfo(torch.float32).tiny
+        return raw, log32(raw.clamp_min(tiny) if drop is not None else raw), drop
+
+    def sensitivity(self, c: Chunk, xs: torch.Tensor) -> torch.Tensor:
+        """|g w| of the chunk's elements (0 where a job has no gradient: none of its rules
+        read it)."""
+        return sensitivity_values(xs, flat_values(self.grads, c))
+
+    def abs_weights(self, c: Chunk) -> torch.Tensor:
+        """|w| of the chunk's elements in float64 (0 where a job has no weights)."""
+        return flat_values(self.weights, c).to(torch.float64).abs_()
 
 
-def _weights(jobs: list[GroupJob], pieces: list[tuple[int, int, int]],
-             device: torch.device) -> torch.Tensor:
-    """|w| of the chunk's elements in float64 (0 where a job has no weights)."""
-    ws = []
-    for j, a, b in pieces:
-        w = jobs[j].weight
-        ws.append(to_device(w.detach().reshape(-1)[a:b], device).to(torch.float32)
-                  if w is not None else torch.zeros(b - a, dtype=torch.float32, device=device))
-    return torch.cat(ws).to(torch.float64).abs_()
+def _flat(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t.detach().reshape(-1) if t is not None else None
 
 
 # ----------------------------------------------------------------------------- masks
@@ -321,31 +320,18 @@ def _masks(rules: _Rules, xs: torch.Tensor, sens: torch.Tensor | None, seg: torc
     return prune, protect
 
 
-def _dropped_sketches(jobs: list[GroupJob], thrs: list[Thresholds], device: torch.device,
-                      step: int | None) -> list[LogSketch]:
-    """Each job's sketch of the values its thresholds prune or protect: one count over
-    (job, bucket) keys, one transfer for the group."""
-    alpha = jobs[0].sketch.alpha
-    width = 2 * bucket_count(alpha) + 2
-    flats = [j.tensor.detach().reshape(-1) for j in jobs]
-    rules = _rules(thrs, device)
-    trash = len(jobs) * width
-    counts = torch.zeros(trash + 1, dtype=torch.int64, device=device)
-    for c in chunks([f.numel() for f in flats], device, step):
-        xs = flat_values(flats, c.pieces)
-        sens = _sens(jobs, flats, xs, c.pieces) if rules.needs_sens else None
+def _dropped_sketches(data: GroupData, rules: _Rules, step: int | None) -> list[LogSketch]:
+    """Each job's sketch of the values its thresholds prune or protect."""
+    def values(c: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
+        xs = data.values(c)[1]
+        sens = data.sensitivity(c, xs) if rules.needs_sens else None
         prune, protect = _masks(rules, xs, sens, c.seg)
         dropped = prune if protect is None else (
             protect if prune is None else prune.logical_or_(protect))
-        key = bucket_keys(xs, alpha).add_(c.seg * width)
-        if dropped is not None:
-            key.masked_fill_(dropped.logical_not_(), trash)
-        else:
-            key.fill_(trash)
-        count_into(counts, key)
-    host = counts.cpu().numpy()
-    return [LogSketch.from_key_counts(host[j * width:(j + 1) * width], alpha)
-            for j in range(len(jobs))]
+        return xs, (~dropped if dropped is not None else torch.ones_like(xs, dtype=torch.bool))
+
+    return finite(count_sketches(data.sizes, data.device, data.jobs[0].sketch.alpha, values,
+                                 step))
 
 
 # ----------------------------------------------------------------------------- assignment
@@ -365,8 +351,8 @@ def exp_levels(cen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(table64).to(dtype)
 
 
-def _assign_group(jobs: list[GroupJob], plans: list[_Plan], device: torch.device,
-                  step: int | None, domain: str) -> list[GroupResult]:
+def _assign_group(data: GroupData, plans: list[_Plan], step: int | None) -> list[GroupResult]:
+    jobs, device, domain = data.jobs, data.device, data.domain
     n_jobs = len(jobs)
     ks = [p.k for p in plans]
     width = max(ks) + 2
@@ -386,20 +372,18 @@ def _assign_group(jobs: list[GroupJob], plans: list[_Plan], device: torch.device
                                                   torch.device("cpu"))
     table = upload(table.reshape(-1), device)
     rules = _rules([p.thr for p in plans], device)
-    weighted = any(job.weight is not None for job in jobs)
+    weighted = data.weighted
     ldt = level_dtype(max(ks))
-    flats = [job.tensor.detach().reshape(-1) for job in jobs]
-    sizes = [f.numel() for f in flats]
-    starts = np.cumsum([0] + sizes)
+    starts = np.cumsum([0] + data.sizes)
     arena = torch.empty(int(starts[-1]), dtype=ldt, device=device)
     n_sums = 6 if weighted else 4
     acc = torch.zeros(n_jobs, n_sums, dtype=torch.float64, device=device)
     counts = torch.zeros(n_jobs * width, dtype=torch.int64, device=device)
     protected: list[torch.Tensor] = []
     pos = 0
-    for c in chunks(sizes, device, step):
-        raw, xs, drop = chunk_values(jobs, flats, c, domain)
-        sens = _sens(jobs, flats, xs, c.pieces) if rules.needs_sens else None
+    for c in chunks(data.sizes, device, step):
+        raw, xs, drop = data.values(c)
+        sens = data.sensitivity(c, xs) if rules.needs_sens else None
         prune, protect = _masks(rules, xs, sens, c.seg) if rules.active else (None, None)
         del sens
         if drop is not None:  # set aside: pruned, never protected
@@ -436,7 +420,7 @@ def _assign_group(jobs: list[GroupJob], plans: list[_Plan], device: torch.device
         parts = [total(dd), total(xx), total(ax * dd), total(ax.mul_(xx))]
         del ax
         if weighted:
-            aw = _weights(jobs, c.pieces, device)
+            aw = data.abs_weights(c)
             parts += [total(aw * dd), total(aw.mul_(xx))]
             del aw
         del dd, xx

@@ -6,7 +6,8 @@ Per domain (first moments "linear", second moments "log"), for all moments at on
 
 1. `scan_many`: each moment's non-finite and negative entry counts (one transfer);
 2. the sketch of each moment's kept entries (nonzero, weight not pruned; v > 0, as log v),
-   one count over (moment, bucket) keys and one transfer per batch of moments;
+   one count over (moment, bucket) keys and one transfer per batch of moments
+   (`mvc.quant.batched_sketch.count_sketches`);
 3. thresholds and k-means on the host, as `quantize` takes them;
 4. `mvc.quant.batched.quantize_group`: levels, counts, protected values and the guard rail's
    error sums in the quantity Adam uses (`moment_error_sums`), in one pass.
@@ -21,10 +22,11 @@ from dataclasses import replace
 
 import torch
 
-from mvc.quant.batched import GroupJob, GroupResult, chunk_values, quantize_group
-from mvc.quant.device_chunks import chunks, count_into, flat_values
+from mvc.quant.batched import GroupData, GroupJob, GroupResult, quantize_group
+from mvc.quant.batched_sketch import count_sketches, finite
+from mvc.quant.device_chunks import Chunk, chunks, flat_values
 from mvc.quant.partition import thresholds
-from mvc.quant.sketch import LogSketch, bucket_count, bucket_keys
+from mvc.quant.sketch import LogSketch
 
 #: Moments per sketch count table (64 x 2 x 48k int64s at the log domain's alpha: 48 MiB).
 _BATCH = 64
@@ -39,7 +41,7 @@ def scan_many(tensors: Sequence[torch.Tensor], chunk: int | None = None) -> list
     flats = [t.detach().reshape(-1) for t in tensors]
     acc = torch.zeros(len(flats), 2, dtype=torch.float64, device=device)
     for c in chunks([f.numel() for f in flats], device, chunk):
-        xs = flat_values(flats, c.pieces)
+        xs = flat_values(flats, c)
         parts = [(~torch.isfinite(xs)).to(torch.float64), (xs < 0).to(torch.float64)]
         sums = torch.stack([torch.segment_reduce(p, "sum", lengths=c.lengths, unsafe=True)
                             for p in parts], dim=1)
@@ -49,32 +51,18 @@ def scan_many(tensors: Sequence[torch.Tensor], chunk: int | None = None) -> list
 
 def kept_sketches(jobs: list[GroupJob], alpha: float, domain: str,
                   chunk: int | None = None) -> list[LogSketch]:
-    """Each moment's sketch of its kept entries' quantized values (`chunk_values`): what
-    `quantize` sketches of the compacted moment."""
+    """Each moment's sketch of its kept entries' quantized values (`GroupData.values`, zeros
+    set aside): what `quantize` sketches of the compacted moment."""
     out: list[LogSketch] = []
     for s in range(0, len(jobs), _BATCH):
-        out += _kept_batch(jobs[s:s + _BATCH], alpha, domain, chunk)
+        data = GroupData(jobs[s:s + _BATCH], jobs[0].tensor.device, domain, drop_zeros=True)
+
+        def values(c: Chunk, data: GroupData = data) -> tuple[torch.Tensor, torch.Tensor | None]:
+            _, xs, drop = data.values(c)
+            return xs, drop
+
+        out += finite(count_sketches(data.sizes, data.device, alpha, values, chunk))
     return out
-
-
-def _kept_batch(jobs: list[GroupJob], alpha: float, domain: str,
-                chunk: int | None) -> list[LogSketch]:
-    if not jobs:
-        return []
-    device = jobs[0].tensor.device
-    width = 2 * bucket_count(alpha) + 2
-    trash = len(jobs) * width
-    flats = [j.tensor.detach().reshape(-1) for j in jobs]
-    counts = torch.zeros(trash + 1, dtype=torch.int64, device=device)
-    for c in chunks([f.numel() for f in flats], device, chunk):
-        _, xs, drop = chunk_values(jobs, flats, c, domain)
-        key = bucket_keys(xs, alpha).add_(c.seg * width)
-        if drop is not None:
-            key.masked_fill_(drop, trash)
-        count_into(counts, key)
-    host = counts.cpu().numpy()
-    return [LogSketch.from_key_counts(host[j * width:(j + 1) * width], alpha)
-            for j in range(len(jobs))]
 
 
 def quantize_moments(jobs: list[GroupJob], bins: int, *, domain: str, prune: float,
@@ -95,7 +83,8 @@ def quantize_moments(jobs: list[GroupJob], bins: int, *, domain: str, prune: flo
         ready.append(replace(job, sketch=sk, thr=thr))
         where.append(i)
     out: list[GroupResult | None] = [None] * len(jobs)
-    got = quantize_group(ready, bins, seed=seed, sigma=sigma, chunk=chunk, domain=domain)
+    got = quantize_group(ready, bins, seed=seed, sigma=sigma, chunk=chunk, domain=domain,
+                         drop_zeros=True)
     for i, r in zip(where, got, strict=True):
         out[i] = r
     return out
@@ -113,7 +102,7 @@ def ratio_bounds(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
     vs = [v.detach().reshape(-1) for _, v in pairs]
     acc = torch.zeros(len(pairs), dtype=torch.float32, device=device)
     for c in chunks([m.numel() for m in ms], device, chunk):
-        mf, vf = flat_values(ms, c.pieces), flat_values(vs, c.pieces)
+        mf, vf = flat_values(ms, c), flat_values(vs, c)
         r = torch.where(vf > 0, mf.abs_() / vf.sqrt(), torch.zeros((), device=device))
         top = torch.segment_reduce(r, "max", lengths=c.lengths, unsafe=True)
         acc[c.jobs] = torch.maximum(acc[c.jobs], top)  # one piece per pair per chunk

@@ -2,19 +2,24 @@
 step, which sketched each tensor, and each gradient's sensitivity, with a host
 synchronisation apiece.
 
-The tensors are laid end to end and walked in chunks (`mvc.quant.batched`'s chunks); each
+The tensors are laid end to end and walked in chunks (`mvc.quant.device_chunks`); each
 element's histogram key (`mvc.quant.sketch.bucket_keys`) is offset by its tensor's index, and
-one count per chunk (`count_into`) adds every tensor's counts at once. The counts cross to the host once
-per batch of tensors (their table is 19k int64s a tensor at alpha 0.01, so a batch holds at
-most `_BATCH` tensors). The counts are those of `LogSketch.from_tensor` on either path.
+one count per chunk (`count_into`) adds every tensor's counts at once (`count_sketches`, which
+the batched quantizer's kept- and dropped-value sketches use too). The counts cross to the
+host once per batch of tensors (their table is 19k int64s a tensor at alpha 0.01, so a batch
+holds at most `_BATCH` tensors). The counts are those of `LogSketch.from_tensor` on either
+path.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import torch
 
-from mvc.quant.device_chunks import chunks, count_into, flat_values, to_device
+from mvc.errors import InternalError
+from mvc.quant.device_chunks import Chunk, chunks, count_into, flat_values
 from mvc.quant.errors import NonFiniteTensorError, QuantConfigError
 from mvc.quant.importance import sensitivity_values
 from mvc.quant.sketch import LogSketch, bucket_count, bucket_keys, check_alpha
@@ -49,11 +54,8 @@ def _sketch_batch(tensors: list[torch.Tensor], grads: list[torch.Tensor | None] 
                   alpha: float, chunk: int | None) -> list[LogSketch | None]:
     if not tensors:
         return []
-    device = tensors[0].device
-    width = 2 * bucket_count(alpha) + 2
-    bad_key = width - 1
     flats = [t.detach().reshape(-1) for t in tensors]
-    gflats: list[torch.Tensor] = []
+    gflats: list[torch.Tensor | None] = []
     if grads is not None:
         for t, g in zip(tensors, grads, strict=True):
             assert g is not None
@@ -61,22 +63,46 @@ def _sketch_batch(tensors: list[torch.Tensor], grads: list[torch.Tensor | None] 
                 raise QuantConfigError(f"gradient has shape {tuple(g.shape)}, expected "
                                        f"{tuple(t.shape)}")
             gflats.append(g.detach().reshape(-1))
-    counts = torch.zeros(len(tensors) * width, dtype=torch.int64, device=device)
-    for c in chunks([f.numel() for f in flats], device, chunk):
-        xs = flat_values(flats, c.pieces)
+
+    def values(c: Chunk) -> tuple[torch.Tensor, None]:
+        xs = flat_values(flats, c)
         if grads is None:
-            key = bucket_keys(xs, alpha)
-        else:
-            gs = to_device(flat_values(gflats, c.pieces), device)
-            key = bucket_keys(sensitivity_values(xs, gs), alpha)
-            # a NaN / Inf gradient is named as such, whatever the product saturated to
-            key.masked_fill_(~torch.isfinite(gs), bad_key)
-        count_into(counts, key.add_(c.seg * width))
+            return xs, None
+        gs = flat_values(gflats, c)
+        # a NaN / Inf gradient is named as such, whatever the product saturated to
+        return sensitivity_values(xs, gs).masked_fill_(~torch.isfinite(gs), math.nan), None
+
+    return count_sketches([f.numel() for f in flats], tensors[0].device, alpha, values, chunk)
+
+
+def count_sketches(sizes: list[int], device: torch.device, alpha: float,
+                   values: Callable[[Chunk], tuple[torch.Tensor, torch.Tensor | None]],
+                   chunk: int | None = None) -> list[LogSketch | None]:
+    """For tensors of `sizes` elements (end to end, in chunks on `device`), the sketch of the
+    values `values(c)` gives for each chunk `c`: (float32 values, a mask of the entries not to
+    count, or None). One count over (tensor, bucket) keys per chunk, one transfer in all; None
+    for a tensor with a NaN or +-Inf among its counted values."""
+    width = 2 * bucket_count(alpha) + 2
+    trash = len(sizes) * width
+    counts = torch.zeros(trash + 1, dtype=torch.int64, device=device)
+    for c in chunks(sizes, device, chunk):
+        x, skip = values(c)
+        key = bucket_keys(x, alpha).add_(c.seg * width)
+        if skip is not None:
+            key.masked_fill_(skip, trash)
+        count_into(counts, key)
     host = counts.cpu().numpy()
     out: list[LogSketch | None] = []
-    for j in range(len(tensors)):
+    for j in range(len(sizes)):
         try:
             out.append(LogSketch.from_key_counts(host[j * width:(j + 1) * width], alpha))
         except NonFiniteTensorError:
             out.append(None)
     return out
+
+
+def finite(sketches: list[LogSketch | None]) -> list[LogSketch]:
+    """`count_sketches`'s answer where every counted value is finite by construction."""
+    if any(s is None for s in sketches):
+        raise InternalError("a non-finite value among values counted as finite")
+    return cast(list[LogSketch], sketches)

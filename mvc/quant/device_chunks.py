@@ -3,7 +3,7 @@ of at most a fixed number of elements, each element tagged with its tensor's ind
 device (`mvc.quant.batched`, `mvc.quant.batched_sketch`)."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -56,12 +56,17 @@ def _chunk(pieces: list[tuple[int, int, int]], device: torch.device) -> Chunk:
     return Chunk(pieces, seg, lengths, jobs)
 
 
-def flat_values(flats: list[torch.Tensor], pieces: list[tuple[int, int, int]]) -> torch.Tensor:
-    """The pieces' values of `flats` (flat tensors), end to end, as float32."""
-    parts = [flats[j][a:b] for j, a, b in pieces]
+def flat_values(flats: Sequence[torch.Tensor | None], c: Chunk, dtype: torch.dtype = torch.float32,
+                fill: float = 0) -> torch.Tensor:
+    """Chunk `c`'s pieces of `flats` (flat tensors, any device; None: `fill` for that tensor's
+    elements), end to end, as `dtype` on the chunk's device."""
+    device = c.seg.device
+    parts = [torch.full((b - a,), fill, dtype=dtype, device=device) if flats[j] is None
+             else to_device(flats[j][a:b], device)  # type: ignore[index]
+             for j, a, b in c.pieces]
     if len({p.dtype for p in parts}) == 1:
-        return torch.cat(parts).to(torch.float32)
-    return torch.cat([p.to(torch.float32) for p in parts])
+        return torch.cat(parts).to(dtype)
+    return torch.cat([p.to(dtype) for p in parts])
 
 
 def float_keys(x: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:

@@ -526,7 +526,7 @@ def _batched_moments(jobs: list[_Job], *, bins_moment: int, bins_second: int,
     for domain, bins, prune, a, sig in runs:
         group = [j for j, (bad, neg) in zip(jobs, scans, strict=True)
                  if j[2] == domain and not bad and not (domain == "log" and neg)]
-        work = [GroupJob(t, LogSketch(a), Thresholds(), init=init.get(name), drop_zeros=True,
+        work = [GroupJob(t, LogSketch(a), Thresholds(), init=init.get(name),
                          pruned_by=wq.levels if wq is not None else None,
                          pruned_level=wq.pruned_level if wq is not None else -1)
                 for name, t, _, wq in group]
