@@ -45,8 +45,9 @@ from mvc.quant.importance import sensitivity_values
 from mvc.quant.kmeans import approx_kmeans
 from mvc.quant.partition import Thresholds
 from mvc.quant.sketch import LogSketch
-from mvc.quant.tensor import QuantizedTensor, level_values, seeded_generator
-from mvc.quant.uniform import DEFAULT_FAMILY, check_family, grid_size, uniform_plan
+from mvc.quant.tensor import (QuantizedTensor, host_plan, level_values, magnitude_keep,
+                               seeded_generator)
+from mvc.quant.uniform import DEFAULT_FAMILY, check_family
 
 #: Dtypes whose values float32 holds exactly, so a protected value can be taken from the
 #: float32 chunk (a float64 tensor's cannot: it takes the per-tensor path).
@@ -174,21 +175,15 @@ def _inits(jobs: list[GroupJob]) -> list[np.ndarray | None]:
     return out
 
 
-def _plan(job: GroupJob, k: int, family: str, init_all: np.ndarray | None) -> _Plan:
-    """The host's part before the device's (as `quantize_prepared`): the warm start, the
-    uniform family's grid and dead zone, the kept values' sketch where magnitude alone
-    decides what is kept."""
-    thr = job.thr
-    if thr.needs_sensitivity and job.grad is None:
+def _plan(job: GroupJob, k: int, family: str, init: np.ndarray | None) -> _Plan:
+    """The host's part before the device's, as `quantize_prepared` takes it (`host_plan`), and
+    the kept values' sketch where magnitude alone decides what is kept."""
+    if job.thr.needs_sensitivity and job.grad is None:
         raise QuantConfigError("these thresholds need sensitivity scores (a gradient)")
-    init_k = grid_size(k) if family == "uniform" else k
-    init = init_all if init_all is not None and init_all.size == init_k else None
-    if family == "uniform":
-        grid, thr = uniform_plan(job.sketch, thr, k, init)
-        return _Plan(thr, grid.size, init, centres=grid)
-    keep = None if thr.needs_sensitivity else job.sketch.restrict_magnitude(
-        thr.prune, thr.protect_magnitude)
-    return _Plan(thr, k, init, keep=keep)
+    thr, k, grid, init = host_plan(job.sketch, job.thr, k, family, init)
+    if grid is not None:
+        return _Plan(thr, k, init, centres=grid)
+    return _Plan(thr, k, init, keep=magnitude_keep(job.sketch, thr))
 
 
 DOMAINS = ("linear", "log")

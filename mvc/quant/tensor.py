@@ -179,11 +179,26 @@ def _partition(thr: Thresholds, sens: torch.Tensor | None) -> Partition | None:
     return part if part.active else None
 
 
-def _magnitude_only_keep(sketch: LogSketch, thr: Thresholds) -> LogSketch | None:
+def magnitude_keep(sketch: LogSketch, thr: Thresholds) -> LogSketch | None:
     """The kept values' sketch as a slice of the full one, when no sensitivity is involved."""
     if thr.needs_sensitivity:
         return None
     return sketch.restrict_magnitude(thr.prune, thr.protect_magnitude)
+
+
+def host_plan(sketch: LogSketch, thr: Thresholds, k: int, family: str,
+              init: np.ndarray | None
+              ) -> tuple[Thresholds, int, np.ndarray | None, np.ndarray | None]:
+    """The host's part of quantizing a tensor to `k` bins before its levels, on every path:
+    (the thresholds, with the uniform family's dead zone; the number of centroids; the uniform
+    family's grid, or None for k-means; the warm start `init` (flat float64) where it has the
+    family's size, else None)."""
+    init_k = grid_size(k) if family == "uniform" else k
+    init = init if init is not None and init.size == init_k else None
+    if family == "uniform":
+        grid, thr = uniform_plan(sketch, thr, k, init)
+        return thr, grid.size, grid, init
+    return thr, k, None, init
 
 
 def level_values(values: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -208,7 +223,7 @@ def _levels_native(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
     if centres is None:
         keep = sketch
         if part is not None:
-            restricted = _magnitude_only_keep(sketch, thr)
+            restricted = magnitude_keep(sketch, thr)
             keep = (restricted if restricted is not None
                     else LogSketch.from_tensor(x, sketch.alpha, part=part))
         centres = approx_kmeans(keep, k, sigma=sigma, generator=generator, init=init)
@@ -235,7 +250,7 @@ def _levels_torch(x: torch.Tensor, flat: torch.Tensor, sketch: LogSketch,
     prune_mask, protect_mask = masks(x, sens, thr)
     keep: LogSketch | None = None
     if centres is None:
-        keep = _magnitude_only_keep(sketch, thr)
+        keep = magnitude_keep(sketch, thr)
         if keep is None:
             dropped = prune_mask if protect_mask is None else (
                 protect_mask if prune_mask is None else prune_mask | protect_mask)
@@ -280,14 +295,9 @@ def quantize_prepared(tensor: torch.Tensor, x: torch.Tensor, sketch: LogSketch,
         raise QuantConfigError("quantize_prepared(): x / sens do not match the tensor")
     gen = seeded_generator(seed)
     flat = tensor.detach().reshape(-1)
-    grid_np = None
-    init_k = grid_size(k) if family == "uniform" else k
-    init_np = None
-    if init is not None and init.numel() == init_k:
-        init_np = init.detach().to("cpu", torch.float64).numpy()
-    if family == "uniform":
-        grid_np, thr = uniform_plan(sketch, thr, k, init_np)
-        k = grid_np.size
+    init_np = (init.detach().reshape(-1).to("cpu", torch.float64).numpy()
+               if init is not None else None)
+    thr, k, grid_np, init_np = host_plan(sketch, thr, k, family, init_np)
     run = _levels_native if native_ok(x, level_dtype(k)) else _levels_torch
     levels, centres, keep, protected = run(x, flat, sketch, sens, thr, k, gen, sigma, init_np,
                                            stats, grid_np)
