@@ -43,6 +43,7 @@ from mvc.quant.error import ErrorSums
 from mvc.quant.errors import QuantConfigError
 from mvc.quant.importance import sensitivity_values
 from mvc.quant.kmeans import approx_kmeans
+from mvc.quant.logdomain import exp_levels, log32
 from mvc.quant.partition import Thresholds
 from mvc.quant.sketch import LogSketch
 from mvc.quant.tensor import (QuantizedTensor, host_plan, level_values, magnitude_keep,
@@ -189,11 +190,6 @@ def _plan(job: GroupJob, k: int, family: str, init: np.ndarray | None) -> _Plan:
 DOMAINS = ("linear", "log")
 
 
-def log32(v: torch.Tensor) -> torch.Tensor:
-    """float32(log(float64(v))): a second moment's quantized values (`mvc.quant.optimizer`)."""
-    return v.to(torch.float64).log_().to(torch.float32)
-
-
 class GroupData:
     """A group's tensors as its chunks read them: values, gradients, error-sum weights and the
     joint-pruning levels, flattened (and the pruned levels' table sent to the device) once per
@@ -337,13 +333,6 @@ def _measured(cen: torch.Tensor, dtype: torch.dtype, domain: str) -> torch.Tenso
     if domain == "linear":
         return cen.to(dtype).to(torch.float32)
     return exp_levels(cen, dtype).to(torch.float32).sqrt()
-
-
-def exp_levels(cen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """exp of log-domain centroids as the restore gives them, on the host: exp in float64
-    (numpy's: the same values on every device), then one rounding to `dtype`."""
-    table64 = np.exp(cen.detach().cpu().numpy().astype(np.float64))
-    return torch.from_numpy(table64).to(dtype)
 
 
 def _assign_group(data: GroupData, plans: list[_Plan], step: int | None) -> list[GroupResult]:

@@ -89,12 +89,13 @@ from mvc.quant._kernels import (
     scan_f32,
 )
 from mvc.quant.assign import level_dtype
-from mvc.quant.batched import GroupJob, batchable, exp_levels
+from mvc.quant.batched import GroupJob, batchable
 from mvc.quant.batched_moments import quantize_moments, ratio_bounds, scan_many
 from mvc.quant.backend import on_host_kernels
 from mvc.quant.config import check_bins
 from mvc.quant.error import chunk_for, error_sums, table_error_sums
 from mvc.quant.errors import QuantError
+from mvc.quant.logdomain import exp_levels, log32
 from mvc.quant.partition import Thresholds, check_fraction
 from mvc.quant.sketch import LogSketch
 from mvc.quant.tensor import QuantizedTensor, level_values, quantize
@@ -251,11 +252,11 @@ def _scan(t: torch.Tensor) -> tuple[int, int]:
 
 
 def _log32(x: torch.Tensor) -> torch.Tensor:
-    """float32(log(float64(x))), chunk by chunk: no float64 copy of the whole tensor."""
+    """`log32` chunk by chunk: no float64 copy of the whole tensor."""
     out = torch.empty(x.numel(), dtype=torch.float32, device=x.device)
     step = chunk_for(x)  # fewer launches on a GPU
     for s in range(0, x.numel(), step):
-        out[s:s + step] = x[s:s + step].to(torch.float64).log()  # not log_(): x may be float64
+        out[s:s + step] = log32(x[s:s + step])
     return out
 
 

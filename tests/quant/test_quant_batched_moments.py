@@ -158,3 +158,14 @@ def test_cuda_moments_synchronise_a_fixed_number_of_times():  # pragma: no cover
 
     few, many = count(4), count(32)
     assert many == few and few <= 16, (few, many)
+
+
+def test_log32_leaves_its_input_alone():
+    from mvc.quant.logdomain import log32
+
+    for dtype in (torch.float32, torch.float64):
+        v = torch.rand(100, dtype=dtype) + 0.5
+        before = v.clone()
+        got = log32(v)
+        assert torch.equal(v, before) and got.dtype == torch.float32
+        assert torch.equal(got, v.double().log().float())

@@ -1,0 +1,24 @@
+"""A second moment's log domain (`mvc.quant.optimizer`): the arithmetic every path shares, so a
+moment quantizes and restores to the same bits wherever it is done.
+
+* `log32`: the values quantized, float32(log(float64(v))) of the positive entries;
+* `exp_levels`: a level's restored value, exp of its centroid in float64 on the host (numpy's
+  exp: the same on every device), rounded once to the moment's dtype.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def log32(v: torch.Tensor) -> torch.Tensor:
+    """float32(log(float64(v))), on v's device; v itself is left alone (a float64 v is not
+    copied by the cast, so the log must not be taken in place)."""
+    return v.to(torch.float64).log().to(torch.float32)
+
+
+def exp_levels(cen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """exp of log-domain centroids as the restore gives them: exp in float64 on the host, then
+    one rounding to `dtype` (a host tensor)."""
+    table64 = np.exp(cen.detach().cpu().numpy().astype(np.float64))
+    return torch.from_numpy(table64).to(dtype)
