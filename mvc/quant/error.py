@@ -89,13 +89,15 @@ def table_error_sums(levels: torch.Tensor, x: torch.Tensor, table: torch.Tensor,
     return (a[0], a[1], a[2], a[3], a[4], a[5])
 
 
-class _SumsCache:
+class SumsCache:
     """Error sums by quantization, so every reader of one quantization's sums shares its
     pass: the search's guard rail and proxy, and the trials that reuse a `QuantizedTensor`
     whose (bins, thresholds) did not change.  Keyed weakly by the quantization (freed with
     it) and checked against the very value and gradient tensors, unchanged since (their
     in-place version counters), that the sums were computed from.  Sums taken with a
-    gradient serve a request without one (its first four terms do not depend on it)."""
+    gradient serve a request without one (its first four terms do not depend on it).
+    One instance per measured quantity (`mvc.quant.optimizer` keeps a second moment's, in
+    sqrt(v), in another)."""
 
     def __init__(self) -> None:
         self._map: weakref.WeakKeyDictionary[QuantizedTensor, tuple] = weakref.WeakKeyDictionary()
@@ -104,7 +106,9 @@ class _SumsCache:
     def _tag(t: torch.Tensor | None) -> tuple:
         return (None, -1) if t is None else (weakref.ref(t), t._version)
 
-    def get(self, q: QuantizedTensor, w: torch.Tensor, g: torch.Tensor | None) -> ErrorSums:
+    def peek(self, q: QuantizedTensor, w: torch.Tensor, g: torch.Tensor | None = None
+             ) -> ErrorSums | None:
+        """The sums kept for q against `w` (and `g`), or None."""
         hit = self._map.get(q)
         if hit is not None:
             (wr, wv), (gr, gv), sums = hit
@@ -113,16 +117,23 @@ class _SumsCache:
                     return (sums[0], sums[1], sums[2], sums[3], 0.0, 0.0)
                 if gr is not None and gr() is g and gv == g._version:
                     return sums
-        sums = error_sums(q, w, g)
-        self.put(q, w, g, sums)
+        return None
+
+    def get(self, q: QuantizedTensor, w: torch.Tensor, g: torch.Tensor | None) -> ErrorSums:
+        """`error_sums(q, w, g)`, from the cache where it holds them."""
+        sums = self.peek(q, w, g)
+        if sums is None:
+            sums = error_sums(q, w, g)
+            self.put(q, w, g, sums)
         return sums
 
     def put(self, q: QuantizedTensor, w: torch.Tensor, g: torch.Tensor | None,
             sums: ErrorSums) -> None:
+        """Keep `sums` for q, measured against `w` (and `g`) as they are now."""
         self._map[q] = (self._tag(w), self._tag(g), sums)
 
 
-_SUMS = _SumsCache()
+_SUMS = SumsCache()
 
 
 def seed_error_stats(q: QuantizedTensor, w: torch.Tensor, g: torch.Tensor | None,

@@ -72,7 +72,6 @@ compressed, only without joint pruning.
 from __future__ import annotations
 
 import re
-import weakref
 from typing import Iterable, Literal, Mapping, NamedTuple
 
 import torch
@@ -93,7 +92,8 @@ from mvc.quant.batched import GroupJob, batchable
 from mvc.quant.batched_moments import quantize_moments, ratio_bounds, scan_many
 from mvc.quant.backend import on_host_kernels
 from mvc.quant.config import check_bins
-from mvc.quant.error import chunk_for, error_sums, table_error_sums
+from mvc.quant.error import (SumsCache, cached_error_sums, chunk_for, seed_error_stats,
+                             table_error_sums)
 from mvc.quant.errors import QuantError
 from mvc.quant.logdomain import exp_levels, log32
 from mvc.quant.partition import Thresholds, check_fraction
@@ -384,12 +384,13 @@ def moment_error_sums(q: QuantizedTensor, domain: str, x: torch.Tensor) -> tuple
     float32 values (v' rounded to its dtype, as `restore` gives it), float64 sums, from the
     levels and a table of level values in one pass: no restored copy of the moment.
     """
-    hit = _MOMENT_SUMS.get(q)
-    if hit is not None and hit[0]() is x and hit[1] == x._version:
-        return hit[2]  # measured by the batched pass that made q
     if domain == "linear":
-        s = error_sums(q, x)
+        # the batched pass that made q left its sums there (`_batched_moments`)
+        s = cached_error_sums(q, x)
         return s[0], s[1]
+    hit = _SQRT_SUMS.peek(q, x)
+    if hit is not None:
+        return hit[0], hit[1]
     if domain != "log":
         raise OptimizerStateError(f"unknown optimizer-state domain {domain!r}; known: {DOMAINS}")
     lv = q.levels.reshape(-1)
@@ -406,10 +407,9 @@ def moment_error_sums(q: QuantizedTensor, domain: str, x: torch.Tensor) -> tuple
     return num, den
 
 
-#: `moment_error_sums` of moments the batched pass compressed, by quantization (freed with it),
-#: checked against the very tensor object, unchanged since, they were measured against.
-_MOMENT_SUMS: weakref.WeakKeyDictionary[QuantizedTensor, tuple[weakref.ref, int, tuple[float, float]]] = \
-    weakref.WeakKeyDictionary()
+#: A second moment's error sums in sqrt(v), as the batched pass measured them (a linear moment's
+#: are the ordinary ones: `cached_error_sums`).
+_SQRT_SUMS = SumsCache()
 
 #: Elements per chunk of sqrt(v) in `moment_error_sums` (a 16 MiB float32 temporary).
 _SQRT_CHUNK = 1 << 22
@@ -537,7 +537,10 @@ def _batched_moments(jobs: list[_Job], *, bins_moment: int, bins_second: int,
             if r is None:
                 rest.append(job)
                 continue
-            _MOMENT_SUMS[r.q] = (weakref.ref(job[1]), job[1]._version, (r.sums[0], r.sums[1]))
+            if domain == "linear":
+                seed_error_stats(r.q, job[1], None, r.sums, r.counts)
+            else:
+                _SQRT_SUMS.put(r.q, job[1], None, r.sums)
             done[job[0]] = OptQuantized(r.q, domain)
     return done, rest
 

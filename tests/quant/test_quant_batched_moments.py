@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import mvc.quant.error as error
 import mvc.quant.optimizer as opt
 from mvc.quant import quantize
 from sync_counter import cuda_syncs
@@ -67,8 +68,9 @@ def test_moments_compress_as_one_by_one(dtype, protect, joint):
     assert set(dev) == set(host) == set(state)
     for n in state:
         assert _same(dev[n], host[n]), n
-        assert dev[n].q in opt._MOMENT_SUMS  # measured by the batched pass
-        opt._MOMENT_SUMS.pop(dev[n].q)
+        cache = error._SUMS if dev[n].domain == "linear" else opt._SQRT_SUMS
+        assert cache.peek(dev[n].q, state[n]) is not None  # measured by the batched pass
+        cache._map.pop(dev[n].q)
         again = moment_error_sums(dev[n].q, dev[n].domain, state[n])
         assert measured[n] == pytest.approx(again, rel=1e-12, abs=0.0)
 
