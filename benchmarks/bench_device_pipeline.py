@@ -32,8 +32,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -135,7 +135,7 @@ def stages(state: dict[str, Any], device: str, repeat: int) -> dict[str, dict[st
 
     # on the host, the chunks a GPU takes: the launch counts are then a GPU's
     chunking = mock.patch.object(device_chunks, "_HOST_CHUNK", device_chunks._DEVICE_CHUNK)
-    with (device_path() if device == "cpu" else _nothing()), chunking:
+    with (device_path() if device == "cpu" else nullcontext()), chunking:
         with off:
             out["sketches"] = {"one by one": measure(sketches, device, repeat, live)}
         out["sketches"]["batched"] = measure(sketches, device, repeat, live)
@@ -150,10 +150,6 @@ def stages(state: dict[str, Any], device: str, repeat: int) -> dict[str, dict[st
         out["bounds"]["batched"] = measure(lambda: opt.moment_ratio_bounds(pairs), device, repeat, live)
     return out
 
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

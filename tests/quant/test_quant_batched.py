@@ -9,8 +9,7 @@ number of tensors (counted here as the ops that synchronise a CUDA stream).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -61,14 +60,10 @@ def _jobs(ts: list[torch.Tensor], grads: list[torch.Tensor], rules: dict, alpha:
 
 def _reference(job: GroupJob, sens: torch.Tensor | None, bins: int, family: str, device: bool):
     x = job.tensor.reshape(-1).float()
-    with device_path() if device else _nothing():
+    with device_path() if device else nullcontext():
         return quantize_prepared(job.tensor, x, job.sketch, sens, job.thr, bins, seed=5,
                                  family=family)
 
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def _same(a, b) -> bool:
