@@ -126,7 +126,10 @@ def quantize_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: flo
         if job.tensor.device != device or not batchable(job.tensor):
             raise QuantConfigError("quantize_group() takes non-empty float32/bfloat16/float16 "
                                    "tensors on one device that takes the torch path")
-    plans = [_plan(job, k0, family, init) for job, init in zip(jobs, _inits(jobs), strict=True)]
+    # warm starts are the parent's centroids, read into host memory (`parent_centroids`)
+    plans = [_plan(job, k0, family, None if job.init is None else
+                   job.init.detach().reshape(-1).to("cpu", torch.float64).numpy())
+             for job in jobs]
     need = [i for i, p in enumerate(plans) if p.centres is None and p.keep is None]
     if need:
         sub = [jobs[i] for i in need]
@@ -153,26 +156,6 @@ def quantize_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: flo
                             [plans[i] for i in live], chunk)
         for i, r in zip(live, got, strict=True):
             out[i] = r
-    return out
-
-
-def _inits(jobs: list[GroupJob]) -> list[np.ndarray | None]:
-    """The jobs' warm-start centroids on the host as float64; those on a device (a parent's
-    quantization kept there) cross together, in one copy."""
-    out: list[np.ndarray | None] = [None] * len(jobs)
-    away: dict[torch.device, list[int]] = {}
-    for i, j in enumerate(jobs):
-        if j.init is not None and j.init.device.type != "cpu":
-            away.setdefault(j.init.device, []).append(i)
-    for idx in away.values():
-        flat = [jobs[i].init.detach().reshape(-1).to(torch.float64)  # type: ignore[union-attr]
-                for i in idx]
-        host = torch.cat(flat).cpu().split([f.numel() for f in flat])
-        for i, h in zip(idx, host, strict=True):
-            out[i] = h.numpy()
-    for i, j in enumerate(jobs):
-        if j.init is not None and out[i] is None:
-            out[i] = j.init.detach().reshape(-1).to(torch.float64).numpy()
     return out
 
 

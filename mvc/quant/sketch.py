@@ -103,12 +103,11 @@ def _flat_f32(x: torch.Tensor) -> torch.Tensor:
     return x.detach().reshape(-1).to(torch.float32).contiguous()
 
 
-def _native_hist(x: torch.Tensor, tab: _Table, part: Partition | None = None
-                 ) -> tuple[np.ndarray, np.ndarray, int, int]:
-    nb = len(tab.bounds)
+def _native_hist(x: torch.Tensor, tab: _Table, part: Partition | None = None) -> np.ndarray:
+    """The `bucket_keys` counts of x, by the native kernel."""
     counts, zero, bad = loghist(x, tab.bounds, tab.inv_log2_gamma, tab.first, tab.cells,
                                 tab.cell_bits, part)
-    return counts[:nb], counts[nb:], zero, bad
+    return np.concatenate([np.asarray(counts, dtype=np.int64), [zero, bad]])
 
 
 #: Elements per chunk of the torch sketch: its float64 and int64 temporaries (~30 bytes an
@@ -136,18 +135,15 @@ def bucket_count(alpha: float) -> int:
     return len(_table(check_alpha(alpha)).bounds)
 
 
-def _torch_hist(x: torch.Tensor, tab: _Table) -> tuple[np.ndarray, np.ndarray, int, int]:
+def _torch_hist(x: torch.Tensor, tab: _Table) -> np.ndarray:
+    """The `bucket_keys` counts of x, by torch on x's device."""
     nb = len(tab.bounds)
     # Counts accumulate on the device and cross to the host once, with the non-finite count:
     # one synchronisation per tensor, not one per chunk.
     counts = torch.zeros(2 * nb + 2, dtype=torch.int64, device=x.device)
     for s in range(0, x.numel(), _HIST_CHUNK):
         count_into(counts, bucket_keys(x[s:s + _HIST_CHUNK], tab.alpha))
-    return _split_counts(counts.cpu().numpy().astype(np.int64), nb)
-
-
-def _split_counts(c: np.ndarray, nb: int) -> tuple[np.ndarray, np.ndarray, int, int]:
-    return c[:nb].copy(), c[nb:2 * nb].copy(), int(c[2 * nb]), int(c[2 * nb + 1])
+    return counts.cpu().numpy().astype(np.int64)
 
 
 def _trim(counts: np.ndarray, lo: int) -> tuple[np.ndarray, int]:
@@ -213,13 +209,8 @@ class LogSketch:
             raise QuantConfigError("the native sketch backend needs a CPU tensor")
         if part is not None and not use_native:
             raise QuantConfigError("a partition can only be applied by the native backend")
-        if use_native:
-            pos, neg, zero, bad = _native_hist(flat, tab, part)
-        else:
-            pos, neg, zero, bad = _torch_hist(flat, tab)
-        if bad:
-            raise NonFiniteTensorError(name, bad)
-        return cls(a, pos=pos, pos_lo=tab.first, neg=neg, neg_lo=tab.first, zero=zero)
+        counts = _native_hist(flat, tab, part) if use_native else _torch_hist(flat, tab)
+        return cls.from_key_counts(counts, a, name=name)
 
     @classmethod
     def from_key_counts(cls, counts: np.ndarray, alpha: float, *,
@@ -232,10 +223,10 @@ class LogSketch:
         c = np.asarray(counts, dtype=np.int64).reshape(-1)
         if c.size != 2 * nb + 2:
             raise QuantConfigError(f"{c.size} key counts for a sketch of {2 * nb + 2} keys")
-        pos, neg, zero, bad = _split_counts(c, nb)
-        if bad:
-            raise NonFiniteTensorError(name, bad)
-        return cls(a, pos=pos, pos_lo=tab.first, neg=neg, neg_lo=tab.first, zero=zero)
+        if c[2 * nb + 1]:
+            raise NonFiniteTensorError(name, int(c[2 * nb + 1]))
+        return cls(a, pos=c[:nb], pos_lo=tab.first, neg=c[nb:2 * nb], neg_lo=tab.first,
+                   zero=int(c[2 * nb]))
 
     # -- algebra ------------------------------------------------------------------
     def _check_compatible(self, other: LogSketch) -> None:
