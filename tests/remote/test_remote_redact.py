@@ -77,6 +77,20 @@ def test_s3_errors_never_print_the_endpoint_password(secret_endpoint, tmp_path, 
     assert info.value.__suppress_context__
 
 
+@pytest.mark.parametrize("prefix", ["run-403-a", "AccessDenied", "NoSuchBucket", "x401 Unauthorized"])
+def test_a_key_that_looks_like_an_answer_is_not_read_as_one(secret_endpoint, tmp_path, prefix):
+    """The class of an error comes from the server's answer, never from the URL the client
+    quotes: a 500 on a key containing "403" is a retryable outage (144), not access denied
+    (a random remote path once held "4037" and CI failed on it)."""
+    url = f"{secret_endpoint.fresh_url()}/{prefix}"
+    secret_endpoint.fail(100, 500)
+    got, text = _clone_cli(tmp_path, url)
+    assert got == RemoteUnavailableError.exit_code == 144, text
+    secret_endpoint.fail(100, 403)
+    got, text = _clone_cli(tmp_path, url)
+    assert got == 140, text
+
+
 def test_missing_bucket_and_unreachable_endpoint(secret_endpoint, tmp_path, monkeypatch):
     code, text = _clone_cli(tmp_path, "s3://no-such-bucket-r/p")
     assert code == 141 and SECRET not in text

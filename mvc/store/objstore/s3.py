@@ -22,6 +22,7 @@ userinfo (``http://user:password@host``) and query included.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -128,15 +129,14 @@ class S3Storage(ObjectStorage):
         except (exc.PermissionDeniedError, exc.UnauthenticatedError) as e:
             raise RemoteAccessError(f"{self.url}: access denied ({_first_line(e)})") from None
         except exc.GenericError as e:
-            text = str(e)
-            if "NoSuchBucket" in text:
+            status, code = _answer(e)
+            if code == "NoSuchBucket":
                 raise RemoteMissingError(f"{self.url}: no such bucket") from None
-            if ("403" in text or "401 Unauthorized" in text or "AccessDenied" in text
-                    or "InvalidAccessKeyId" in text):
+            if status in (401, 403) or code in _DENIED_CODES:
                 raise RemoteAccessError(f"{self.url}: access denied") from None
             raise RemoteUnavailableError(f"{where}: {_first_line(e)}") from None
         except self._notfound as e:
-            if "NoSuchBucket" in str(e):
+            if _answer(e)[1] == "NoSuchBucket":
                 raise RemoteMissingError(f"{self.url}: no such bucket") from None
             # A 404 the operation did not expect (a listing's): the bucket or its path is gone.
             raise RemoteMissingError(f"{where}: not found ({_first_line(e)})") from None
@@ -155,7 +155,7 @@ class S3Storage(ObjectStorage):
                 etag = res.meta.get("e_tag") or ""
                 return Stored(bytes(res.bytes()), etag)
             except self._notfound as e:
-                if "NoSuchBucket" in str(e):
+                if _answer(e)[1] == "NoSuchBucket":
                     raise
                 return None
 
@@ -166,7 +166,7 @@ class S3Storage(ObjectStorage):
             try:
                 return bytes(self._ob.get_range(self._store, key, start=start, end=end))
             except self._notfound as e:
-                if "NoSuchBucket" in str(e):
+                if _answer(e)[1] == "NoSuchBucket":
                     raise
                 raise KeyError(key) from None
 
@@ -175,7 +175,7 @@ class S3Storage(ObjectStorage):
             try:
                 return int(self._ob.head(self._store, key)["size"])
             except self._notfound as e:
-                if "NoSuchBucket" in str(e):
+                if _answer(e)[1] == "NoSuchBucket":
                     raise
                 return None
 
@@ -193,7 +193,7 @@ class S3Storage(ObjectStorage):
             except (self._exc.AlreadyExistsError, self._exc.PreconditionError):
                 raise PreconditionFailed(key) from None
             except self._notfound as e:
-                if "NoSuchBucket" in str(e):
+                if _answer(e)[1] == "NoSuchBucket":
                     raise
                 # If-Match on a key that vanished: the condition did not hold.
                 raise PreconditionFailed(key) from None
@@ -212,7 +212,7 @@ class S3Storage(ObjectStorage):
             try:
                 self._ob.delete(self._store, key)
             except self._notfound as e:
-                if "NoSuchBucket" in str(e):
+                if _answer(e)[1] == "NoSuchBucket":
                     raise
 
 
@@ -233,6 +233,22 @@ def _shared_files_credentials(config: dict[str, Any]) -> Any:
     if session.region_name and "region" in config:
         config["region"] = session.region_name
     return Boto3CredentialProvider(session)
+
+
+# The client's message quotes the request (URL, key, request id) before the server's answer,
+# so a bare substring test misreads a key that happens to contain "403": only the status line
+# and the error document's <Code> are read.
+_STATUS = re.compile(r"non-2xx status code: (\d{3})\b")
+_CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
+_DENIED_CODES = frozenset({"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"})
+
+
+def _answer(exc: BaseException) -> tuple[int | None, str | None]:
+    """The HTTP status and S3 error code of the server's answer quoted in a client error
+    (None for either that the message does not carry)."""
+    text = str(exc)
+    status, code = _STATUS.search(text), _CODE.search(text)
+    return (int(status.group(1)) if status else None, code.group(1) if code else None)
 
 
 def _first_line(exc: BaseException) -> str:
