@@ -10,6 +10,10 @@ measured:
                  error sums, level counts and bits the search reads), per layer type
     moments      every Adam moment compressed, with the guard rail's error sums
     bounds       the restore clamp's |m| / sqrt(v) bound of every first moment
+    first hook   the whole commit hook of a first commit (`plan_quantization`: sketches, the
+                 config search judged by the proxy, the moments), what `plan` runs before
+                 the encoders
+    next hook    the same for the next commit: the parent's config and centroids as its start
 
 (`bench_scale --device cuda` times whole commits.)
 
@@ -20,7 +24,9 @@ Synchronisations and launches are counted by tests/helpers/sync_counter.py (what
 host wait for a CUDA stream, following the data that would live on the GPU). The counts are the
 point on a machine without a GPU (`--device cpu` runs the device path on host tensors, in a
 GPU's chunk size); the times, and each stage's peak extra GPU memory against the state's bytes,
-mean something only on a GPU, where each synchronisation stalls the stream.
+mean something only on a GPU, where each synchronisation stalls the stream. On the host the
+counter also estimates the device memory each stage would hold at its peak (what it computed
+from device data and kept alive; a lower bound), against the state's bytes.
 
     python benchmarks/bench_device_pipeline.py                  # 30M parameters, CPU
     python benchmarks/bench_device_pipeline.py --device cuda --params 124e6 --json
@@ -52,8 +58,8 @@ import mvc.quant.optimizer as opt  # noqa: E402
 import mvc.search.prepared as prepared  # noqa: E402
 from mvc.quant import QuantConfig  # noqa: E402
 from mvc.quant.backend import device_path  # noqa: E402
-from mvc.search import default_policy  # noqa: E402
-from mvc.state import flatten  # noqa: E402
+from mvc.search import Quantization, default_policy, plan_quantization  # noqa: E402
+from mvc.state import flatten, unflatten  # noqa: E402
 from sync_counter import SyncCounter  # noqa: E402
 
 def _sync(device: str) -> None:
@@ -64,11 +70,12 @@ def _sync(device: str) -> None:
 def measure(fn: Callable[[], Any], device: str, repeat: int, on_device: list[torch.Tensor]
             ) -> dict[str, Any]:
     """Counts from one counted run (`on_device`: the state's tensors), then the median wall
-    time of `repeat` plain runs."""
+    time of `repeat` plain runs; `peak_extra_gpu`: the stage's peak GPU memory above what was
+    allocated before it on CUDA, the counter's estimate of it on the host."""
     # inline, not on the pool's threads: the counter sees this thread's ops only
     with mock.patch.dict(os.environ, {"MVC_THREADS": "1"}), SyncCounter(device=on_device) as counter:
         fn()
-    peak = None
+    peak = None if device == "cuda" else counter.peak_bytes
     if device == "cuda":  # the stage's peak GPU memory above what was allocated before it
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
@@ -88,8 +95,10 @@ def measure(fn: Callable[[], Any], device: str, repeat: int, on_device: list[tor
             "syncs": counter.syncs, "sync_kinds": dict(counter.kinds), "peak_extra_gpu": peak}
 
 
-def stages(state: dict[str, Any], device: str, repeat: int) -> dict[str, dict[str, Any]]:
-    flat = flatten({"model": state["model"], "optimizer": state["optimizer"]}).tensors
+def stages(state: dict[str, Any], device: str, repeat: int, hooks: bool = True
+           ) -> dict[str, dict[str, Any]]:
+    whole = flatten({"model": state["model"], "optimizer": state["optimizer"]})
+    flat = whole.tensors
     everything = {n: t for n, t in flat.items() if isinstance(t, torch.Tensor)}
     tensors = {n: t for n, t in everything.items() if n.startswith("model/")}
     config = QuantConfig(bins=16, prune=0.1, protect=0.001)
@@ -148,6 +157,21 @@ def stages(state: dict[str, Any], device: str, repeat: int) -> dict[str, dict[st
                 lambda: [opt.moment_ratio_bound(m, v) for m, v in pairs], device, repeat, live)}
         out["moments"]["batched"] = measure(moment_run, device, repeat, live)
         out["bounds"]["batched"] = measure(lambda: opt.moment_ratio_bounds(pairs), device, repeat, live)
+        if hooks:
+            how = Quantization("search", epsilon=0.05, policy=default_policy(), optimizer="compressed")
+
+            def hook(previous: Any = None, init: Any = None) -> Callable[[], Any]:
+                return lambda: plan_quantization(
+                    everything, how, to_state=lambda t: unflatten(whole.skeleton, t),
+                    previous=previous, init=init)
+            first = hook()()
+            start = first.config.to_dict() if first.config is not None else None
+            init = {n: q.centroids.cpu() for n, q in first.quantized.items()}
+            del first
+            for name, run in (("first hook", hook()), ("next hook", hook(start, init))):
+                with off, moment_off:
+                    out[name] = {"one by one": measure(run, device, 1, live)}
+                out[name]["batched"] = measure(run, device, 1, live)
     return out
 
 
@@ -158,12 +182,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-hooks", action="store_true", help="skip the whole-hook stages")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     shape = shape_for(args.params)
     state = train(shape, [args.steps], args.device, batch=4, seq=64)[0]
     n = sum(p.numel() for p in state["model"].values())
-    res = stages(state, args.device, args.repeat)
+    res = stages(state, args.device, args.repeat, hooks=not args.no_hooks)
     state_bytes = sum(t.numel() * t.element_size() for t in flatten(state).tensors.values()
                       if isinstance(t, torch.Tensor))
     report = {"device": args.device, "params": n, "shape": shape, "state_bytes": state_bytes,
@@ -178,8 +203,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for stage, paths in res.items():
             base = paths["one by one"]["seconds"]
             for path, m in paths.items():
-                gpu = ("" if m["peak_extra_gpu"] is None
-                       else f"  GPU peak {m['peak_extra_gpu'] / state_bytes:.3f}x the state")
+                what = "GPU peak" if args.device == "cuda" else "device peak (est.)"
+                gpu = f"  {what} {m['peak_extra_gpu'] / state_bytes:.3f}x the state"
                 print(f"{stage:10s} {path:11s} {m['syncs']:6d} {m['launches']:8d} "
                       f"{m['seconds']:8.3f}  {m['seconds'] / base:5.2f}x{gpu}")
     return report

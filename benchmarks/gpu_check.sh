@@ -5,7 +5,8 @@
 #   bash benchmarks/gpu_check.sh [bench_scale args...]      (results under $OUT)
 # MVC_GPU_TESTS: test paths (default: the device tests); MVC_GPU_BENCH=0 skips the benchmark;
 # MVC_GPU_BACKGROUND=1 adds bench_background --device cuda (issue 27's background commit);
-# MVC_GPU_PIPELINE=0 skips bench_device_pipeline (the batched device passes, 124M).
+# MVC_GPU_PIPELINE=0 skips bench_device_pipeline (the batched device passes and whole commit
+# hooks at 124M: syncs, launches, time and peak extra GPU memory against the state).
 set -u
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
@@ -49,7 +50,8 @@ if [ "${MVC_GPU_PIPELINE:-1}" != 0 ]; then
   python3 -c "import json,sys; r=json.load(open(sys.argv[1]))
 for s, p in r['stages'].items():
     b = p['one by one']['seconds']
-    for k, m in p.items(): print(s, k, m['syncs'], m['launches'], round(m['seconds'], 4), round(m['seconds'] / b, 2))" \
+    for k, m in p.items(): print(s, k, m['syncs'], m['launches'], round(m['seconds'], 4), round(m['seconds'] / b, 2),
+                                 'gpu peak', round((m['peak_extra_gpu'] or 0) / r['state_bytes'], 3))" \
     "$OUT/pipeline.json" 2>/dev/null || tail -5 "$OUT/pipeline.log"
 fi
 if [ "${MVC_GPU_BACKGROUND:-0}" != 0 ]; then

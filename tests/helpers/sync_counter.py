@@ -14,12 +14,20 @@ count, nor do the ops that make them: a lower bound on launches). A move to "the
 the host here) cannot be told from a move to the host: the code under count skips moves to
 where a tensor already is.
 
+It also keeps the bytes the device would hold: every storage an op on device data wrote
+(views share their base's), from the op that made it until the last tensor on it is gone
+(`live_bytes`, `peak_bytes`; the tensors given as `device` are the baseline, not counted).
+Like the launches, a lower bound: a device buffer made by a factory (`torch.empty(...,
+device=)`) counts from the first op that writes device data into it.
+
     with SyncCounter(device=tensors) as c:
         run()
-    c.syncs, c.kinds, c.ops
+    c.syncs, c.kinds, c.ops, c.peak_bytes
 """
 from __future__ import annotations
 
+import threading
+import traceback
 import warnings
 import weakref
 from collections import Counter
@@ -37,11 +45,22 @@ _DATA_DEPENDENT = ("_local_scalar_dense", "nonzero", "masked_select", "unique", 
 class SyncCounter(TorchDispatchMode):
     """Counts the synchronisations and aten ops of the code run inside it (module docstring)."""
 
-    def __init__(self, device: Iterable[torch.Tensor] = ()) -> None:
+    def __init__(self, device: Iterable[torch.Tensor] = (), trace_bytes: int = 0) -> None:
+        """`trace_bytes` > 0: remember where each device storage of at least that many bytes
+        was made, and `at_peak` lists what was held at the peak (largest first)."""
         super().__init__()
+        self._trace = trace_bytes
+        self._origin: dict[int, str] = {}
+        self.at_peak: list[tuple[int, str]] = []
         self._on: dict[int, weakref.ref] = {}  # by id (a tensor's == is elementwise)
+        self._held: dict[int, int] = {}  # storage address -> bytes
+        self._baseline: set[int] = set()  # the given tensors' storages: never counted
+        self._lock = threading.Lock()  # finalizers may run on any thread
+        self.live_bytes = 0
+        self.peak_bytes = 0
         for t in device:
-            self._mark(t)
+            self._mark(t, hold=False)
+            self._baseline.add(t.untyped_storage().data_ptr())
         self.kinds: Counter[str] = Counter()
         self.ops = 0
         self._saved: dict[str, Any] = {}
@@ -50,16 +69,55 @@ class SyncCounter(TorchDispatchMode):
     def syncs(self) -> int:
         return sum(self.kinds.values())
 
-    def _mark(self, t: torch.Tensor) -> None:
-        self._on[id(t)] = weakref.ref(t)
+    def _mark(self, t: torch.Tensor, hold: bool = True, op: str = "") -> None:
+        if hold:  # also when t is marked already: an in-place op may have resized it
+            self._hold(t, op)
+        if not self.on_device(t):
+            self._on[id(t)] = weakref.ref(t)
+
+    def _hold(self, t: torch.Tensor, op: str = "") -> None:
+        # Storages keep their Python object while any tensor uses them (PyObject preservation),
+        # so a finalizer on it runs when the memory is freed, however many views it had.
+        storage = t.untyped_storage()
+        key, nbytes = storage.data_ptr(), storage.nbytes()
+        if not key or not nbytes:
+            return
+        with self._lock:
+            if key in self._held or key in self._baseline:
+                return
+            self._held[key] = nbytes
+            self.live_bytes += nbytes
+            if self._trace and nbytes >= self._trace:
+                self._origin[key] = f"{op} {_caller()}"
+            if self.live_bytes > self.peak_bytes:
+                self.peak_bytes = self.live_bytes
+                if self._trace:
+                    self.at_peak = sorted(((n, self._origin.get(k, "(small)"))
+                                           for k, n in self._held.items()), reverse=True)
+        weakref.finalize(storage, self._release, key)
+
+    def _release(self, key: int) -> None:
+        with self._lock:
+            nbytes = self._held.pop(key, None)
+            if nbytes is not None:
+                self.live_bytes -= nbytes
+                self._origin.pop(key, None)
+
+    def reset_peak(self) -> None:
+        """Start a new peak from what is held now."""
+        self.peak_bytes = self.live_bytes
 
     def on_device(self, t: Any) -> bool:
-        """Whether tensor `t` would live on the device: marked, or an op's output (a view
-        included) with a marked input."""
+        """Whether tensor `t` would live on the device: marked, an op's output (a view
+        included) with a marked input, or on a storage that holds device data."""
         if not isinstance(t, torch.Tensor):
             return False
         ref = self._on.get(id(t))
-        return ref is not None and ref() is t
+        if ref is not None and ref() is t:
+            return True
+        # a tensor on memory that device data was written into (a buffer filled through a view)
+        key = t.untyped_storage().data_ptr()
+        return bool(key) and (key in self._held or key in self._baseline)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -77,7 +135,7 @@ class SyncCounter(TorchDispatchMode):
         if tainted:
             for o in tree_flatten(out)[0]:
                 if isinstance(o, torch.Tensor):
-                    self._mark(o)
+                    self._mark(o, op=name)
         return out
 
     def __enter__(self) -> SyncCounter:
@@ -118,6 +176,12 @@ class SyncCounter(TorchDispatchMode):
         super().__exit__(*exc)
         for name, orig in self._saved.items():
             setattr(torch.Tensor, name, orig)
+
+
+def _caller() -> str:
+    """file:line of the innermost frames in mvc's own code that led here."""
+    frames = [f for f in traceback.extract_stack() if "/mvc/" in f.filename]
+    return " < ".join(f"{f.filename.rsplit('/mvc/', 1)[1]}:{f.lineno}" for f in frames[::-1][:3])
 
 
 def cuda_syncs(fn: Any) -> int:
