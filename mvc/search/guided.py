@@ -156,21 +156,23 @@ def guided_search(shape: Sequence[int], cost: Callable[[Idx], float],
     def known(p: Idx) -> bool | None:
         return feasible.known(p) if isinstance(feasible, MonotoneOracle) else None
 
-    def search(lo: Idx, hi: Idx) -> None:
+    def step(lo: Idx, hi: Idx) -> list[tuple[Idx, Idx]]:
+        """One box of the recursion: probe its diagonal, and the boxes left to search in it,
+        in the order they are to be searched."""
         if best[0] is not None and key(lo) >= best[0]:
-            return  # nothing in this box can beat the best found so far
+            return []  # nothing in this box can beat the best found so far
         if known(hi) is False:
-            return
+            return []
         if known(lo) is True:
             best[0] = min(best[0], key(lo)) if best[0] is not None else key(lo)
-            return
+            return []
         diag = diagonal(lo, hi)
         if prefetch is not None and width > 1 and isinstance(feasible, MonotoneOracle):
             t = _first_feasible_batched(diag, feasible, prefetch, width)
         else:
             t = _first_feasible(diag, feasible)
         if t is None:
-            return
+            return []
         d = diag[t]
         if best[0] is None or key(d) < best[0]:
             best[0] = key(d)
@@ -191,10 +193,15 @@ def guided_search(shape: Sequence[int], cost: Callable[[Idx], float],
                     and feasible.known(bhi) is None]
             if len(tops) > 1:
                 prefetch(tops[:width])
-        for _, blo, bhi in boxes:
-            search(blo, bhi)
+        return [(blo, bhi) for _, blo, bhi in boxes]
 
     if not shape or any(n < 1 for n in shape):
         return None
-    search(tuple(0 for _ in shape), tuple(n - 1 for n in shape))
+    # Depth first, each box's sub-boxes in their order: the recursion of Algorithm 4 on an
+    # explicit stack. (A nested function calling itself is a reference cycle, which kept
+    # `feasible` -- the search's runner, and its trials' levels on the GPU -- alive until the
+    # cyclic garbage collector next ran.)
+    stack = [(tuple(0 for _ in shape), tuple(n - 1 for n in shape))]
+    while stack:
+        stack.extend(reversed(step(*stack.pop())))
     return best[0][1] if best[0] is not None else None

@@ -132,6 +132,7 @@ class Runner:
         # (family, feedback, bins, thresholds), is not quantized again.
         key = quantizer_of(config)
         reuse = dict(self._last) if self._last_family == key else {}
+        self._last = {}  # held on only in `reuse`, which drops what this config does not use
         for point in self.best.values():
             if quantizer_of(self.memo[point].config) == key:
                 reuse.update(self.memo[point].keys)

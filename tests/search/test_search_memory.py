@@ -1,0 +1,95 @@
+"""What a commit hook holds, and for how long (issue 27: on a GPU every set of a state's levels
+is a quarter of its float32 bytes, and the bound on the hook's extra GPU memory is a quarter).
+
+Found with the device-memory estimate of `tests/helpers/sync_counter.py` on a 124M-parameter
+state: a search whose runner sat in a reference cycle kept its trials' levels until Python's
+cyclic collector next ran, which on a GPU may be many commits later (the cycle tests run with
+that collector off and look at what the hook left unreachable but not freed); and a trial held
+the previous trial's levels while it made its own, reused or not.
+"""
+from __future__ import annotations
+
+import gc
+from contextlib import nullcontext
+
+import pytest
+import torch
+
+from mvc.quant.backend import device_path
+from mvc.quant import QuantConfig
+from mvc.search import Quantization, default_policy, plan_quantization
+from mvc.search.prepared import Prepared
+from mvc.search.trials import quantize_config
+from mvc.state import flatten, unflatten
+
+
+def _state() -> dict:
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    x = torch.randn(128, 64)
+    for _ in range(5):
+        loss = (net(x) - x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return {"model": net.state_dict(), "optimizer": opt.state_dict()}
+
+
+def _garbage_after(fn) -> list:
+    """The objects `fn` left in reference cycles (unreachable, not yet freed)."""
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        out = fn()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = list(gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if was:
+            gc.enable()
+    del out
+    return left
+
+
+@pytest.mark.parametrize("path", ["native", "device"])
+def test_a_search_leaves_nothing_in_cycles(path):
+    whole = flatten(_state())
+    tensors = dict(whole.tensors)
+    how = Quantization("search", epsilon=0.05, policy=default_policy(), optimizer="compressed")
+
+    def hook():
+        with device_path() if path == "device" else nullcontext():
+            return plan_quantization(tensors, how, to_state=lambda t: unflatten(whole.skeleton, t))
+
+    left = _garbage_after(hook)
+    kinds = sorted({type(o).__name__ for o in left
+                    if isinstance(o, torch.Tensor) or type(o).__module__.startswith("mvc.")})
+    assert kinds == [], kinds
+    assert not any(isinstance(o, torch.Tensor) for o in left)
+
+
+def test_a_trial_drops_what_it_does_not_reuse_before_it_quantizes():
+    tensors = {n: t for n, t in flatten(_state()).tensors.items() if n.startswith("model/")}
+    prep = Prepared(tensors, {}, default_policy(), 0.01)
+    _, last = quantize_config(prep, QuantConfig(bins=16), seed=0, init={}, weigh=True)
+    assert last
+    same = dict(last)
+    qmap, keys = quantize_config(prep, QuantConfig(bins=16), seed=0, init={}, weigh=True,
+                                 reuse=same)
+    assert same.keys() == last.keys()  # every piece reused: nothing dropped, nothing made again
+    assert all(keys[k] is last[k] for k in last)
+    other = dict(last)
+    seen: list[int] = []
+    real = prep.quantize_group
+
+    def spy(*a, **k):
+        seen.append(len(other))  # what the trial still holds when it starts quantizing
+        return real(*a, **k)
+
+    prep.quantize_group = spy  # type: ignore[method-assign]
+    quantize_config(prep, QuantConfig(bins=8), seed=0, init={}, weigh=True, reuse=other)
+    assert seen and seen[0] == 0 and other == {}
