@@ -102,7 +102,7 @@ class _Plan:
 
 def quantize_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: float = 0.2,
                    family: str = DEFAULT_FAMILY, chunk: int | None = None,
-                   domain: str = "linear", drop_zeros: bool = False
+                   domain: str = "linear", drop_zeros: bool = False, to_host: bool = False
                    ) -> list[GroupResult | None]:
     """Each job's tensor quantized as `quantize_prepared(tensor, x, sketch, sens, thr, bins,
     seed=seed, sigma=sigma, init=init, family=family)` would, in one batched pass over the
@@ -114,7 +114,11 @@ def quantize_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: flo
     float32(log(v)) of the kept entries, protected entries keep v, and the sums measure
     sqrt(v') against sqrt(v) (`moment_error_sums`). `drop_zeros`: exact zeros (in the log
     domain every v <= 0) are set aside at the pruned level (a moment's). The jobs' sketches are
-    then of the kept entries' (transformed) values."""
+    then of the kept entries' (transformed) values.
+
+    `to_host`: the results' quantizations in host memory, the group's levels crossing in one
+    copy when the pass is done, so the device holds none of them after (the commit encodes
+    on the host: a final quantization, such as a moment's, need not wait there)."""
     k0 = check_bins(bins)
     check_family(family)
     if domain not in DOMAINS:
@@ -153,7 +157,7 @@ def quantize_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: flo
     out: list[GroupResult | None] = [None] * len(jobs)
     if live:
         got = _assign_group(GroupData([jobs[i] for i in live], device, domain, drop_zeros),
-                            [plans[i] for i in live], chunk)
+                            [plans[i] for i in live], chunk, to_host)
         for i, r in zip(live, got, strict=True):
             out[i] = r
     return out
@@ -318,7 +322,8 @@ def _measured(cen: torch.Tensor, dtype: torch.dtype, domain: str) -> torch.Tenso
     return exp_levels(cen, dtype).to(torch.float32).sqrt()
 
 
-def _assign_group(data: GroupData, plans: list[_Plan], step: int | None) -> list[GroupResult]:
+def _assign_group(data: GroupData, plans: list[_Plan], step: int | None,
+                  to_host: bool = False) -> list[GroupResult]:
     jobs, device, domain = data.jobs, data.device, data.domain
     n_jobs = len(jobs)
     ks = [p.k for p in plans]
@@ -329,9 +334,11 @@ def _assign_group(data: GroupData, plans: list[_Plan], step: int | None) -> list
     mids = [midpoints(c) for c in cens]
     mid_keys = upload(torch.cat([float_keys(m, torch.full_like(m, j, dtype=torch.int64))
                                  for j, m in enumerate(mids)]), device)
+    # int32 level arithmetic (a chunk's levels at 4 B a value, not 8): its largest value,
+    # a level index of the last job, is below n_jobs * width
     mid_off = upload(torch.tensor(np.cumsum([0] + [m.numel() for m in mids[:-1]]),
-                                  dtype=torch.int64), device)
-    kvec = upload(torch.tensor(ks, dtype=torch.int64), device)
+                                  dtype=torch.int32), device)
+    kvec = upload(torch.tensor(ks, dtype=torch.int32), device)
     cens_on = upload(torch.cat(cens), device).split([c.numel() for c in cens])
     table = torch.zeros(n_jobs, width, dtype=torch.float32)
     for j, (job, cen) in enumerate(zip(jobs, cens, strict=True)):
@@ -357,7 +364,8 @@ def _assign_group(data: GroupData, plans: list[_Plan], step: int | None) -> list
             prune = drop if prune is None else prune.logical_or_(drop)
             if protect is not None:
                 protect.logical_and_(~drop)
-        lv = torch.searchsorted(mid_keys, float_keys(xs, c.seg)).sub_(mid_off.index_select(0, c.seg))
+        lv = torch.searchsorted(mid_keys, float_keys(xs, c.seg), out_int32=True)
+        lv.sub_(mid_off.index_select(0, c.seg))
         del xs, drop
         if prune is not None:
             lv = torch.where(prune, kvec.index_select(0, c.seg), lv)
@@ -368,7 +376,7 @@ def _assign_group(data: GroupData, plans: list[_Plan], step: int | None) -> list
         n = c.size
         arena[pos:pos + n].copy_(lv)
         pos += n
-        idx = lv.add_(c.seg * width)
+        idx = lv.add_(c.seg, alpha=width)
         count_into(counts, idx)
         x64 = (raw if domain == "linear" else raw.clamp_min(0).sqrt_()).to(torch.float64)
         del raw
@@ -378,27 +386,35 @@ def _assign_group(data: GroupData, plans: list[_Plan], step: int | None) -> list
             d.masked_fill_(protect, 0.0)  # protected values restore exactly
         del protect
         dd, xx = d.mul_(d), x64.mul_(x64)  # x64 is not needed past here: |x| = sqrt(x^2)
-        ax = xx.sqrt()
+        del d, x64  # (the squares are them, in place: held as dd, xx until the sums are taken)
 
         def total(t: torch.Tensor) -> torch.Tensor:
             return torch.segment_reduce(t, "sum", lengths=c.lengths, unsafe=True)
 
-        # one product alive at a time: the chunk's float64 temporaries stay ~4 arrays deep
-        parts = [total(dd), total(xx), total(ax * dd), total(ax.mul_(xx))]
-        del ax
+        # The chunk's float64 arrays are its biggest temporaries (8 B a value each): the
+        # products are taken in place once a factor's own sum is in, three arrays deep
+        # (four for a weighted proxy's one product with a temporary).
+        parts = [total(dd), total(xx)]
         if weighted:
             aw = data.abs_weights(c)
             parts += [total(aw * dd), total(aw.mul_(xx))]
             del aw
-        del dd, xx
+        ax = xx.sqrt()
+        parts[2:2] = [total(dd.mul_(ax)), total(ax.mul_(xx))]
+        del ax, dd, xx
         sums = torch.stack(parts, dim=1)
         acc.index_add_(0, c.jobs, sums)  # a job has one piece per chunk: no two adds meet
     # the group's one synchronisation (the second copy finds nothing left to wait for)
     counts_h = counts.cpu().reshape(n_jobs, width).numpy()
     sums_h = acc.cpu().numpy()
     n_prot = [int(counts_h[j, k + 1]) for j, k in enumerate(ks)]
-    prot = (torch.cat(protected) if protected
-            else torch.empty(0, dtype=torch.float32, device=device)).split(n_prot)
+    prot_all = (torch.cat(protected) if protected
+                else torch.empty(0, dtype=torch.float32, device=device))
+    del protected
+    if to_host:  # (`.cpu()` also on the host, where it is the tensor itself: one code path)
+        arena, prot_all, cens_on = arena.cpu(), prot_all.cpu(), tuple(cens)
+    prot = prot_all.split(n_prot)
+    del prot_all
     out = []
     for j, (job, k) in enumerate(zip(jobs, ks, strict=True)):
         levels = arena[int(starts[j]):int(starts[j + 1])]

@@ -67,12 +67,12 @@ def kept_sketches(jobs: list[GroupJob], alpha: float, domain: str,
 
 def quantize_moments(jobs: list[GroupJob], bins: int, *, domain: str, prune: float,
                      protect: float, seed: int, alpha: float, sigma: float,
-                     chunk: int | None = None) -> list[GroupResult | None]:
+                     chunk: int | None = None, to_host: bool = False) -> list[GroupResult | None]:
     """Each moment compressed as `mvc.quant.optimizer` does one (`quantize` of its kept entries,
     in `domain`, spread back with the rest at the pruned level), with the sums of
     `moment_error_sums` as the result's first two. None where the moment is left to that path:
     no kept entry, or no more distinct buckets than bins. The jobs' `sketch` and `thr` are
-    ignored: they are taken here."""
+    ignored: they are taken here. `to_host`: as `quantize_group`'s."""
     sketches = kept_sketches(jobs, alpha, domain, chunk)
     ready: list[GroupJob] = []
     where: list[int] = []
@@ -84,7 +84,7 @@ def quantize_moments(jobs: list[GroupJob], bins: int, *, domain: str, prune: flo
         where.append(i)
     out: list[GroupResult | None] = [None] * len(jobs)
     got = quantize_group(ready, bins, seed=seed, sigma=sigma, chunk=chunk, domain=domain,
-                         drop_zeros=True)
+                         drop_zeros=True, to_host=to_host)
     for i, r in zip(where, got, strict=True):
         out[i] = r
     return out

@@ -73,9 +73,12 @@ def float_keys(x: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
     """int64 keys ordered as (seg, x) for float32 `x` (no NaN): equal floats get equal keys
     (-0.0 is taken as +0.0) and a larger float a larger key, within each `seg`. One
     `searchsorted` of such keys finds every element's level among its own tensor's midpoints."""
+    # in place where it can be: a chunk's keys are its largest temporaries (8 B a value)
     b = (x + 0.0).view(torch.int32)   # -0.0 + 0.0 is +0.0
-    b = b ^ ((b >> 31) & 0x7FFFFFFF)  # negative floats: magnitude bits reversed
-    return (seg << 32) + b.to(torch.int64) + (1 << 31)
+    b.bitwise_xor_((b >> 31).bitwise_and_(0x7FFFFFFF))  # negative floats: magnitude bits reversed
+    keys = b.to(torch.int64)
+    del b
+    return keys.add_(1 << 31).add_(seg, alpha=1 << 32)
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

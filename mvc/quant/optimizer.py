@@ -531,8 +531,12 @@ def _batched_moments(jobs: list[_Job], *, bins_moment: int, bins_second: int,
                          pruned_by=wq.levels if wq is not None else None,
                          pruned_level=wq.pruned_level if wq is not None else -1)
                 for name, t, _, wq in group]
+        # A moment's quantization is final (nothing searches it): its levels go to the host
+        # (where the commit encodes them) as soon as its domain is done, not held on the device
+        # through the rest of the hook (issue 27's GPU memory bound: all of a state's levels
+        # are a quarter of its float32 bytes).
         got = quantize_moments(work, bins, domain=domain, prune=prune, protect=protect,
-                               seed=seed, alpha=a, sigma=sig)
+                               seed=seed, alpha=a, sigma=sig, to_host=True)
         for job, r in zip(group, got, strict=True):
             if r is None:
                 rest.append(job)
