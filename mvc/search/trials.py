@@ -184,7 +184,7 @@ def quantize_config(source: TrialSource, config: QuantConfig, *, seed: int,
         batched = batch(todo, seed=seed, sigma=config.sigma, init=init, weigh=weigh,
                         family=config.family, feedback=config.feedback) if batch and todo else {}
         for key in group:
-            name = key[0]
+            name, bins, _ = key
             got = reuse.get(key)
             got = batched.get(key) if got is None else got
             if got is None and config.feedback:

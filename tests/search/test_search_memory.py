@@ -93,3 +93,21 @@ def test_a_trial_drops_what_it_does_not_reuse_before_it_quantizes():
     prep.quantize_group = spy  # type: ignore[method-assign]
     quantize_config(prep, QuantConfig(bins=8), seed=0, init={}, weigh=True, reuse=other)
     assert seen and seen[0] == 0 and other == {}
+
+
+def test_each_layer_type_is_quantized_with_its_own_bins():
+    """Regression: the pieces' keys are made for every layer type before any is quantized, and
+    each must then be quantized with its own key's bins, not the last layer type's."""
+    g = torch.Generator().manual_seed(4)
+    tensors = {"model/wte.weight": torch.randn(512, 32, generator=g),
+               "model/h.0.fc.weight": torch.randn(256, 128, generator=g),
+               "model/h.0.proj.weight": torch.randn(128, 256, generator=g)}
+    prep = Prepared(tensors, {}, default_policy(), 0.01)
+    assert len(prep.groups) == 2
+    for path in ("native", "device"):
+        with device_path() if path == "device" else nullcontext():
+            qmap, keys = quantize_config(prep, QuantConfig(bins=64, embedding_bins=8), seed=0,
+                                         init={}, weigh=True)
+        assert qmap["model/wte.weight"].bins == 8, path
+        assert qmap["model/h.0.fc.weight"].bins == qmap["model/h.0.proj.weight"].bins == 64, path
+        assert all(q.bins == key[1] for key, got in keys.items() for q in got.values()), path
