@@ -56,7 +56,8 @@ class SyncCounter(TorchDispatchMode):
         self._held: dict[int, int] = {}  # storage address -> bytes
         self._baseline: set[int] = set()  # the given tensors' storages: never counted
         self._lock = threading.Lock()  # finalizers may run on any thread
-        self.live_bytes = 0
+        self._live = 0
+        self._freed: list[int] = []  # storages freed since `_drain` last ran
         self.peak_bytes = 0
         for t in device:
             self._mark(t, hold=False)
@@ -83,29 +84,42 @@ class SyncCounter(TorchDispatchMode):
         if not key or not nbytes:
             return
         with self._lock:
+            self._drain()
             if key in self._held or key in self._baseline:
                 return
             self._held[key] = nbytes
-            self.live_bytes += nbytes
+            self._live += nbytes
             if self._trace and nbytes >= self._trace:
                 self._origin[key] = f"{op} {_caller()}"
-            if self.live_bytes > self.peak_bytes:
-                self.peak_bytes = self.live_bytes
+            if self._live > self.peak_bytes:
+                self.peak_bytes = self._live
                 if self._trace:
                     self.at_peak = sorted(((n, self._origin.get(k, "(small)"))
-                                           for k, n in self._held.items()), reverse=True)
-        weakref.finalize(storage, self._release, key)
+                                           for k, n in list(self._held.items())), reverse=True)
+        weakref.finalize(storage, self._freed.append, key)
 
-    def _release(self, key: int) -> None:
-        with self._lock:
+    def _drain(self) -> None:
+        # Finalizers only queue the storages they free: one may run from a garbage collection
+        # set off inside `_hold`, under the lock, and must neither wait for it nor change
+        # `_held` under its loops.
+        while self._freed:
+            key = self._freed.pop()
             nbytes = self._held.pop(key, None)
             if nbytes is not None:
-                self.live_bytes -= nbytes
+                self._live -= nbytes
                 self._origin.pop(key, None)
+
+    @property
+    def live_bytes(self) -> int:
+        """The bytes the device would hold now."""
+        with self._lock:
+            self._drain()
+            return self._live
 
     def reset_peak(self) -> None:
         """Start a new peak from what is held now."""
         self.peak_bytes = self.live_bytes
+        self.at_peak = []
 
     def on_device(self, t: Any) -> bool:
         """Whether tensor `t` would live on the device: marked, an op's output (a view
@@ -117,7 +131,11 @@ class SyncCounter(TorchDispatchMode):
             return True
         # a tensor on memory that device data was written into (a buffer filled through a view)
         key = t.untyped_storage().data_ptr()
-        return bool(key) and (key in self._held or key in self._baseline)
+        if not key:
+            return False
+        with self._lock:
+            self._drain()  # a freed storage's address may be a host tensor's now
+            return key in self._held or key in self._baseline
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
