@@ -14,6 +14,7 @@ import torch
 from mvc.errors import InternalError
 from mvc.progress import NO_PROGRESS, Progress
 from mvc.quant import QuantConfig, QuantizedTensor
+from mvc.quant.backend import on_host_kernels
 from mvc.quant.uniform import DEFAULT_FAMILY
 from mvc.search.fidelity import FidelityJudge, FidelityOutputs
 from mvc.search.gate import (
@@ -88,6 +89,10 @@ class Runner:
         self.rounds = 0                           # parallel rounds (batches of trials)
         self.refined = False                      # searched `space.refined()` (`refine`)
         self.progress: Progress = NO_PROGRESS     # hears of each trial run
+        # On a device a trial's levels are a quarter of the weights' bytes, held in its memory:
+        # there only the latest trial's are kept (a winner that is not the latest is made again
+        # at the end: deterministic, the same levels), not the best trials' as well.
+        self.frugal = any(not on_host_kernels(t) for t in prep.tensors.values())
 
     @property
     def baseline(self) -> float:
@@ -133,6 +138,9 @@ class Runner:
         key = quantizer_of(config)
         reuse = dict(self._last) if self._last_family == key else {}
         self._last = {}  # held on only in `reuse`, which drops what this config does not use
+        if self.frugal:
+            for tr in self.memo.values():
+                tr.qmap, tr.keys = None, {}
         for point in self.best.values():
             if quantizer_of(self.memo[point].config) == key:
                 reuse.update(self.memo[point].keys)

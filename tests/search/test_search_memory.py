@@ -111,3 +111,42 @@ def test_each_layer_type_is_quantized_with_its_own_bins():
         assert qmap["model/wte.weight"].bins == 8, path
         assert qmap["model/h.0.fc.weight"].bins == qmap["model/h.0.proj.weight"].bins == 64, path
         assert all(q.bins == key[1] for key, got in keys.items() for q in got.values()), path
+
+
+def test_on_a_device_a_search_holds_one_trials_levels(monkeypatch):
+    """On a device (here `device_path()`) a trial starts with no earlier trial's quantization
+    held (each set is a quarter of the weights' bytes there); the winner, if it was not the
+    latest trial, is made again: the same plan as the native search, which keeps its best."""
+    import mvc.search.runner as runner_mod
+
+    runners: list = []
+    held: list[int] = []
+    init, qc = runner_mod.Runner.__init__, runner_mod.quantize_config
+
+    def spy_init(self, *a, **k):
+        init(self, *a, **k)
+        runners.append(self)
+
+    def spy_qc(*a, **k):
+        held.append(sum(tr.qmap is not None for r in runners for tr in r.memo.values()))
+        return qc(*a, **k)
+
+    monkeypatch.setattr(runner_mod.Runner, "__init__", spy_init)
+    monkeypatch.setattr(runner_mod, "quantize_config", spy_qc)
+    whole = flatten(_state())
+    tensors = dict(whole.tensors)
+    how = Quantization("search", epsilon=0.05, policy=default_policy())
+    plans = {}
+    for path in ("native", "device"):
+        runners.clear()
+        held.clear()
+        with device_path() if path == "device" else nullcontext():
+            plans[path] = plan_quantization(tensors, how,
+                                            to_state=lambda t: unflatten(whole.skeleton, t))
+        assert runners and runners[0].frugal == (path == "device")
+        if path == "device":
+            assert len(held) > 2 and max(held) == 0, held
+    native, device = plans["native"], plans["device"]
+    assert native.config == device.config and native.quantized.keys() == device.quantized.keys()
+    for name, q in native.quantized.items():
+        assert torch.equal(q.levels, device.quantized[name].levels), name
