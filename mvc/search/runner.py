@@ -139,8 +139,7 @@ class Runner:
         reuse = dict(self._last) if self._last_family == key else {}
         self._last = {}  # held on only in `reuse`, which drops what this config does not use
         if self.frugal:
-            for tr in self.memo.values():
-                tr.qmap, tr.keys = None, {}
+            self._release(keep=set())
         for point in self.best.values():
             if quantizer_of(self.memo[point].config) == key:
                 reuse.update(self.memo[point].keys)
@@ -240,8 +239,9 @@ class Runner:
     def _key(self, point: Point) -> tuple:
         return (self.space.cost(point[1], self.prep.embeddings, self.prep.embedding_share), point[1])
 
-    def _release(self) -> None:
-        keep = set(self.best.values())
+    def _release(self, keep: set[Point] | None = None) -> None:
+        """Drop the levels of the trials not in `keep` (default: the best ones)."""
+        keep = set(self.best.values()) if keep is None else keep
         for point, tr in self.memo.items():
             if point not in keep and tr.qmap is not None:
                 tr.qmap, tr.keys = None, {}

@@ -153,12 +153,12 @@ def source_feedback(source: TrialSource) -> bool:
 
 def quantize_config(source: TrialSource, config: QuantConfig, *, seed: int,
                     init: Mapping[str, torch.Tensor], weigh: bool,
-                    reuse: Mapping[PieceKey, Pieces] | None = None
+                    reuse: dict[PieceKey, Pieces] | None = None
                     ) -> tuple[dict[str, QuantizedTensor | None], dict[PieceKey, Pieces]]:
     """(quantization by `source.tensors`' names, None for the exact ones; the same by
     key) of every searched tensor by `config`; a key found in `reuse` is not
     quantized again (`reuse` must hold quantizations of `config.family` and `config.feedback`
-    only: the key names neither). A `reuse` dict is consumed: what `config` does not use is
+    only: the key names neither). `reuse` is consumed: what `config` does not use is
     taken out of it before anything is quantized.  `init`: warm-start centroids by tensor name.  A family other
     than k-means is asked of the source as `quantize(..., family=...)`, error feedback as
     `feedback=True` (`FamilyTrialSource`).  A source with `quantize_group` (`GroupTrialSource`)
@@ -172,13 +172,12 @@ def quantize_config(source: TrialSource, config: QuantConfig, *, seed: int,
         thr = source.thresholds(config, ltype)
         bins = config.for_layer_type(ltype).bins
         groups.append([(name, bins, source.tensor_thresholds(name, thr)) for name in names])
-    if isinstance(reuse, dict):
-        # What this config does not reuse goes now, before its own quantizations are made: the
-        # last trial's levels, on a GPU, are a quarter of the weights' bytes.
-        wanted = {key for group in groups for key in group}
-        for key in [k for k in reuse if k not in wanted]:
-            del reuse[key]
-    reuse = reuse or {}
+    reuse = reuse if reuse is not None else {}
+    # What this config does not reuse goes now, before its own quantizations are made: the
+    # last trial's levels, on a GPU, are a quarter of the weights' bytes.
+    wanted = {key for group in groups for key in group}
+    for key in [k for k in reuse if k not in wanted]:
+        del reuse[key]
     for group in groups:
         todo = [key for key in group if key not in reuse]
         batched = batch(todo, seed=seed, sigma=config.sigma, init=init, weigh=weigh,
