@@ -339,7 +339,6 @@ def _assign_group(data: GroupData, plans: list[_Plan], step: int | None,
     mid_off = upload(torch.tensor(np.cumsum([0] + [m.numel() for m in mids[:-1]]),
                                   dtype=torch.int32), device)
     kvec = upload(torch.tensor(ks, dtype=torch.int32), device)
-    cens_on = upload(torch.cat(cens), device).split([c.numel() for c in cens])
     table = torch.zeros(n_jobs, width, dtype=torch.float32)
     for j, (job, cen) in enumerate(zip(jobs, cens, strict=True)):
         table[j, :cen.numel() + 2] = level_values(_measured(cen, job.tensor.dtype, domain),
@@ -412,7 +411,10 @@ def _assign_group(data: GroupData, plans: list[_Plan], step: int | None,
                 else torch.empty(0, dtype=torch.float32, device=device))
     del protected
     if to_host:  # (`.cpu()` also on the host, where it is the tensor itself: one code path)
-        arena, prot_all, cens_on = arena.cpu(), prot_all.cpu(), tuple(cens)
+        arena, prot_all = arena.cpu(), prot_all.cpu()
+        cens_out = tuple(cens)
+    else:
+        cens_out = upload(torch.cat(cens), device).split([c.numel() for c in cens])
     prot = prot_all.split(n_prot)
     del prot_all
     out = []
@@ -420,7 +422,7 @@ def _assign_group(data: GroupData, plans: list[_Plan], step: int | None,
         levels = arena[int(starts[j]):int(starts[j + 1])]
         if level_dtype(k) != ldt:
             levels = levels.to(level_dtype(k))
-        q = QuantizedTensor(levels.view(job.tensor.shape), cens_on[j],
+        q = QuantizedTensor(levels.view(job.tensor.shape), cens_out[j],
                             prot[j].to(job.tensor.dtype), job.tensor.dtype, k)
         s = [float(v) for v in sums_h[j]] + [0.0] * (6 - n_sums)
         out.append(GroupResult(q, (s[0], s[1], s[2], s[3], s[4], s[5]),
