@@ -73,7 +73,8 @@ def measure(fn: Callable[[], Any], device: str, repeat: int, on_device: list[tor
     time of `repeat` plain runs; `peak_extra_gpu`: the stage's peak GPU memory above what was
     allocated before it on CUDA, the counter's estimate of it on the host."""
     # inline, not on the pool's threads: the counter sees this thread's ops only
-    with mock.patch.dict(os.environ, {"MVC_THREADS": "1"}), SyncCounter(device=on_device) as counter:
+    with mock.patch.dict(os.environ, {"MVC_THREADS": "1"}), \
+            SyncCounter(device=on_device, trace_bytes=1 << 20) as counter:
         fn()
     peak = None if device == "cuda" else counter.peak_bytes
     if device == "cuda":  # the stage's peak GPU memory above what was allocated before it
@@ -92,7 +93,10 @@ def measure(fn: Callable[[], Any], device: str, repeat: int, on_device: list[tor
         times.append(time.perf_counter() - t0)
     times.sort()
     return {"seconds": times[len(times) // 2], "launches": counter.ops,
-            "syncs": counter.syncs, "sync_kinds": dict(counter.kinds), "peak_extra_gpu": peak}
+            "syncs": counter.syncs, "sync_kinds": dict(counter.kinds), "peak_extra_gpu": peak,
+            # the counter's view of the peak (on the host, what `peak_extra_gpu` estimates):
+            # the largest device buffers it held, with where each was made
+            "held_at_peak": [[n, where] for n, where in counter.at_peak[:8]]}
 
 
 def stages(state: dict[str, Any], device: str, repeat: int, hooks: bool = True

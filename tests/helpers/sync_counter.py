@@ -116,11 +116,6 @@ class SyncCounter(TorchDispatchMode):
             self._drain()
             return self._live
 
-    def reset_peak(self) -> None:
-        """Start a new peak from what is held now."""
-        self.peak_bytes = self.live_bytes
-        self.at_peak = []
-
     def on_device(self, t: Any) -> bool:
         """Whether tensor `t` would live on the device: marked, an op's output (a view
         included) with a marked input, or on a storage that holds device data."""
