@@ -280,6 +280,7 @@ class RemoteSide:
             self, R.HEADS + self.branch, UploadBlobs(self.remote),
             refs=self.remote.refs, maintenance=MemoryMaintenance(MemoryBlobStore()),
             odb=self.view.odb, read_quantized=self.reader.read_quantized,
+            read_centroids=self.reader.read_centroids,
             settings=commit_settings(self.config), lock_timeout=float(get("core.lock_timeout")),
             user_name=get("user.name"), user_email=get("user.email"))
 

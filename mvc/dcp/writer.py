@@ -298,7 +298,7 @@ class MvcStorageWriter(UsesTarget, StorageWriter):
             if isinstance(tx, RemoteCommitTransaction):
                 tx.prefetch(parent.snapshot, mine_parent.values())
             init = pipeline.parent_centroids(dataclasses.replace(parent, records=mine_parent),
-                                             tx.read_quantized)
+                                             tx.read_centroids)
             with lossy.collective_group(self.process_group):
                 quantized, config, quality = lossy.choose(tensors, shards, shared.how, init)
                 if config is not None and shared.how.optimizer == "compressed":

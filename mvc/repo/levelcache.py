@@ -120,6 +120,12 @@ class LevelCache:
                 _, old = self._items.popitem(last=False)
                 self._bytes -= self._size(old)
 
+    def drop_snapshot(self, snapshot_id: str) -> None:
+        """Forget every tensor cached for `snapshot_id`."""
+        with self._lock:
+            for key in [k for k in self._items if k[0] == snapshot_id]:
+                self._bytes -= self._size(self._items.pop(key))
+
     def __len__(self) -> int:
         """How many tensors are cached."""
         with self._lock:

@@ -27,7 +27,8 @@ a lossy plan needs the whole state (the search evaluates the model, first-moment
 the two Adam moments): only its holder can derive it.
 
 The pipeline never sees `Repo`: it takes the blob store (`put` / `put_many` / `has`), a
-`read_quantized(snapshot_id, record)` for the parent's quantized tensors, the ref store
+`read_quantized(snapshot_id, record)` for the parent's quantized tensors (the deltas) and a
+`read_centroids` for their centroids alone (the plan's warm starts), the ref store
 for the one compare-and-swap and plain configuration values (`CommitSettings`).
 """
 from __future__ import annotations
@@ -60,6 +61,8 @@ RAW_BELOW_BYTES = 64
 
 #: read_quantized(snapshot id, record) -> the record's QuantizedTensor (walking its chain).
 ReadQuantized = Callable[[str, TensorRecord], QuantizedTensor]
+#: read_centroids(snapshot id, record) -> the record's centroids (no levels decoded).
+ReadCentroids = Callable[[str, TensorRecord], torch.Tensor]
 
 
 class BlobSink(Protocol):
@@ -198,7 +201,7 @@ class CommitPlan:
 
 
 def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
-         read_quantized: ReadQuantized, settings: CommitSettings,
+         read_centroids: ReadCentroids, settings: CommitSettings,
          grads: Mapping[str, torch.Tensor] | None = None,
          progress: Progress | None = None) -> CommitPlan:
     """Decide how each tensor of `flat` is stored (`mvc.search.plan_quantization`, see
@@ -211,7 +214,7 @@ def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
     """
     for name, t in flat.tensors.items():  # before any work: what no reader takes back
         check_tensor_shape(name, t.shape)
-    init = parent_centroids(parent, read_quantized) if how.mode != "lossless" else {}
+    init = parent_centroids(parent, read_centroids) if how.mode != "lossless" else {}
     q = plan_quantization(flat.tensors, how, to_state=functools.partial(unflatten, flat.skeleton),
                           previous=parent.quant, init=init, grads=grads, progress=progress)
     names = list(flat.tensors)
@@ -227,16 +230,18 @@ def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
                  parent=parent.commit))
 
 
-def parent_centroids(parent: ParentInfo, read_quantized: ReadQuantized) -> dict[str, torch.Tensor]:
+def parent_centroids(parent: ParentInfo, read_centroids: ReadCentroids) -> dict[str, torch.Tensor]:
     """The parent's centroids by tensor name: warm starts keep levels (and deltas) stable.
 
     In host memory whatever device the new state is on: k-means runs its centroid updates on
-    the host (`mvc.quant.kmeans`, from a sketch), so that is where a warm start is used."""
+    the host (`mvc.quant.kmeans`, from a sketch), so that is where a warm start is used.  Only
+    centroids are read: the parent's levels are read later, one tensor at a time, by the
+    writer's deltas (a plan holding all of them would hold a second set of levels)."""
     if parent.snapshot is None:
         return {}
     snap, recs = parent.snapshot, list(parent.records.items())
-    # one tensor per pool thread: a parent's levels decode (or load from the level cache) apiece
-    got = pmap(lambda item: read_quantized(snap, item[1]).centroids.to(lossy.HOST), recs)
+    # one record per pool thread: each reads (and verifies) the first chunk of its payload
+    got = pmap(lambda item: read_centroids(snap, item[1]).to(lossy.HOST), recs)
     return {name: c for (name, _), c in zip(recs, got)}
 
 

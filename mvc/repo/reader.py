@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from mvc.codecs.base import quantized_codec
+from mvc.codecs.quantized import centroid_bytes, stored_centroids
 from mvc.native.parallel import pmap
 from mvc.progress import Progress, phase
 from mvc.quant import QuantizedTensor
@@ -43,7 +44,7 @@ from mvc.repo.objectdb import ObjectDB
 from mvc.repo.objects import Snapshot, TensorRecord
 from mvc.repo.pruned import check_not_pruned
 from mvc.repo.shards import assemble, expand_names
-from mvc.repo.tensors import parse_dtype, read_payload, read_tensor
+from mvc.repo.tensors import parse_dtype, read_payload, read_payload_head, read_tensor
 from mvc.state import prune, unflatten
 
 
@@ -141,6 +142,18 @@ class TensorReader:
                 self.levels.put((last_sid, last.name), q)
         return q
 
+    def read_centroids(self, snapshot_id: str, rec: TensorRecord) -> torch.Tensor:
+        """A quantized tensor's centroids (float32, in host memory), from the in-memory cache
+        or the start of its own payload: no delta chain walked, no levels decoded (a commit's
+        warm start needs only these)."""
+        hit = self.levels.get((snapshot_id, rec.name))
+        if hit is not None:
+            return hit.centroids
+        if not is_quantized(rec):
+            raise BrokenChainError(f"tensor {rec.name!r}: codec {rec.codec} holds no centroids")
+        head = read_payload_head(self.odb.blobs, rec, centroid_bytes(rec.meta))
+        return stored_centroids(rec.meta, head)
+
     def _cached(self, sid: str, rec: TensorRecord, keep: bool = True) -> QuantizedTensor | None:
         hit = self.levels.get((sid, rec.name))
         if hit is None and self.disk is not None and is_delta(rec):
@@ -223,13 +236,18 @@ class TensorReader:
 
     # ------------------------------------------------------------------ after a commit
     def remember(self, snapshot_id: str, quantized: Mapping[str, QuantizedTensor],
-                 bases: BaseEntries) -> None:
+                 bases: BaseEntries, *, superseded: str | None = None) -> None:
         """Keep a landed commit's levels for later commits and checkouts: `quantized` in memory,
-        the base encodings `bases` on disk (when the disk cache is on).
+        the base encodings `bases` on disk (when the disk cache is on).  `superseded`: the
+        parent's snapshot, whose levels the in-memory cache drops (the next commit is written
+        against this one: a training process would otherwise hold every recent commit's
+        levels, up to the cache's bound).
 
         Only a speed-up, done after the commit point: the caller turns a failure
         to write the disk cache (`OSError`, `MvcError`: a full disk) into a warning.
         """
+        if superseded is not None and superseded != snapshot_id:
+            self.levels.drop_snapshot(superseded)
         for name, q in quantized.items():
             self.levels.put((snapshot_id, name), q)
         if self.disk is not None:

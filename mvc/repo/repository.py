@@ -11,6 +11,7 @@ or config does not load it.
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import warnings
@@ -321,7 +322,10 @@ class Repo:
         how = commitopts.quantization(self.config, lossless, quant, policy, quality, epsilon, space,
                                       hessians)
         commitopts.warn_lossless_after_lossy(how, lossless, self.config, self.odb, self.head())
-        tx = self.commit_transaction()
+        # the parent's levels are read one tensor at a time for its deltas and not kept: this
+        # commit's own are kept once it lands (`_remember_levels`), and a plan holding both
+        # sets at once would double the levels a commit holds in host memory
+        tx = self.commit_transaction(keep_parent_levels=False)
         lossy_plan = how.mode != "lossless"
         # HEAD now is only a hint for the plan (warm start, the search's starting config):
         # the branch may move before the lock is taken, which costs nothing but compression.
@@ -329,35 +333,44 @@ class Repo:
             flat = flatten(state)
         with phase(progress, "choosing storage", total_items=len(flat.tensors)) as p:
             plan = pipeline.plan(flat, how, tx.parent(self.head(), lossy_plan),
-                                 read_quantized=tx.read_quantized, settings=tx.settings, grads=grads,
+                                 read_centroids=tx.read_centroids, settings=tx.settings,
+                                 grads=grads,
                                  progress=p)
         info = tx.info(message, step=step, metrics=clean_metrics)
         bases: pipeline.Bases = {}
         landed = tx.commit(plan, info, bases=bases, progress=progress, allow_empty=allow_empty)
-        self._remember_levels(landed.commit, landed.snapshot, plan.write.quantized, bases)
+        self._remember_levels(landed.commit, landed.snapshot, plan.write.quantized, bases,
+                              superseded=plan.write.parent.snapshot)
         return landed.commit
 
-    def commit_transaction(self) -> CommitTransaction:
+    def commit_transaction(self, *, keep_parent_levels: bool = True) -> CommitTransaction:
         """The commit transaction over this repository (`mvc.repo.transaction`), with the
         `commit.*` settings, the lock timeout and the author read from the config now: what
-        `commit` and a sharded save (`mvc.dcp`) plan against, write and publish through."""
+        `commit` and a sharded save (`mvc.dcp`) plan against, write and publish through.
+
+        `keep_parent_levels=False`: the parent levels its deltas read are not kept in the
+        in-memory level cache (for a caller that keeps the new commit's instead)."""
         from mvc.repo.transaction import CommitTransaction
 
         get = self.config.get
+        read = self.reader.read_quantized
         return CommitTransaction(
             blobs=self.store.blobs, refs=self.store.refs, maintenance=self.store.maintenance,
-            odb=self.odb, read_quantized=self.reader.read_quantized,
+            odb=self.odb,
+            read_quantized=read if keep_parent_levels else functools.partial(read, cache_levels=False),
+            read_centroids=self.reader.read_centroids,
             settings=self.commit_settings(), lock_timeout=self._lock_timeout(),
             user_name=get("user.name"), user_email=get("user.email"))
 
     def _remember_levels(self, cid: str, snap_id: str, quantized: Mapping[str, Any],
-                         bases: pipeline.Bases) -> None:
+                         bases: pipeline.Bases, *,
+                         superseded: str | None = None) -> None:
         """Keep a landed commit's levels for later commits and checkouts.
 
         Only a speed-up: a failure here (a full disk) is a warning, never a reported
         failed commit."""
         try:
-            self.reader.remember(snap_id, quantized, bases)
+            self.reader.remember(snap_id, quantized, bases, superseded=superseded)
         except (OSError, MvcError) as exc:
             warnings.warn(MvcWarning(
                 f"commit {cid[:12]} is stored, but its level cache was not written "

@@ -140,6 +140,24 @@ def read_payload(store: BlobStore, rec: TensorRecord) -> bytearray:
     return buf
 
 
+def read_payload_head(store: BlobStore, rec: TensorRecord, n: int) -> bytes:
+    """The first `n` bytes of a record's payload (all of it when shorter), from as few of its
+    chunks as cover them, each verified against its id."""
+    if n > rec.stored_bytes:
+        raise PayloadSizeError(f"tensor {rec.name!r}: {n} bytes wanted of a {rec.stored_bytes}-byte payload")
+    got: list[bytes] = []
+    have = 0
+    for oid in rec.chunks:
+        if have >= n:
+            break
+        got.append(store.get(oid))
+        have += len(got[-1])
+    if have < n:
+        raise PayloadSizeError(f"tensor {rec.name!r}: chunks hold {have} bytes, snapshot says "
+                               f"{rec.stored_bytes}")
+    return got[0] if len(got) == 1 else b"".join(got)
+
+
 def read_tensor(store: BlobStore, rec: TensorRecord) -> torch.Tensor:
     """Decode one tensor of a snapshot (lossless codecs; lossy ones go through their chain reader)."""
     codec = tensor_codec(rec.codec)  # a quantized record is its chain reader's, never this

@@ -5,7 +5,7 @@ commit as the parent the tensors are written against, say who commits and from w
 (`CommitInfo`), and publish under the repository write lock with one compare-and-swap.
 `CommitTransaction` is that sequence, built from the parts it needs -- the blob store, the
 ref store, the store's write lock, the object database, the reader's `read_quantized` and
-plain values read from the config -- never from `Repo`.
+`read_centroids`, and plain values read from the config -- never from `Repo`.
 
     Repo.commit    plan outside the lock (the search is the slow part), then `commit`:
                    under the lock, re-plan against the branch as it is, write, publish.
@@ -57,6 +57,7 @@ class CommitTransaction:
 
     def __init__(self, *, blobs: BlobStore, refs: RefStore, maintenance: StoreMaintenance,
                  odb: ObjectDB, read_quantized: pipeline.ReadQuantized,
+                 read_centroids: pipeline.ReadCentroids,
                  settings: pipeline.CommitSettings, lock_timeout: float,
                  user_name: str | None = None, user_email: str | None = None) -> None:
         self.blobs = blobs
@@ -64,6 +65,7 @@ class CommitTransaction:
         self.maintenance = maintenance
         self.odb = odb
         self.read_quantized = read_quantized
+        self.read_centroids = read_centroids
         self.settings = settings
         self.lock_timeout = lock_timeout
         self.user_name = user_name

@@ -262,6 +262,37 @@ def test_bad_meta_raises(field, value):
             qc.decode_base(dict(bmeta, **{field: value}), bdata, torch.float32, (3000,))
 
 
+def test_centroids_are_read_from_a_payloads_head_alone():
+    meta, data = _base_case()
+    want = qc.decode_base(meta, data, torch.float32, (3000,)).centroids
+    n = qc.centroid_bytes(meta)
+    assert n == 4 * meta["bins"] and torch.equal(qc.stored_centroids(meta, data[:n]), want)
+    meta, data, parent = _delta_case()
+    want = _decode_delta(meta, data, parent).centroids
+    assert torch.equal(qc.stored_centroids(meta, data[:qc.centroid_bytes(meta)]), want)
+
+
+@pytest.mark.parametrize("change", [
+    {"bins": 0}, {"bins": "8"}, {"sections": None}, {"sections": []}, {"sections": [7, 1, 1]},
+    {"sections": ["32", 1, 1]}])
+def test_centroids_of_a_bad_meta_raise(change):
+    meta, data = _base_case()
+    with pytest.raises(CodecError):
+        qc.stored_centroids(dict(meta, **change), data)
+
+
+def test_centroids_from_a_short_or_hostile_head_raise():
+    meta, data = _base_case()
+    n = qc.centroid_bytes(meta)
+    with pytest.raises(CodecError):
+        qc.stored_centroids(meta, data[:n - 1])
+    unsorted = np.arange(meta["bins"], 0, -1, dtype="<f4").tobytes()
+    with pytest.raises(CodecError):
+        qc.stored_centroids(meta, unsorted)
+    with pytest.raises(CodecError):
+        qc.stored_centroids(meta, np.full(meta["bins"], np.nan, dtype="<f4").tobytes())
+
+
 def test_wrong_parent_raises():
     meta, data, parent = _delta_case()
     with pytest.raises(qc.DeltaParentError):

@@ -65,8 +65,8 @@ def parent_of(repo: Repo) -> pipeline.ParentInfo:
 
 
 def make_plan(repo: Repo, state, how: Quantization) -> pipeline.CommitPlan:
-    return pipeline.plan(flatten(state), how, parent_of(repo), read_quantized=reader(repo),
-                         settings=settings(repo))
+    return pipeline.plan(flatten(state), how, parent_of(repo),
+                         read_centroids=repo.reader.read_centroids, settings=settings(repo))
 
 
 def write_in_processes(tmp: Path, repo: Repo, plan: pipeline.CommitPlan, shares: list[list[str]]):

@@ -251,7 +251,7 @@ def test_warm_start_centroids_are_handed_over_on_the_host(tmp_path):
     _, q = quantized()
     moves: list[torch.device] = []
     parent = pipeline.ParentInfo("c", "s", None, {"w": None})  # type: ignore[dict-item]
-    init = pipeline.parent_centroids(parent, lambda s, r: elsewhere(q, moves))
+    init = pipeline.parent_centroids(parent, lambda s, r: elsewhere(q, moves).centroids)
     assert isinstance(init["w"], torch.Tensor) and torch.equal(init["w"], q.centroids)
     assert moves == [torch.device("cpu")]
 

@@ -104,7 +104,7 @@ def test_step_outside_what_the_reader_accepts_is_refused(repo):
 def _written(repo: Repo, state: dict):
     settings = repo.commit_settings()
     plan = pipeline.plan(flatten(state), Quantization(), pipeline.ParentInfo(),
-                         read_quantized=repo.reader.read_quantized, settings=settings)
+                         read_centroids=repo.reader.read_centroids, settings=settings)
     return plan, pipeline.write(plan.write, plan.write.names, blobs=repo.store.blobs,
                                 read_quantized=repo.reader.read_quantized)
 
