@@ -126,7 +126,15 @@ def job_race(job: dict, report: dict) -> None:
 
 
 def rank_main(job: dict, rank: int) -> None:
-    os.chdir(tempfile.mkdtemp(prefix=f"mvc-rank{rank}-"))   # a working directory of its own
+    with tempfile.TemporaryDirectory(prefix=f"mvc-rank{rank}-") as cwd:
+        os.chdir(cwd)   # a working directory of its own
+        try:
+            _rank_main(job, rank)
+        finally:
+            os.chdir(Path(cwd).parent)
+
+
+def _rank_main(job: dict, rank: int) -> None:
     world = job["world"]
     report: dict = {"rank": rank}
     if job["op"] != "race":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,7 @@ class S3Server:
     _shared: S3Server | None = None
 
     def __init__(self) -> None:
-        d = tempfile.mkdtemp(prefix="mvc-s3-")
+        d = self._dir = tempfile.mkdtemp(prefix="mvc-s3-")
         portfile = os.path.join(d, "port")
         self.proc = subprocess.Popen([sys.executable, str(HERE / "s3_server.py"), portfile],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -78,6 +79,7 @@ class S3Server:
         if self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(10)
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 @pytest.fixture
