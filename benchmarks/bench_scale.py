@@ -203,6 +203,41 @@ def _reset_peak() -> bool:
         return False
 
 
+class _WritePhase:
+    """The peak extra RSS of a commit's write phase (`mvc.repo.pipeline.write`: encoding and
+    storing, after the plan), apart from the plan's: what a commit of a device state holds on the
+    host at its deepest, since everything after the plan runs there whatever the state's device.
+    The high-water mark is reset when the write starts (`before`: the step's peak until then)."""
+
+    def __init__(self, base_rss: int) -> None:
+        self.base = base_rss
+        self.before = 0
+        self.peak: int | None = None
+
+    def __enter__(self) -> _WritePhase:
+        from unittest import mock
+
+        import mvc.repo.pipeline as pipeline
+
+        write = pipeline.write
+
+        def measured(*a: Any, **k: Any) -> Any:
+            before = _peak() - self.base
+            if not _reset_peak():   # no phase of its own to measure on this kernel
+                return write(*a, **k)
+            self.before = max(self.before, before)
+            try:
+                return write(*a, **k)
+            finally:
+                self.peak = max(self.peak or 0, _peak() - self.base)
+        self._patch = mock.patch.object(pipeline, "write", measured)
+        self._patch.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._patch.__exit__(*exc)
+
+
 def _to(state: Any, device: str) -> Any:
     if device == "cpu":
         return state
@@ -232,6 +267,7 @@ def child(task: dict) -> dict:
     kind, device, work = task["kind"], task["device"], task["dir"]
     out: dict[str, Any] = {}
     state = None
+    write_phase: _WritePhase | None = None
     if kind in ("save", "commit_first", "commit_next", "commit_lossless", "zipnn", "encode"):
         state = _load(task["ckpt"], device)
         _sync(device)
@@ -278,11 +314,13 @@ def child(task: dict) -> dict:
     elif kind.startswith("commit"):
         root = os.path.join(work, task["repo"])
         repo = Repo.init(root) if kind != "commit_next" else Repo(root)
+        write_phase = _WritePhase(base_rss)
         try:
             # The proxy is opted in explicitly (without a quality function or epsilon a commit
             # is lossless): its default bound, as the issue's figures measured.
             lossy = {"epsilon": PROXY_EPSILON} if kind != "commit_lossless" else {"lossless": True}
-            cid = repo.commit(state, kind, step=task.get("step"), **lossy)
+            with write_phase:
+                cid = repo.commit(state, kind, step=task.get("step"), **lossy)
             c = repo.read_commit(cid)
             out.update(commit=cid, chain_depth=c.chain_depth,
                        quant=c.quant, stored=_stored_bytes(repo, c.snapshot),
@@ -327,6 +365,10 @@ def child(task: dict) -> dict:
         raise SystemExit(f"unknown task {kind}")
     out["seconds"] = time.perf_counter() - t0
     out["peak_extra_rss"] = max(0, _peak() - max(setup_peak, base_rss))
+    if write_phase is not None and write_phase.peak is not None:
+        # the host side of a commit after its plan: the same for a state on any device
+        out["write_extra_rss"] = write_phase.peak
+        out["peak_extra_rss"] = max(out["peak_extra_rss"], write_phase.before)
     out["base_rss"] = base_rss
     if on_gpu:
         # what the step allocated on the device beyond its input (the caching allocator's
@@ -480,6 +522,8 @@ def ratios(r: dict, nbytes: int) -> dict[str, float | None]:
     for k in ("first commit", "next commit", "lossless commit", "checkout HEAD", "checkout worst",
               "checkout HEAD, levels kept", "mvc checkout"):
         out[f"{k} peak extra RSS / checkpoint"] = r[k]["peak_extra_rss"] / nbytes
+        if "write_extra_rss" in r[k]:
+            out[f"{k} write-phase extra RSS / checkpoint"] = r[k]["write_extra_rss"] / nbytes
         if "peak_extra_gpu" in r[k]:
             out[f"{k} peak extra GPU memory / checkpoint"] = r[k]["peak_extra_gpu"] / nbytes
     return out
@@ -543,6 +587,11 @@ def table(rep: dict) -> str:
                      f"{m['peak_extra_rss'] / 1e9:.2f} GB ({m['peak_extra_rss'] / nb:.2f}x) | {ratio} |"
                      + extra)
     lines.append("")
+    for k in ("first commit", "next commit"):
+        if "write_extra_rss" in r[k]:
+            lines.append(f"{k}: peak extra RSS of the write phase (the host side of a commit "
+                         f"after its plan, on any device) {r[k]['write_extra_rss'] / 1e9:.2f} GB "
+                         f"({r[k]['write_extra_rss'] / nb:.2f}x)")
     for k in ("first commit", "next commit"):
         m = r[k]
         lines.append(f"{k}: mode {m['mode']}, {m['trials']} trials, proxy {m['value']}, "
