@@ -44,6 +44,7 @@ import torch
 
 from mvc.codecs.base import BytesLike, tensor_codec
 from mvc.errors import InternalError, UsageError
+from mvc.native.heap import release_free_heap
 from mvc.native.parallel import pmap
 from mvc.progress import Progress, phase
 from mvc.quant import QuantizedTensor
@@ -139,7 +140,8 @@ class WritePlan:
     tensors:   name -> tensor; a `subset` keeps only the names one writer handles.
     parent:    the commit the records are written against (deltas, unchanged records).
     settings:  the `commit.*` values the encoding uses.
-    quantized: name -> QuantizedTensor for the tensors stored quantized; others are exact.
+    quantized: name -> QuantizedTensor for the tensors stored quantized (on the device that
+               made it); others are exact.
     domains:   name -> "log" / "linear" for compressed optimizer moments.
     moments:   name -> {"partner", "ratio_bound"} for compressed Adam first moments.
     """
@@ -218,12 +220,14 @@ def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
     q = plan_quantization(flat.tensors, how, to_state=functools.partial(unflatten, flat.skeleton),
                           previous=parent.quant, init=init, grads=grads, progress=progress)
     names = list(flat.tensors)
+    # what the search freed on the host goes back to the OS before the writer's peak lands on it
+    release_free_heap()
     return CommitPlan(
         WritePlan(names=names, tensors=dict(flat.tensors), parent=parent, settings=settings,
-                  # the encoders, the parent comparison and the level caches all work on the
-                  # host: a GPU-made quantization crosses here, before the encoders' threads start
-                  quantized={n: lossy.on_host(v) for n, v in q.quantized.items()},
-                  domains=q.domains, moments=q.moments),
+                  # a quantization made on a device stays there: the writer's threads move each
+                  # to the host as they encode it (`lossy.encode_for_commit`), so the copies
+                  # overlap the encoding of others and the host holds the levels in flight
+                  quantized=dict(q.quantized), domains=q.domains, moments=q.moments),
         Manifest(names=list(names), skeleton=flat.skeleton,
                  config=q.config.to_dict() if q.config is not None else None,
                  quality=q.quality.to_json() if q.quality is not None else None,
@@ -310,7 +314,8 @@ def _write_all(plan: WritePlan, todo: list[str], writer: ChunkWriter, read_quant
                                        chain_budget=s.chain_budget)
 
     # The quantized tensors encode on the pool, one per thread, biggest first (their encoded
-    # bytes are small); chunks are then stored in plan order.
+    # bytes are small), each crossing to the host there if it was made on a device; chunks are
+    # then stored in plan order.
     quant = sorted((n for n in todo if n in plan.quantized),
                    key=lambda n: -plan.quantized[n].levels.numel())
     encoded = dict(zip(quant, pmap(encode, quant)))

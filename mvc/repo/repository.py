@@ -312,6 +312,7 @@ class Repo:
         and `mvc.repo.transaction.NothingToCommitError` (`.head`: HEAD's id) is raised, as
         git says "nothing to commit".  The default makes the commit anyway.
         """
+        from mvc.native.heap import release_free_heap
         from mvc.repo import commitopts, pipeline
         from mvc.state import flatten
 
@@ -341,6 +342,8 @@ class Repo:
         landed = tx.commit(plan, info, bases=bases, progress=progress, allow_empty=allow_empty)
         self._remember_levels(landed.commit, landed.snapshot, plan.write.quantized, bases,
                               superseded=plan.write.parent.snapshot)
+        del plan, bases
+        release_free_heap()   # a training process keeps running: not at this commit's peak
         return landed.commit
 
     def commit_transaction(self, *, keep_parent_levels: bool = True) -> CommitTransaction:

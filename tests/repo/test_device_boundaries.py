@@ -234,6 +234,42 @@ def test_a_commit_encodes_against_a_parent_elsewhere_as_on_the_host(tmp_path):
     assert moves and all(d.type == "cpu" for d in moves)
 
 
+@pytest.mark.parametrize("device", ["elsewhere", pytest.param("cuda", marks=cuda)])
+def test_the_writer_moves_a_plans_device_quantizations_to_the_host_itself(tmp_path, device):
+    """A plan keeps each quantization where it was made; `pipeline.write` moves each to the host
+    as it encodes it (on its threads), and writes what a plan made on the host writes."""
+    import shutil
+
+    from mvc.search import Quantization
+
+    root = lossy_repo(tmp_path / "r")
+    g = torch.Generator().manual_seed(5)
+    w = {"a": torch.randn(64, 128, generator=g), "b": torch.randn(96, 64, generator=g)}
+    with Repo(root) as repo:
+        repo.commit(w, "parent")
+    shutil.copytree(root, tmp_path / "twin")
+    w2 = {k: v + 0.01 * torch.randn(v.shape, generator=g) for k, v in w.items()}
+    got = []
+    for where in ("host", device):
+        with Repo(root if where == "host" else tmp_path / "twin") as repo:
+            tx = repo.commit_transaction()
+            plan = pipeline.plan(flatten(w2), Quantization("fixed", config=CONFIG),
+                                 tx.parent(repo.head()), read_centroids=tx.read_centroids,
+                                 settings=tx.settings)
+            assert set(plan.write.quantized) == {"a", "b"}
+            moves: list[torch.device] = []
+            if where == "elsewhere":
+                plan.write.quantized = {n: elsewhere(q, moves) for n, q in plan.write.quantized.items()}
+            elif where == "cuda":
+                plan.write.quantized = {n: q.to("cuda") for n, q in plan.write.quantized.items()}
+                moves.append(torch.device("cpu"))
+            recs = pipeline.write(plan.write, plan.write.names, blobs=repo.store.blobs,
+                                  read_quantized=tx.read_quantized)
+            assert all(d.type == "cpu" for d in moves) and (moves or where == "host")
+            got.append([(r.name, r.codec, r.chunks, r.meta) for r in recs])
+    assert got[0] == got[1] and {r[1] for r in got[0]} == {lossy.QDELTA}
+
+
 def test_the_level_cache_keeps_host_copies():
     _, q = quantized()
     cache = LevelCache()
