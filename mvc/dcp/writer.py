@@ -313,6 +313,11 @@ class MvcStorageWriter(UsesTarget, StorageWriter):
                                   settings=tx.settings, quantized=quantized,
                                   domains=opt.domains, moments=opt.bounds)
         records = tx.write(mine, mine.names)
+        if parent.snapshot is not None and quantized:
+            # The write cached the parent's levels: the next save's parent (this commit) is one
+            # delta from them. Older snapshots' serve no save to come: a long-lived writer (a
+            # remote's cache lives as long as the process) would hold them up to its bound.
+            self.repo.reader.levels.retain(parent.snapshot)
         for rec in records:
             if rec.name in shards:
                 rec = dataclasses.replace(rec, meta=dict(rec.meta, **{SHARD_KEY: shards[rec.name]}))

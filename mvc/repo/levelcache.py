@@ -49,7 +49,7 @@ import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -122,8 +122,15 @@ class LevelCache:
 
     def drop_snapshot(self, snapshot_id: str) -> None:
         """Forget every tensor cached for `snapshot_id`."""
+        self._drop(lambda sid: sid == snapshot_id)
+
+    def retain(self, snapshot_id: str) -> None:
+        """Forget every tensor cached for any snapshot but `snapshot_id`."""
+        self._drop(lambda sid: sid != snapshot_id)
+
+    def _drop(self, which: Callable[[str], bool]) -> None:
         with self._lock:
-            for key in [k for k in self._items if k[0] == snapshot_id]:
+            for key in [k for k in self._items if which(k[0])]:
                 self._bytes -= self._size(self._items.pop(key))
 
     def __len__(self) -> int:

@@ -240,3 +240,27 @@ def test_assemble_refuses_bad_layouts():
         assemble([a, c], {a.name: t[a.name], c.name: torch.ones(2, 4)})
     with pytest.raises(ShardLayoutError):
         assemble([a, d], {a.name: t[a.name], d.name: torch.ones(2, 4)})
+
+
+def test_a_long_lived_writer_keeps_the_levels_of_one_snapshot(tmp_path):
+    """Saves through one Repo keep, in its in-memory level cache, only the snapshot the next
+    save's parent is a delta from (the last parent): not every earlier save's levels."""
+    model, opt = plain_model(0)
+    Repo.init(tmp_path / "repo").close()
+    ids = []
+    with Repo(tmp_path / "repo") as repo:
+        for step in range(4):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.01 * torch.randn_like(p))
+            msd, osd = get_state_dict(model, opt)
+            w = MvcStorageWriter(repo, message=f"save {step}", epsilon=0.05)
+            dcp.save({"model": msd, "optim": osd}, storage_writer=w)
+            ids.append(w.commit_id)
+            cached = {sid for sid, _ in repo.reader.levels._items}
+            parent_snap = repo.read_commit(ids[-2]).snapshot if step else None
+            assert cached <= ({parent_snap} if parent_snap else set())
+        snap = repo.read_snapshot(repo.read_commit(ids[-1]).snapshot)
+        assert any(lossy.is_delta(r) for r in snap.tensors)
+        restored = repo.read_state(ids[-1], cache_levels=False)["model"]
+    assert_same(restored, load_one_process(tmp_path / "repo", ids[-1])["model"])
