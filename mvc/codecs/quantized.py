@@ -273,30 +273,21 @@ def _decode_centroids(sec: memoryview, k: int) -> torch.Tensor:
 
 
 def centroid_bytes(meta: Mapping[str, Any]) -> int:
-    """How many bytes at the start of a `qbase/1` or `qdelta/1` payload hold its centroids (the
-    first section of both): what `stored_centroids` needs read."""
-    k = _int_field(meta, "bins", 1, MAX_LEVELS - 2)
-    lens = meta.get("sections")
-    if not isinstance(lens, list) or not lens or type(lens[0]) is not int:
-        raise QuantPayloadError(f"meta 'sections' must list byte lengths, got {lens!r}")
-    if lens[0] != k * _CENTROID_DTYPE.itemsize:
-        raise QuantPayloadError(f"centroid section is {lens[0]} bytes, {k} centroids need "
-                                f"{k * _CENTROID_DTYPE.itemsize}")
+    """Bytes at the start of a `qbase/1` or `qdelta/1` payload holding its centroids (the first
+    section of both): what `stored_centroids` needs read."""
+    k, lens = _int_field(meta, "bins", 1, MAX_LEVELS - 2), meta.get("sections")
+    if not isinstance(lens, list) or not lens or lens[0] != k * _CENTROID_DTYPE.itemsize:
+        raise QuantPayloadError(f"meta 'sections' {lens!r} does not start with {k} centroids")
     return lens[0]
 
 
 def stored_centroids(meta: Mapping[str, Any], head: BytesLike) -> torch.Tensor:
-    """The centroids of a stored quantized tensor from the start of its payload (`head`: at
-    least `centroid_bytes(meta)` bytes), without decoding its levels: a commit warm-starts
-    k-means from its parent's centroids and needs nothing else of them.
-
-    `head` is not checked against the payload's checksum (the rest is not read); it comes from
-    chunks verified against their ids, and the centroids are validated (count, finite, sorted)."""
+    """A stored quantized tensor's centroids from the start of its payload (`head`), its levels
+    not decoded: a commit's warm start needs nothing else. `head` is not checked against the
+    payload's checksum (the rest is not read): it comes from chunks verified against their ids,
+    and the centroids are validated (count, finite, sorted)."""
     n = centroid_bytes(meta)
-    view = memoryview(head).cast("B")
-    if len(view) < n:
-        raise QuantPayloadError(f"payload starts with {len(view)} bytes, its centroids need {n}")
-    return _decode_centroids(view[:n], int(meta["bins"]))
+    return _decode_centroids(memoryview(head).cast("B")[:n], n // _CENTROID_DTYPE.itemsize)
 
 
 def _decode_protected(sec: memoryview, n_prot: int, dtype: torch.dtype,
