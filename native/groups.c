@@ -181,3 +181,44 @@ int mvc_grp_apply(const void *parent, const void *delta, size_t n, int width,
     *n_top = top;
     return rc;
 }
+
+/* off[g] = starts[g], off[n_groups + g] = starts[g] + counts[g]: the segment's range of
+ * group g in a stream of delta_n values.  counts must add up to n, the segment's length,
+ * so a parent that does not match them overruns one range (MVC_ERR_ARG in the loops). */
+static int part_offsets(const int64_t *counts, const int64_t *starts, uint32_t n_groups,
+                        size_t n, size_t delta_n, size_t **out) {
+    if (!counts || !starts || n_groups == 0 || n_groups > MAX_GROUPS) return MVC_ERR_ARG;
+    size_t *off = malloc(sizeof(size_t) * 2 * (size_t)n_groups);
+    if (!off) return MVC_ERR_NOMEM;
+    size_t acc = 0;
+    for (uint32_t g = 0; g < n_groups; g++) {
+        int64_t c = counts[g], s = starts[g];
+        if (c < 0 || s < 0 || (uint64_t)s > delta_n || (uint64_t)c > delta_n - (size_t)s
+            || (uint64_t)c > n - acc) {
+            free(off);
+            return MVC_ERR_ARG;
+        }
+        off[g] = (size_t)s;
+        off[n_groups + g] = (size_t)s + (size_t)c;
+        acc += (size_t)c;
+    }
+    if (acc != n) { free(off); return MVC_ERR_ARG; }
+    *out = off;
+    return MVC_OK;
+}
+
+int mvc_grp_delta_part(const void *parent, const void *cur, size_t n, int width,
+                       uint32_t modulus, const int64_t *counts, const int64_t *starts,
+                       uint32_t n_groups, void *delta, size_t delta_n) {
+    if (bad_width(width) || modulus == 0 || modulus > (width == 1 ? 256u : 65536u)
+        || (n && (!parent || !cur || !delta)))
+        return MVC_ERR_ARG;
+    size_t *off = NULL;
+    int rc = part_offsets(counts, starts, n_groups, n, delta_n, &off);
+    if (rc != MVC_OK) return rc;
+    void *out = delta;
+    if (width == 1) DELTA_BODY(uint8_t);
+    else DELTA_BODY(uint16_t);
+    free(off);
+    return rc;
+}

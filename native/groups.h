@@ -28,4 +28,15 @@ int mvc_grp_delta(const void *parent, const void *cur, size_t n, int width,
 int mvc_grp_apply(const void *parent, const void *delta, size_t n, int width,
                   uint32_t modulus, uint32_t n_cur, const int64_t *counts, uint32_t n_groups,
                   void *out, uint64_t *n_top);
+
+/* One segment of mvc_grp_delta, for running a tensor's segments in parallel: `starts`
+ * and `counts` give, for each group g, this segment's range of group g in the whole
+ * tensor's grouped stream `delta` (delta_n values): [starts[g], starts[g] + counts[g]).
+ * `counts` are the segment's own (mvc_grp_count over its parent levels); segments given
+ * disjoint ranges fill the stream exactly as one mvc_grp_delta call over the tensor does.
+ * Element checks and status codes as mvc_grp_delta; a range outside delta_n, or counts
+ * that do not add up to n or do not match the parent, give MVC_ERR_ARG. */
+int mvc_grp_delta_part(const void *parent, const void *cur, size_t n, int width,
+                       uint32_t modulus, const int64_t *counts, const int64_t *starts,
+                       uint32_t n_groups, void *delta, size_t delta_n);
 #endif

@@ -24,6 +24,7 @@ from mvc.codecs.base import CodecError
 from mvc.errors import InternalError
 from mvc.native import ffi, lib, status
 from mvc.native.buffers import borrow, nbytes
+from mvc.native.parallel import pmap, segments
 
 __all__ = [
     "GroupedDeltaError", "LevelRangeError",
@@ -32,6 +33,12 @@ __all__ = [
 ]
 
 MAX_GROUPS = 1 << 16
+
+#: Values per task when one tensor's counting and grouping passes are split across the
+#: thread pool: a few milliseconds of work each, so dispatch costs nothing next to it.  A
+#: large tensor then takes the whole pool instead of one thread (commits encode the
+#: largest tensors one at a time, mvc.repo.pipeline); the result does not depend on it.
+SEGMENT = 1 << 21
 
 
 class GroupedDeltaError(CodecError):
@@ -93,6 +100,14 @@ def _raise_for(rc: int, what: str) -> None:
     raise InternalError(f"{what}: {status.describe(rc)} (status {rc}; counts or arguments wrong, a bug)")
 
 
+def _count(flat: np.ndarray, n_groups: int) -> np.ndarray:
+    counts = np.zeros(n_groups, dtype=np.int64)
+    rc = lib.mvc_grp_count(_ptr(flat), flat.size, flat.dtype.itemsize, n_groups,
+                           _counts_ptr(counts))
+    _raise_for(rc, f"parent levels (n_groups={n_groups})")
+    return counts
+
+
 def group_counts(parent: np.ndarray, n_groups: int) -> np.ndarray:
     """How many parameters sit at each parent level (int64, length `n_groups`).
 
@@ -103,11 +118,9 @@ def group_counts(parent: np.ndarray, n_groups: int) -> np.ndarray:
     flat = np.ascontiguousarray(parent).reshape(-1)
     if flat.dtype not in (np.uint8, np.uint16):
         raise InternalError(f"parent levels must be uint8 or uint16, got {flat.dtype}")
-    counts = np.zeros(n_groups, dtype=np.int64)
-    rc = lib.mvc_grp_count(_ptr(flat), flat.size, flat.dtype.itemsize, n_groups,
-                           _counts_ptr(counts))
-    _raise_for(rc, f"parent levels (n_groups={n_groups})")
-    return counts
+    if flat.size <= SEGMENT:
+        return _count(flat, n_groups)
+    return np.sum(pmap(lambda s: _count(flat[s], n_groups), segments(flat.size, SEGMENT)), axis=0)
 
 
 def grouped_delta(parent: np.ndarray, cur: np.ndarray, modulus: int,
@@ -122,11 +135,35 @@ def grouped_delta(parent: np.ndarray, cur: np.ndarray, modulus: int,
     p, c = _flat(parent, dt, "parent levels"), _flat(cur, dt, "levels")
     _check_same_length(p, c)
     out = np.empty(p.size, dtype=dt)
+    if counts is not None and p.size > SEGMENT:
+        _grouped_delta_parts(p, c, modulus, counts, out)
+        return out
     n_groups = 0 if counts is None else counts.size
     rc = lib.mvc_grp_delta(_ptr(p), _ptr(c), p.size, dt.itemsize, modulus, _counts_ptr(counts),
                            n_groups, _ptr(out))
     _raise_for(rc, "delta")
     return out
+
+
+def _grouped_delta_parts(p: np.ndarray, c: np.ndarray, modulus: int, counts: np.ndarray,
+                         out: np.ndarray) -> None:
+    """`grouped_delta` by segments on the pool: each segment's values of a group go to the
+    range after the earlier segments' (a stable partition), so `out` is the same."""
+    segs = segments(p.size, SEGMENT)
+    n_groups = counts.size
+    seg_counts = np.stack(pmap(lambda s: _count(p[s], n_groups), segs))
+    if not np.array_equal(seg_counts.sum(axis=0), counts):
+        _raise_for(status.ERR_ARG, "delta (counts do not match the parent levels)")
+    starts = (np.cumsum(counts) - counts) + (np.cumsum(seg_counts, axis=0) - seg_counts)
+
+    def one(i: int) -> None:
+        s = segs[i]
+        rc = lib.mvc_grp_delta_part(_ptr(p[s]), _ptr(c[s]), s.stop - s.start, p.itemsize, modulus,
+                                    _counts_ptr(seg_counts[i]), _counts_ptr(starts[i]), n_groups,
+                                    _ptr(out), out.size)
+        _raise_for(rc, "delta")
+
+    pmap(one, range(len(segs)))
 
 
 def apply_grouped_delta(parent: np.ndarray, delta: np.ndarray, modulus: int, n_cur: int,

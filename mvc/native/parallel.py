@@ -53,6 +53,12 @@ def scratch(nbytes: int) -> np.ndarray:
     return buf
 
 
+def segments(n: int, size: int) -> list[slice]:
+    """`range(n)` cut into slices of `size` (the last one shorter): one large array's
+    pieces for `pmap`, so a single array's pass takes the whole pool."""
+    return [slice(lo, min(n, lo + size)) for lo in range(0, n, max(1, size))]
+
+
 def _mark_worker() -> None:
     _local.in_pool = True
 

@@ -2,6 +2,8 @@
 reading of the paper, and the fused native passes equal the reference."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -9,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 import reference_coders as rc
 from mvc.codecs import delta_groups as dg
 from mvc.errors import InternalError
+from mvc.native import ffi, lib, status
 
 
 def ref_split(delta: list[int], parent: list[int]) -> dict[int, list[int]]:
@@ -143,3 +146,79 @@ def test_mismatched_lengths_are_a_bug():
         rc.cyclic_delta(np.zeros(3, np.uint8), np.zeros(4, np.uint8), 2)
     with pytest.raises(InternalError):
         dg.delta_dtype(70_000)
+
+
+# ---- one tensor's passes split into segments across the pool (dg.SEGMENT)
+
+@contextlib.contextmanager
+def segment(size: int):
+    old, dg.SEGMENT = dg.SEGMENT, size
+    try:
+        yield
+    finally:
+        dg.SEGMENT = old
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(2, 300), st.integers(2, 300), st.integers(0, 400), st.integers(1, 60),
+       st.integers(0, 2**31))
+def test_segmented_passes_match_the_reference_and_the_one_call_form(n_prev, n_cur, n, size, seed):
+    rng = np.random.default_rng(seed)
+    modulus = max(n_prev, n_cur)
+    dt = dg.delta_dtype(modulus)
+    parent = rng.integers(0, n_prev, n).astype(dt)
+    cur = rng.integers(0, n_cur, n).astype(dt)
+    keep = rng.random(n) < 0.8
+    cur[keep & (parent < n_cur)] = parent[keep & (parent < n_cur)]
+    whole_counts = dg.group_counts(parent, n_prev)
+    whole = dg.grouped_delta(parent, cur, modulus, whole_counts)
+    with segment(size):
+        counts = dg.group_counts(parent, n_prev)
+        d = dg.grouped_delta(parent, cur, modulus, counts)
+    ref, ref_counts = rc.split_by_parent(rc.cyclic_delta(parent, cur, modulus), parent, n_prev)
+    assert np.array_equal(counts, ref_counts) and np.array_equal(counts, whole_counts)
+    assert d.dtype == dt and np.array_equal(d, ref) and np.array_equal(d, whole)
+
+
+def test_segmented_passes_reject_what_the_one_call_form_rejects():
+    parent = np.array([0, 1, 2, 3, 1, 5], dtype=np.uint8)
+    with segment(2):
+        with pytest.raises(dg.LevelRangeError):   # a level >= n_groups in the last segment
+            dg.group_counts(parent, 5)
+        counts = dg.group_counts(parent, 6)
+        with pytest.raises(dg.LevelRangeError):   # a current level >= modulus
+            dg.grouped_delta(parent, np.array([0, 1, 2, 3, 1, 6], np.uint8), 6, counts)
+        with pytest.raises(dg.LevelRangeError):   # a parent level >= its group count
+            dg.grouped_delta(parent, parent, 6, counts[:5].copy())
+        with pytest.raises(InternalError):        # counts of another parent: a bug
+            dg.grouped_delta(parent, parent, 6, np.array([1, 1, 1, 1, 1, 1]))
+
+
+def _part(parent, cur, modulus, counts, starts, delta):
+    return lib.mvc_grp_delta_part(
+        ffi.from_buffer(parent), ffi.from_buffer(cur), parent.size, parent.itemsize, modulus,
+        ffi.from_buffer("int64_t[]", counts), ffi.from_buffer("int64_t[]", starts), counts.size,
+        ffi.from_buffer(delta, require_writable=True), delta.size)
+
+
+def test_native_segment_pass_checks_its_ranges_against_the_stream():
+    parent = np.array([0, 1, 1, 0], dtype=np.uint8)
+    cur = np.array([1, 1, 0, 0], dtype=np.uint8)
+    out = np.full(6, 99, dtype=np.uint8)
+    counts = np.array([2, 2], dtype=np.int64)
+    assert _part(parent, cur, 2, counts, np.array([1, 4], dtype=np.int64), out) == status.OK
+    assert out.tolist() == [99, 1, 0, 99, 0, 1]   # group 0 at 1..2, group 1 at 4..5; rest kept
+    for starts, cts in (([5, 0], [2, 2]),          # group 0's range runs past the stream
+                        ([0, 7], [2, 2]),          # a start past the stream
+                        ([-1, 2], [2, 2]),         # a negative start
+                        ([0, 2], [3, 1]),          # counts that do not match the parent
+                        ([0, 2], [1, 1]),          # counts that do not add up to n
+                        ([0, 2], [-1, 5])):        # a negative count
+        before = out.copy()
+        rc_ = _part(parent, cur, 2, np.array(cts, dtype=np.int64), np.array(starts, dtype=np.int64),
+                    out)
+        assert rc_ == status.ERR_ARG, (starts, cts)
+        if cts == [2, 2]:
+            assert np.array_equal(out, before)     # rejected before anything is written
+    assert _part(parent, np.array([1, 1, 2, 0], np.uint8), 2, counts,
+                 np.array([0, 2], dtype=np.int64), out) == status.ERR_RANGE
