@@ -102,8 +102,13 @@ def encode_huffman(values: Any, threads: int | None = None) -> bytes:
         return b""
     counts = ffi.new("uint64_t[3]")
     with borrow(arr) as src:
-        check_encode(lib.mvc_rle_sym_scan(src, n, kind, counts), "RLE encode")
-        bound, modulus = int(counts[0]), int(counts[1]) + 1
+        if kind == 4:  # the scan also range-checks int32 values
+            check_encode(lib.mvc_rle_sym_scan(src, n, kind, counts), "RLE encode")
+            bound, modulus = int(counts[0]), int(counts[1]) + 1
+        else:
+            # Tokens never outnumber values, and untouched pages of the symbol buffers cost
+            # no memory: a bound of n spares the serial pass that counts them exactly.
+            bound, modulus = n, int(arr.max()) + 1
         sym = np.empty((2, bound), dtype=np.uint16)
         extra = np.empty(4 * bound + 8, dtype=np.uint8)
         with borrow(sym, "uint16_t[]", writable=True) as base:
