@@ -41,6 +41,7 @@ from mvc.codecs.base import (BytesLike, ChainStep, CodecError, Encoded, register
 from mvc.codecs import delta_groups as dg
 from mvc.errors import InternalError, MvcError, UsageError
 from mvc.native import huffman, rle
+from mvc.native.parallel import pmap
 from mvc.native.status import NativeDecodeError
 from mvc.quant import QuantizedTensor, level_dtype
 from mvc.quant._kernels import level_census
@@ -395,7 +396,7 @@ def encode_delta(q: Any, parent_levels: torch.Tensor, parent_n_levels: int, *,
     try:
         counts = dg.group_counts(parent, n_prev)
         d = dg.grouped_delta(parent, levels, modulus, counts)
-        streams = [_encode_stream(d[s]) for s in dg.group_slices(counts)]
+        streams = pmap(lambda s: _encode_stream(d[s]), dg.group_slices(counts))
     except dg.LevelRangeError as exc:
         raise QuantInputError(f"parent levels: {exc}") from exc
     prot_bytes, prot_meta = _encode_protected(prot)
