@@ -337,6 +337,29 @@ def test_step_cost_counts_changed_levels_up_to_one_pass():
     assert step_cost(q([2] * n), q(base)) == 1.0
 
 
+def test_large_host_tensors_count_changed_levels_by_segments(monkeypatch):
+    """Past dg.SEGMENT values the count runs in pieces on the pool (a large tensor encodes
+    alone): same counts, mixed level dtypes and a ragged last piece included."""
+    from mvc.codecs import delta_groups as dg
+    from mvc.quant import QuantizedTensor
+    from mvc.repo.lossy import DENSE_SHARE, same_quantization, step_cost
+
+    g = torch.Generator().manual_seed(3)
+    a = torch.randint(0, 6, (1001,), generator=g, dtype=torch.uint8)
+    b = a.clone()
+    b[torch.randperm(1001, generator=g)[:13]] += 1
+
+    def q(levels):
+        return QuantizedTensor(levels, torch.zeros(5), torch.zeros(0), torch.float32, 5)
+
+    whole = (step_cost(q(b), q(a)), same_quantization(q(b), q(a)), same_quantization(q(a), q(a)))
+    monkeypatch.setattr(dg, "SEGMENT", 64)
+    assert (step_cost(q(b), q(a)), same_quantization(q(b), q(a)),
+            same_quantization(q(a), q(a))) == whole
+    assert whole[0] == pytest.approx(13 / (1001 * DENSE_SHARE)) and whole[1:] == (False, True)
+    assert step_cost(q(b.to(torch.int16)), q(a)) == whole[0]
+
+
 def test_first_moment_bound_in_chunks_restores_the_one_shot_bits():
     """The reader bounds a restored Adam first moment chunk by chunk (no two copies of the
     moment for its limits); the bits must be those of the one-shot torch form every earlier
