@@ -45,7 +45,7 @@ import torch
 from mvc.codecs.base import BytesLike, tensor_codec
 from mvc.errors import InternalError, UsageError
 from mvc.native.heap import release_free_heap
-from mvc.native.parallel import pmap
+from mvc.native.parallel import pmap, worker_count
 from mvc.progress import Progress, phase
 from mvc.quant import QuantizedTensor
 from mvc.repo import lossy
@@ -299,6 +299,27 @@ def _reported(names: list[str], tensors: Mapping[str, torch.Tensor], progress: P
         progress.advance(_nbytes(tensors[name]), 1)
 
 
+#: The share of a commit's quantized values whose encoding temporaries (the parent's levels,
+#: the delta, the encodings: ~2.5 bytes a value) may be in host memory at once.
+IN_FLIGHT_SHARE = 1 / 8
+#: No tensor this small is encoded alone: its passes would not fill the pool.
+LARGE_FLOOR = 1 << 22
+
+
+def encode_order(numels: Mapping[str, int], threads: int) -> tuple[list[str], list[str]]:
+    """(large, rest): how a commit's quantized tensors (name -> values) encode.
+
+    One per pool thread, `threads` at once, the tensors in flight would hold up to `threads`
+    times the largest one's temporaries: at 124M parameters on 16 threads, the embedding and
+    its two moments (a third of the values) at once.  So a tensor over its thread's share of
+    `IN_FLIGHT_SHARE` encodes alone, its passes split across the pool (the grouped delta, the
+    block coders, the level counts), biggest first; the rest then share the pool, biggest
+    first.  That also takes a large tensor off the critical path of one thread."""
+    cut = max(LARGE_FLOOR, sum(numels.values()) * IN_FLIGHT_SHARE / max(1, threads))
+    order = sorted(numels, key=lambda n: -numels[n])
+    return [n for n in order if numels[n] > cut], [n for n in order if numels[n] <= cut]
+
+
 def _write_all(plan: WritePlan, todo: list[str], writer: ChunkWriter, read_quantized: ReadQuantized,
                bases: Bases | None, progress: Progress) -> list[TensorRecord]:
     s = plan.settings
@@ -313,12 +334,12 @@ def _write_all(plan: WritePlan, todo: list[str], writer: ChunkWriter, read_quant
                                        base_every=s.base_every, delta_max_ratio=s.delta_max_ratio,
                                        chain_budget=s.chain_budget)
 
-    # The quantized tensors encode on the pool, one per thread, biggest first (their encoded
-    # bytes are small), each crossing to the host there if it was made on a device; chunks are
-    # then stored in plan order.
-    quant = sorted((n for n in todo if n in plan.quantized),
-                   key=lambda n: -plan.quantized[n].levels.numel())
-    encoded = dict(zip(quant, pmap(encode, quant)))
+    # The quantized tensors encode first (their encoded bytes are small), each crossing to the
+    # host as it encodes if it was made on a device; chunks are then stored in plan order.
+    large, rest = encode_order({n: plan.quantized[n].levels.numel() for n in todo
+                                if n in plan.quantized}, worker_count())
+    encoded = {n: encode(n) for n in large}
+    encoded.update(zip(rest, pmap(encode, rest)))
     records: list[TensorRecord] = []
     for name in _reported(todo, plan.tensors, progress):
         t = plan.tensors[name]
