@@ -299,9 +299,8 @@ def _reported(names: list[str], tensors: Mapping[str, torch.Tensor], progress: P
         progress.advance(_nbytes(tensors[name]), 1)
 
 
-#: The share of a commit's quantized values whose encoding temporaries (the parent's levels,
-#: the delta, the encodings: ~2.5 bytes a value) may be in host memory at once.
-IN_FLIGHT_SHARE = 1 / 8
+#: A tensor over this share of one thread's part of a commit's quantized values encodes alone.
+LARGE_SHARE = 1 / 2
 #: No tensor this small is encoded alone: its passes would not fill the pool.
 LARGE_FLOOR = 1 << 22
 
@@ -309,13 +308,16 @@ LARGE_FLOOR = 1 << 22
 def encode_order(numels: Mapping[str, int], threads: int) -> tuple[list[str], list[str]]:
     """(large, rest): how a commit's quantized tensors (name -> values) encode.
 
-    One per pool thread, `threads` at once, the tensors in flight would hold up to `threads`
-    times the largest one's temporaries: at 124M parameters on 16 threads, the embedding and
-    its two moments (a third of the values) at once.  So a tensor over its thread's share of
-    `IN_FLIGHT_SHARE` encodes alone, its passes split across the pool (the grouped delta, the
-    block coders, the level counts), biggest first; the rest then share the pool, biggest
-    first.  That also takes a large tensor off the critical path of one thread."""
-    cut = max(LARGE_FLOOR, sum(numels.values()) * IN_FLIGHT_SHARE / max(1, threads))
+    One per pool thread, a tensor over half a thread's part of the values is that thread's
+    critical path, and `threads` of the largest ones hold their temporaries (the parent's
+    levels, the delta, the encodings: ~2.5 bytes a value) at once: at 124M parameters on 16
+    threads, the embedding and its two moments, a third of all values.  So those encode alone,
+    biggest first, each one's passes split across the pool (the grouped delta, its streams,
+    the block coders, the level counts); the rest then share the pool, biggest first.  On a
+    narrow pool (2 threads at 124M) nothing is that large: one tensor per thread packs the
+    pool best there (split, a tensor's passes leave a thread idle now and then), and the
+    in-flight memory is two tensors'."""
+    cut = max(LARGE_FLOOR, sum(numels.values()) * LARGE_SHARE / max(1, threads))
     order = sorted(numels, key=lambda n: -numels[n])
     return [n for n in order if numels[n] > cut], [n for n in order if numels[n] <= cut]
 
