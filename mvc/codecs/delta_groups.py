@@ -24,7 +24,7 @@ from mvc.codecs.base import CodecError
 from mvc.errors import InternalError
 from mvc.native import ffi, lib, status
 from mvc.native.buffers import borrow, nbytes
-from mvc.native.parallel import pmap, segments
+from mvc.native.parallel import in_worker, pmap, segments
 
 __all__ = [
     "GroupedDeltaError", "LevelRangeError",
@@ -135,7 +135,7 @@ def grouped_delta(parent: np.ndarray, cur: np.ndarray, modulus: int,
     p, c = _flat(parent, dt, "parent levels"), _flat(cur, dt, "levels")
     _check_same_length(p, c)
     out = np.empty(p.size, dtype=dt)
-    if counts is not None and p.size > SEGMENT:
+    if counts is not None and p.size > SEGMENT and not in_worker():
         _grouped_delta_parts(p, c, modulus, counts, out)
         return out
     n_groups = 0 if counts is None else counts.size

@@ -59,6 +59,11 @@ def segments(n: int, size: int) -> list[slice]:
     return [slice(lo, min(n, lo + size)) for lo in range(0, n, max(1, size))]
 
 
+def in_worker() -> bool:
+    """True on a pool thread, where `pmap` runs inline (a split pass would only cost more)."""
+    return bool(getattr(_local, "in_pool", False))
+
+
 def _mark_worker() -> None:
     _local.in_pool = True
 
@@ -95,7 +100,7 @@ def pmap(fn: Callable[[T], R], items: Iterable[T], threads: int | None = None) -
     """
     seq = list(items)
     if (len(seq) <= 1 or (threads or worker_count()) <= 1 or worker_count() <= 1
-            or getattr(_local, "in_pool", False)):
+            or in_worker()):
         return [fn(x) for x in seq]
     futures: list[Future] = []
     try:
