@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_check.sh [bench_scale args...]      (results under $OUT)
 # MVC_GPU_TESTS: test paths (default: the device tests); MVC_GPU_BENCH=0 skips the benchmark;
 # MVC_GPU_BACKGROUND=1 adds bench_background --device cuda (issue 27's background commit);
+# MVC_GPU_WRITE=1 adds bench_write --threads 16 (the write phase on the host's 16 CPUs);
 # MVC_GPU_PIPELINE=0 skips bench_device_pipeline (the batched device passes and whole commit
 # hooks at 124M: syncs, launches, time and peak extra GPU memory against the state).
 set -u
@@ -59,4 +60,12 @@ if [ "${MVC_GPU_BACKGROUND:-0}" != 0 ]; then
   timeout "${MVC_GPU_BENCH_TIMEOUT:-330}" python3 benchmarks/bench_background.py --device cuda \
     --epsilon 0.05 > "$OUT/background.log" 2>&1
   echo "background rc $?"; tail -n 12 "$OUT/background.log"
+fi
+if [ "${MVC_GPU_WRITE:-0}" != 0 ]; then
+  # the host's 16 CPUs: a write phase whose largest tensors change, alone across the pool
+  # against one per thread (pipeline.encode_order), with as many threads as the host has
+  echo "== bench_write --threads 16"
+  timeout "${MVC_GPU_BENCH_TIMEOUT:-330}" python3 benchmarks/bench_write.py --threads 16 \
+    > "$OUT/write.log" 2>&1
+  echo "write rc $?"; sed -n '/^bench_write:/,/^$/p;/^| /p' "$OUT/write.log"
 fi
