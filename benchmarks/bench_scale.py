@@ -413,14 +413,16 @@ def _stored_bytes(repo: Any, snapshot_id: str) -> int:
     return sum(r.stored_bytes for r in repo.read_snapshot(snapshot_id).tensors)
 
 
-def run_child(task: dict, timeout: float = 3600) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(task)],
+def run_child(task: dict, timeout: float = 3600, *, script: str = __file__,
+              env: dict[str, str] | None = None, label: str = "") -> dict:
+    """`script --child TASK` in a fresh process (its peak RSS its own); its last stdout line's JSON."""
+    proc = subprocess.run([sys.executable, script, "--child", json.dumps(task)], env=env,
                           capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
     if proc.returncode != 0:
         raise RuntimeError(f"{task['kind']} failed:\n{proc.stderr[-4000:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     # progress as each step lands, so a run cut short still says what it measured
-    print(f"  {task['kind']}: {json.dumps(out, default=str)}", file=sys.stderr, flush=True)
+    print(f"  {label}{task['kind']}: {json.dumps(out, default=str)}", file=sys.stderr, flush=True)
     return out
 
 

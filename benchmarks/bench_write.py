@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,9 +38,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_scale  # noqa: E402
 from bench_scale import _peak, _reset_peak, _rss, _WritePhase  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = {"bins": 16, "prune": 0.1, "protect": 0.0005}
 
 
@@ -104,14 +103,8 @@ def child(task: dict) -> dict:
 
 
 def run_child(task: dict, threads: int) -> dict:
-    env = dict(os.environ, MVC_THREADS=str(threads))
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(task)], env=env,
-                          capture_output=True, text=True, cwd=str(ROOT), timeout=3600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{task['kind']} failed:\n{proc.stderr[-4000:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"  {threads} threads, {task['kind']}: {json.dumps(out)}", file=sys.stderr, flush=True)
-    return out
+    return bench_scale.run_child(task, script=__file__, env=dict(os.environ, MVC_THREADS=str(threads)),
+                                 label=f"{threads} threads, ")
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -86,18 +86,24 @@ def test_uint16_levels_and_multidimensional_input():
     assert np.array_equal(rc.merge_by_parent(grouped, parent), delta.reshape(-1))
 
 
+def level_pair(n_prev: int, n_cur: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Parent and current levels in `delta_dtype`, mostly unchanged (where runs matter)."""
+    rng = np.random.default_rng(seed)
+    dt = dg.delta_dtype(max(n_prev, n_cur))
+    parent = rng.integers(0, n_prev, n).astype(dt)
+    cur = rng.integers(0, n_cur, n).astype(dt)
+    keep = rng.random(n) < 0.8
+    cur[keep & (parent < n_cur)] = parent[keep & (parent < n_cur)]
+    return parent, cur
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(2, 300), st.integers(2, 300), st.integers(0, 300), st.integers(0, 2**31),
        st.booleans())
 def test_native_fused_passes_match_reference(n_prev, n_cur, n, seed, grouped):
-    rng = np.random.default_rng(seed)
     modulus = max(n_prev, n_cur)
     dt = dg.delta_dtype(modulus)
-    parent = rng.integers(0, n_prev, n).astype(dt)
-    cur = rng.integers(0, n_cur, n).astype(dt)
-    # mostly-unchanged streams too, where runs matter
-    keep = rng.random(n) < 0.8
-    cur[keep & (parent < n_cur)] = parent[keep & (parent < n_cur)]
+    parent, cur = level_pair(n_prev, n_cur, n, seed)
     counts = dg.group_counts(parent, n_prev) if grouped else None
     d = dg.grouped_delta(parent, cur, modulus, counts)
     ref = rc.cyclic_delta(parent, cur, modulus)
@@ -163,13 +169,9 @@ def segment(size: int):
 @given(st.integers(2, 300), st.integers(2, 300), st.integers(0, 400), st.integers(1, 60),
        st.integers(0, 2**31))
 def test_segmented_passes_match_the_reference_and_the_one_call_form(n_prev, n_cur, n, size, seed):
-    rng = np.random.default_rng(seed)
     modulus = max(n_prev, n_cur)
     dt = dg.delta_dtype(modulus)
-    parent = rng.integers(0, n_prev, n).astype(dt)
-    cur = rng.integers(0, n_cur, n).astype(dt)
-    keep = rng.random(n) < 0.8
-    cur[keep & (parent < n_cur)] = parent[keep & (parent < n_cur)]
+    parent, cur = level_pair(n_prev, n_cur, n, seed)
     whole_counts = dg.group_counts(parent, n_prev)
     whole = dg.grouped_delta(parent, cur, modulus, whole_counts)
     with segment(size):
