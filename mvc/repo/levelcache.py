@@ -60,7 +60,8 @@ from mvc.quant import QuantizedTensor
 # The file format and its checks need no torch (fsck uses them alone): `mvc.repo.levelfile`,
 # re-exported here where callers have always found them.
 from mvc.repo.levelfile import MAGIC as MAGIC
-from mvc.repo.levelfile import PREFIX, LevelFiles, ParseMemo, checksum, discard, read_blob, read_header
+from mvc.repo.levelfile import (PREFIX, LevelFiles, ParseMemo, checksum, checksum_parts, discard, read_blob,
+                                 read_header)
 from mvc.repo.levelfile import SUFFIX as SUFFIX
 from mvc.repo.levelfile import CorruptEntry as CorruptEntry
 from mvc.repo.levelfile import binds as binds
@@ -179,18 +180,21 @@ class DiskLevelCache(LevelFiles):
             return
         records = {r.name: r for r in Snapshot.decode(self.blobs.get(sid), sid).tensors}
         index: dict[str, Any] = {}
-        blobs: list[bytes] = []
+        blobs: list[memoryview] = []
         off = 0
         for name, (enc, dtype, shape) in entries.items():
             rec = records.get(name)
             if rec is None or rec.dtype != dtype_name(dtype) or list(rec.shape) != list(shape):
                 continue  # not what the snapshot stores under this name: nothing to bind to
-            data = b"".join(bytes(memoryview(p).cast("B")) for p in enc.parts)
+            # views of the encoding's parts, written as they are: a commit's base encodings are
+            # all in memory at this point, and a joined copy of each would double them
+            parts = [memoryview(p).cast("B") for p in enc.parts]
+            length = sum(len(p) for p in parts)
             index[name] = {"dtype": rec.dtype, "shape": list(rec.shape), "chunks": list(rec.chunks),
-                           "meta": enc.meta, "offset": off, "length": len(data),
-                           "xxh3": checksum(data).hex()}
-            blobs.append(data)
-            off += len(data)
+                           "meta": enc.meta, "offset": off, "length": length,
+                           "xxh3": checksum_parts(parts).hex()}
+            blobs.extend(parts)
+            off += length
         if not index:
             return
         header = json.dumps({"repo": rid, "snapshot": sid, "tensors": index},

@@ -58,6 +58,14 @@ def checksum(data: Any) -> bytes:
     return xxhash.xxh3_128_digest(data)
 
 
+def checksum_parts(parts: Any) -> bytes:
+    """`checksum` of the parts' concatenation, without making it."""
+    h = xxhash.xxh3_128()
+    for p in parts:
+        h.update(p)
+    return h.digest()
+
+
 class LevelFiles:
     """The cache directory's files (`DiskLevelCache` reads and writes them; fsck checks them
     through this alone). `meta`: the store's metadata, which holds the repository id."""

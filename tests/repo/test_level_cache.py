@@ -352,3 +352,16 @@ def test_fsck_cli_warns_about_the_cache_without_failing(tmp_path):
     assert code == 0 and not path.exists()
     code, out, _ = run(tmp_path, "fsck")
     assert code == 0 and "warning" not in out
+
+
+def test_entries_are_checked_by_the_digest_of_their_parts_as_one_blob():
+    """The cache writes an encoding's parts as they are (no joined copy): each entry's digest
+    must be the digest of the bytes a reader gets back in one piece."""
+    from mvc.repo.levelfile import checksum, checksum_parts
+
+    data = bytes(range(256)) * 40
+    for cuts in ([], [0], [1, 7], [100, 100, 5000], [len(data)]):
+        bounds = [0, *cuts, len(data)]
+        parts = [memoryview(data)[a:b] for a, b in zip(bounds, bounds[1:])]
+        assert checksum_parts(parts) == checksum(data)
+    assert checksum_parts([]) == checksum(b"")
