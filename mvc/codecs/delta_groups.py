@@ -24,6 +24,7 @@ from mvc.codecs.base import CodecError
 from mvc.errors import InternalError
 from mvc.native import ffi, lib, status
 from mvc.native.buffers import borrow, nbytes
+from mvc.native import parallel
 from mvc.native.parallel import in_worker, pmap, segments
 
 __all__ = [
@@ -34,11 +35,6 @@ __all__ = [
 
 MAX_GROUPS = 1 << 16
 
-#: Values per task when one tensor's counting and grouping passes are split across the
-#: thread pool: a few milliseconds of work each, so dispatch costs nothing next to it.  A
-#: large tensor then takes the whole pool instead of one thread (commits encode the
-#: largest tensors one at a time, mvc.repo.pipeline); the result does not depend on it.
-SEGMENT = 1 << 21
 
 
 class GroupedDeltaError(CodecError):
@@ -100,6 +96,12 @@ def _raise_for(rc: int, what: str) -> None:
     raise InternalError(f"{what}: {status.describe(rc)} (status {rc}; counts or arguments wrong, a bug)")
 
 
+def _split(n: int) -> bool:
+    """Whether one tensor's pass of `n` values runs in segments across the pool (not on a pool
+    thread, where they would run inline and only cost the extra counting)."""
+    return n > parallel.SPLIT and not in_worker()
+
+
 def _count(flat: np.ndarray, n_groups: int) -> np.ndarray:
     counts = np.zeros(n_groups, dtype=np.int64)
     rc = lib.mvc_grp_count(_ptr(flat), flat.size, flat.dtype.itemsize, n_groups,
@@ -118,9 +120,9 @@ def group_counts(parent: np.ndarray, n_groups: int) -> np.ndarray:
     flat = np.ascontiguousarray(parent).reshape(-1)
     if flat.dtype not in (np.uint8, np.uint16):
         raise InternalError(f"parent levels must be uint8 or uint16, got {flat.dtype}")
-    if flat.size <= SEGMENT:
+    if not _split(flat.size):
         return _count(flat, n_groups)
-    return np.sum(pmap(lambda s: _count(flat[s], n_groups), segments(flat.size, SEGMENT)), axis=0)
+    return np.sum(pmap(lambda s: _count(flat[s], n_groups), segments(flat.size)), axis=0)
 
 
 def grouped_delta(parent: np.ndarray, cur: np.ndarray, modulus: int,
@@ -135,7 +137,7 @@ def grouped_delta(parent: np.ndarray, cur: np.ndarray, modulus: int,
     p, c = _flat(parent, dt, "parent levels"), _flat(cur, dt, "levels")
     _check_same_length(p, c)
     out = np.empty(p.size, dtype=dt)
-    if counts is not None and p.size > SEGMENT and not in_worker():
+    if counts is not None and _split(p.size):
         _grouped_delta_parts(p, c, modulus, counts, out)
         return out
     n_groups = 0 if counts is None else counts.size
@@ -149,7 +151,7 @@ def _grouped_delta_parts(p: np.ndarray, c: np.ndarray, modulus: int, counts: np.
                          out: np.ndarray) -> None:
     """`grouped_delta` by segments on the pool: each segment's values of a group go to the
     range after the earlier segments' (a stable partition), so `out` is the same."""
-    segs = segments(p.size, SEGMENT)
+    segs = segments(p.size)
     n_groups = counts.size
     seg_counts = np.stack(pmap(lambda s: _count(p[s], n_groups), segs))
     if not np.array_equal(seg_counts.sum(axis=0), counts):

@@ -53,10 +53,18 @@ def scratch(nbytes: int) -> np.ndarray:
     return buf
 
 
-def segments(n: int, size: int) -> list[slice]:
-    """`range(n)` cut into slices of `size` (the last one shorter): one large array's
-    pieces for `pmap`, so a single array's pass takes the whole pool."""
-    return [slice(lo, min(n, lo + size)) for lo in range(0, n, max(1, size))]
+#: Values per task when one large array's pass is split across the pool (`segments`): a few
+#: milliseconds of work each, so dispatch costs nothing next to it.  A large tensor then takes
+#: the whole pool instead of one thread (commits encode the largest tensors one at a time,
+#: mvc.repo.pipeline); what a split pass computes does not depend on it.
+SPLIT = 1 << 21
+
+
+def segments(n: int, size: int | None = None) -> list[slice]:
+    """`range(n)` cut into slices of `size` (default `SPLIT`; the last one shorter): one large
+    array's pieces for `pmap`, so a single array's pass takes the whole pool."""
+    size = max(1, SPLIT if size is None else size)
+    return [slice(lo, min(n, lo + size)) for lo in range(0, n, size)]
 
 
 def in_worker() -> bool:

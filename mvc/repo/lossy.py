@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mvc.codecs import delta_groups as dg
 from mvc.codecs.base import Encoded, quantized_codec, registered
+from mvc.native import parallel
 from mvc.native.parallel import pmap, segments
 from mvc.quant import QuantizedTensor
 from mvc.repo.objects import TensorRecord
@@ -114,12 +114,12 @@ def _changed_levels(a: QuantizedTensor, b: QuantizedTensor) -> int:
     per parameter."""
     dev = common_device(a, b)
     la, lb = a.levels.to(dev).reshape(-1), b.levels.to(dev).reshape(-1)
-    if dev.type != "cpu" or la.numel() <= dg.SEGMENT:
+    if dev.type != "cpu" or la.numel() <= parallel.SPLIT:
         return int(torch.count_nonzero(la != lb))
     # A large host tensor by segments on the pool: it takes every thread (the pipeline
     # encodes the largest tensors one at a time) and no whole-tensor mask is made.
     na, nb = la.numpy(), lb.numpy()
-    return sum(pmap(lambda s: int(np.count_nonzero(na[s] != nb[s])), segments(na.size, dg.SEGMENT)))
+    return sum(pmap(lambda s: int(np.count_nonzero(na[s] != nb[s])), segments(na.size)))
 
 
 def chain_cost(rec: TensorRecord) -> float:

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 import reference_coders as rc
 from mvc.codecs import delta_groups as dg
 from mvc.errors import InternalError
-from mvc.native import ffi, lib, status
+from mvc.native import ffi, lib, parallel, status
 
 
 def ref_split(delta: list[int], parent: list[int]) -> dict[int, list[int]]:
@@ -154,15 +154,15 @@ def test_mismatched_lengths_are_a_bug():
         dg.delta_dtype(70_000)
 
 
-# ---- one tensor's passes split into segments across the pool (dg.SEGMENT)
+# ---- one tensor's passes split into segments across the pool (parallel.SPLIT)
 
 @contextlib.contextmanager
 def segment(size: int):
-    old, dg.SEGMENT = dg.SEGMENT, size
+    old, parallel.SPLIT = parallel.SPLIT, size
     try:
         yield
     finally:
-        dg.SEGMENT = old
+        parallel.SPLIT = old
 
 
 @settings(max_examples=150, deadline=None)

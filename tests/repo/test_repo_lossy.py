@@ -338,9 +338,9 @@ def test_step_cost_counts_changed_levels_up_to_one_pass():
 
 
 def test_large_host_tensors_count_changed_levels_by_segments(monkeypatch):
-    """Past dg.SEGMENT values the count runs in pieces on the pool (a large tensor encodes
+    """Past parallel.SPLIT values the count runs in pieces on the pool (a large tensor encodes
     alone): same counts, mixed level dtypes and a ragged last piece included."""
-    from mvc.codecs import delta_groups as dg
+    from mvc.native import parallel
     from mvc.quant import QuantizedTensor
     from mvc.repo.lossy import DENSE_SHARE, same_quantization, step_cost
 
@@ -353,7 +353,7 @@ def test_large_host_tensors_count_changed_levels_by_segments(monkeypatch):
         return QuantizedTensor(levels, torch.zeros(5), torch.zeros(0), torch.float32, 5)
 
     whole = (step_cost(q(b), q(a)), same_quantization(q(b), q(a)), same_quantization(q(a), q(a)))
-    monkeypatch.setattr(dg, "SEGMENT", 64)
+    monkeypatch.setattr(parallel, "SPLIT", 64)
     assert (step_cost(q(b), q(a)), same_quantization(q(b), q(a)),
             same_quantization(q(a), q(a))) == whole
     assert whole[0] == pytest.approx(13 / (1001 * DENSE_SHARE)) and whole[1:] == (False, True)
