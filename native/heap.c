@@ -1,9 +1,16 @@
 #include "heap.h"
 
+#include <stdint.h>
 #include <stdlib.h> /* defines __GLIBC__ on glibc, before it is tested below */
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
+#include "status.h"
 
 int mvc_heap_trim(void) {
 #if defined(__GLIBC__)
@@ -11,4 +18,20 @@ int mvc_heap_trim(void) {
 #else
     return 0;
 #endif
+}
+
+int mvc_release_mapped(const void *p, size_t n) {
+    if (n == 0) return MVC_OK;
+    uintptr_t a = (uintptr_t)p;
+    if (p == NULL || a > UINTPTR_MAX - n) return MVC_ERR_ARG;
+#if defined(MADV_DONTNEED)
+    long ps = sysconf(_SC_PAGESIZE);
+    uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096u;
+    uintptr_t start = a & ~(page - 1);
+    uintptr_t end = a + n;
+    /* the last partial page too: rounding up cannot wrap past the top page of the space */
+    end = end > UINTPTR_MAX - (page - 1) ? UINTPTR_MAX & ~(page - 1) : (end + page - 1) & ~(page - 1);
+    if (madvise((void *)start, (size_t)(end - start), MADV_DONTNEED) != 0) return MVC_ERR_INTERNAL;
+#endif
+    return MVC_OK;
 }

@@ -1,4 +1,4 @@
-"""Giving freed heap memory back to the operating system.
+"""Giving memory back to the operating system.
 
 A commit's host temporaries (the search's on the host, the writer's encodings) are allocated
 and freed in pieces of a few MB, which glibc's malloc keeps in its arenas once freed (past a
@@ -6,13 +6,33 @@ freed mapping of that size it serves them from the heap). The process's resident
 stays near the commit's peak after it, and the next phase's peak lands on top: a training
 process that commits holds that much more between commits. Trimming after each phase costs
 milliseconds.
+
+Values read from a memory-mapped store (LMDB's map) stay mapped once touched, and each mapped
+page counts in the process's resident set (and in the kernel's OOM score) until the map
+closes: reading a whole store, as a lossless commit's presence checks or a checkout's reads
+do, would add the store's size. `release_mapped` unmaps a value's pages once it is consumed;
+they stay in the page cache, so a later read costs a page fault, not a disk read.
 """
 from __future__ import annotations
 
-from mvc.native._lib import lib
+from typing import Any
+
+from mvc.native._lib import ffi, lib
 
 
 def release_free_heap() -> bool:
     """Return the C heap's free pages to the OS (glibc's `malloc_trim`); True when any were.
     A no-op elsewhere."""
     return bool(lib.mvc_heap_trim())
+
+
+def release_mapped(buf: Any) -> bool:
+    """Unmap the pages under `buf` (a buffer into a read-only shared file mapping: a value of
+    a read-only LMDB transaction) from this process; its contents stay readable (faulted
+    back in from the page cache). True when released; False where the system refused (the
+    pages then simply stay mapped, as without this call). Never for other memory: on heap or
+    private pages, or an LMDB write transaction's dirty pages, it would discard the data."""
+    view = memoryview(buf)
+    if view.nbytes == 0:
+        return True
+    return lib.mvc_release_mapped(ffi.from_buffer(view), view.nbytes) == 0

@@ -3,12 +3,19 @@
 Keys are the 32-char hex ids, values the immutable bytes.  Every put and
 delete moves the object-bytes counter (`lmdb_meta`) in the same transaction,
 and every read hashes the value in place in the map before handing it out.
+
+A value read in place stays mapped, and counted in this process's resident set, until the
+map closes: reading a whole store (a commit's presence checks, a checkout, fsck) would add
+the store's size.  So every value a read-only transaction touches has its pages unmapped
+once it is consumed (`_consume`; the page cache keeps them).  Write transactions never do
+that: a value there may sit in the transaction's own dirty pages, on the heap.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
+from mvc.native.heap import release_mapped
 from mvc.store.base import (
     BufferTooSmallError,
     BytesLike,
@@ -26,9 +33,30 @@ from mvc.store.lmdb_meta import add_object_bytes, read_object_bytes
 _ITER_BATCH = 4096
 _DELETE_BATCH = 4096
 
+T = TypeVar("T")
+
 
 def _key(oid: str) -> bytes:
     return check_oid(oid).encode("ascii")
+
+
+def _consume(txn: Any, db: Any, key: bytes, use: Callable[[memoryview], T]) -> tuple[bool, T | None]:
+    """(found, use(value)) for `key` in a read-only, buffers=True transaction, the value's
+    map pages unmapped from this process afterwards (`release_mapped`)."""
+    buf = txn.get(key, db=db)
+    if buf is None:
+        return False, None
+    try:
+        return True, use(buf)
+    finally:
+        release_mapped(buf)
+
+
+def _length(txn: Any, db: Any, key: bytes) -> int | None:
+    """The stored length of `key` (None: absent) in a read-only, buffers=True transaction.
+    py-lmdb pages a value in on any read of it (a cursor's too), so it is unmapped again."""
+    found, n = _consume(txn, db, key, len)
+    return n if found else None
 
 
 class LmdbBlobStore(BlobStore):
@@ -71,7 +99,7 @@ class LmdbBlobStore(BlobStore):
         objects = h.dbs["objects"]
         # Deduplicated commits re-put everything: a read txn spares them a write+fsync.
         present = h.read(lambda txn: {k for k, _ in batch
-                                      if txn.get(k, db=objects) is not None}, buffers=True)
+                                      if _length(txn, objects, k) is not None}, buffers=True)
         todo = [(k, mv) for k, mv in batch if k not in present]
         if not todo:
             return
@@ -89,10 +117,12 @@ class LmdbBlobStore(BlobStore):
         """Return the verified content of `oid`."""
         key = _key(oid)
         h = self._conn.handle()
-        blob = h.read(lambda txn: txn.get(key, db=h.dbs["objects"]))
-        if blob is None:
+        found, got = h.read(lambda txn: _consume(txn, h.dbs["objects"], key,
+                                                 lambda buf: (object_id(buf), bytes(buf))),
+                            buffers=True)
+        if not found or got is None:
             raise ObjectMissingError(oid)
-        actual = object_id(blob)
+        actual, blob = got
         if actual != oid:
             raise IntegrityError(oid, actual)
         return blob
@@ -103,10 +133,7 @@ class LmdbBlobStore(BlobStore):
         dest = byte_view(out)
         h = self._conn.handle()
 
-        def fn(txn: Any) -> tuple[str, Any]:
-            buf = txn.get(key, db=h.dbs["objects"])
-            if buf is None:
-                return "missing", None
+        def copy(buf: memoryview) -> tuple[str, Any]:
             n = len(buf)
             if n > len(dest):
                 return "small", n
@@ -115,7 +142,8 @@ class LmdbBlobStore(BlobStore):
                 return "corrupt", actual
             dest[:n] = buf
             return "ok", n
-        status, value = h.read(fn, buffers=True)
+        found, got = h.read(lambda txn: _consume(txn, h.dbs["objects"], key, copy), buffers=True)
+        status, value = got if found and got is not None else ("missing", None)
         if status == "missing":
             raise ObjectMissingError(oid)
         if status == "small":
@@ -127,11 +155,7 @@ class LmdbBlobStore(BlobStore):
     def _stored_len(self, oid: str) -> int | None:
         key = _key(oid)
         h = self._conn.handle()
-
-        def fn(txn: Any) -> int | None:
-            buf = txn.get(key, db=h.dbs["objects"])
-            return None if buf is None else len(buf)
-        return h.read(fn, buffers=True)
+        return h.read(lambda txn: _length(txn, h.dbs["objects"], key), buffers=True)
 
     def has(self, oid: str) -> bool:
         """Whether `oid` is stored."""
@@ -191,15 +215,23 @@ class LmdbBlobStore(BlobStore):
         removed = 0
         for i in range(0, len(keys), _DELETE_BATCH):
             chunk = keys[i:i + _DELETE_BATCH]
+            # Lengths first, in a read txn that unmaps what it touched (an id's length never
+            # changes); the write txn then only deletes.  One stored since is measured there.
+            sizes = h.read(lambda txn, chunk=chunk: {k: _length(txn, h.dbs["objects"], k)
+                                                     for k in chunk}, buffers=True)
 
-            def fn(txn: Any, chunk: list[bytes] = chunk) -> int:
+            def fn(txn: Any, chunk: list[bytes] = chunk, sizes: dict = sizes) -> int:
                 n = 0
                 objects = h.dbs["objects"]
                 for key in chunk:
-                    buf = txn.get(key, db=objects)
-                    if buf is not None:
-                        n += len(buf)
-                        txn.delete(key, db=objects)
+                    size = sizes[key]
+                    if size is None:
+                        buf = txn.get(key, db=objects)
+                        if buf is None:
+                            continue
+                        size = len(buf)
+                    if txn.delete(key, db=objects):
+                        n += size
                 if n:
                     add_object_bytes(txn, h, -n)
                 return n
@@ -211,11 +243,9 @@ class LmdbBlobStore(BlobStore):
         key = _key(oid)
         h = self._conn.handle()
 
-        def fn(txn: Any) -> str | None:
-            buf = txn.get(key, db=h.dbs["objects"])
-            return None if buf is None else object_id(buf)
-        actual = h.read(fn, buffers=True)
-        if actual is None:
+        found, actual = h.read(lambda txn: _consume(txn, h.dbs["objects"], key, object_id),
+                               buffers=True)
+        if not found or actual is None:
             raise ObjectMissingError(oid)
         if actual != oid:
             raise IntegrityError(oid, actual)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from mapped_pages import linux_only, mapped
 
 PROBE = r"""
 import ctypes, os
@@ -44,3 +45,39 @@ def test_freed_heap_memory_goes_back_to_the_os():
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True)
     released, dropped = out.stdout.split()
     assert released == "True" and int(dropped) > 100 << 20
+
+
+# ------------------------------------------------------------------ release_mapped
+@linux_only
+def test_release_mapped_unmaps_a_file_mapping_and_keeps_its_contents(tmp_path):
+    import mmap
+    import os
+
+    from mvc.native.heap import release_mapped
+
+    data = os.urandom(8 << 20)
+    path = tmp_path / "values"
+    path.write_bytes(data)
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    view = memoryview(m)
+    try:
+        assert bytes(view) == data                        # every page touched
+        assert mapped(path) >= 8 << 20
+        assert release_mapped(view[3:(6 << 20) + 5])       # unaligned ends: their whole pages
+        assert mapped(path) <= (2 << 20) + 8192
+        assert bytes(view) == data                        # faulted back in, the same bytes
+        assert release_mapped(view) and release_mapped(view[:0])
+        assert mapped(path) == 0
+    finally:
+        view.release()
+        m.close()
+
+
+def test_release_mapped_checks_its_range():
+    from mvc.native import ffi, lib
+
+    assert lib.mvc_release_mapped(ffi.NULL, 0) == 0
+    assert lib.mvc_release_mapped(ffi.NULL, 4096) == -3                 # MVC_ERR_ARG
+    top = ffi.cast("void *", (1 << (8 * ffi.sizeof("void *"))) - 4096)
+    assert lib.mvc_release_mapped(top, 1 << 20) == -3                   # p + n wraps
