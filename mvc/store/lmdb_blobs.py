@@ -133,24 +133,20 @@ class LmdbBlobStore(BlobStore):
         dest = byte_view(out)
         h = self._conn.handle()
 
-        def copy(buf: memoryview) -> tuple[str, Any]:
+        def copy(buf: memoryview) -> int:
+            # raised in the read txn: `_consume` still unmaps the value on the way out
             n = len(buf)
             if n > len(dest):
-                return "small", n
+                raise BufferTooSmallError(f"object {oid} has {n} bytes; buffer holds {len(dest)}")
             actual = object_id(buf)
             if actual != oid:
-                return "corrupt", actual
+                raise IntegrityError(oid, actual)
             dest[:n] = buf
-            return "ok", n
-        found, got = h.read(lambda txn: _consume(txn, h.dbs["objects"], key, copy), buffers=True)
-        status, value = got if found and got is not None else ("missing", None)
-        if status == "missing":
+            return n
+        found, n = h.read(lambda txn: _consume(txn, h.dbs["objects"], key, copy), buffers=True)
+        if not found or n is None:
             raise ObjectMissingError(oid)
-        if status == "small":
-            raise BufferTooSmallError(f"object {oid} has {value} bytes; buffer holds {len(dest)}")
-        if status == "corrupt":
-            raise IntegrityError(oid, value)
-        return value
+        return n
 
     def _stored_len(self, oid: str) -> int | None:
         key = _key(oid)
@@ -217,10 +213,12 @@ class LmdbBlobStore(BlobStore):
             chunk = keys[i:i + _DELETE_BATCH]
             # Lengths first, in a read txn that unmaps what it touched (an id's length never
             # changes); the write txn then only deletes.  One stored since is measured there.
-            sizes = h.read(lambda txn, chunk=chunk: {k: _length(txn, h.dbs["objects"], k)
-                                                     for k in chunk}, buffers=True)
+            def lengths(txn: Any, chunk: list[bytes] = chunk) -> dict[bytes, int | None]:
+                return {k: _length(txn, h.dbs["objects"], k) for k in chunk}
+            sizes = h.read(lengths, buffers=True)
 
-            def fn(txn: Any, chunk: list[bytes] = chunk, sizes: dict = sizes) -> int:
+            def fn(txn: Any, chunk: list[bytes] = chunk,
+                   sizes: dict[bytes, int | None] = sizes) -> int:
                 n = 0
                 objects = h.dbs["objects"]
                 for key in chunk:
