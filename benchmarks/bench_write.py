@@ -11,10 +11,10 @@ torch.save of the same state in the same run:
     torch.save        the next state to a file, fsync included (the peer)
     commit            repo.commit of the next state on top of the first (deltas): the largest
                       tensors encode one at a time across the pool where they are over half a thread's part
-                      of the values (`pipeline.encode_order`; at 2 threads none is)
+                      of the values (`mvc.native.parallel.large_alone`; at 2 threads none is)
     commit, one per thread
                       the same with every tensor one per pool thread (what commits did before
-                      encode_order), for the same run's comparison
+                      large_alone), for the same run's comparison
 
 Peak extra RSS is over the child's RSS once the state is in memory; the write phase's is
 the peak of `pipeline.write` alone (see bench_scale). The two commit kinds run A-B-B-A
@@ -57,6 +57,7 @@ def state(step: int, vocab: int, d: int, mid: int) -> dict[str, torch.Tensor]:
 
 
 def child(task: dict) -> dict:
+    from mvc.native import parallel
     from mvc.repo import pipeline
     from mvc.repo.repository import Repo
 
@@ -69,7 +70,7 @@ def child(task: dict) -> dict:
         return {}
     import mvc.repo.reader  # noqa: F401  (module imports are not the work measured)
     if task["kind"] == "commit_pool":
-        pipeline.LARGE_FLOOR = 1 << 62
+        parallel.LARGE_FLOOR = 1 << 62
     setup_peak = 0 if _reset_peak() else _peak()
     base = _rss()
     t0 = time.perf_counter()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, TypeVar
 
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 R = TypeVar("R")
+K = TypeVar("K", bound=Hashable)
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -65,6 +66,38 @@ def segments(n: int, size: int | None = None) -> list[slice]:
     array's pieces for `pmap`, so a single array's pass takes the whole pool."""
     size = max(1, SPLIT if size is None else size)
     return [slice(lo, min(n, lo + size)) for lo in range(0, n, size)]
+
+
+#: An item over this share of one thread's part of a batch's work runs alone (`large_alone`).
+LARGE_SHARE = 1 / 2
+#: No item this small runs alone: its split passes would not fill the pool.
+LARGE_FLOOR = 1 << 22
+
+
+def large_alone(sizes: Mapping[K, int], threads: int | None = None) -> tuple[list[K], list[K]]:
+    """(alone, shared): how a batch of items of these sizes (values of work each) runs.
+
+    One per pool thread, an item over half a thread's part of the work is that thread's
+    critical path, and `threads` of the largest ones hold their temporaries at once: at 124M
+    parameters on 16 threads, the embedding and its two Adam moments, a third of all values.
+    So those run alone, biggest first, each one's passes split across the pool (`segments`,
+    the native kernels' chunks); the rest then share the pool, biggest first.  On a narrow
+    pool (2 threads at 124M) nothing is that large: one item per thread packs it best, and
+    the memory in flight is two items'.  `threads`: default `worker_count()`."""
+    threads = worker_count() if threads is None else threads
+    cut = max(LARGE_FLOOR, sum(sizes.values()) * LARGE_SHARE / max(1, threads))
+    order = sorted(sizes, key=lambda k: -sizes[k])
+    return [k for k in order if sizes[k] > cut], [k for k in order if sizes[k] <= cut]
+
+
+def pmap_sized(fn: Callable[[K], R], sizes: Mapping[K, int]) -> dict[K, R]:
+    """{k: fn(k)} for the keys of `sizes`, scheduled by `large_alone`: the large items one at
+    a time on this thread (their own passes take the pool), then the rest on the pool.  The
+    results must not depend on the schedule (they are the same calls)."""
+    alone, shared = large_alone(sizes)
+    out = {k: fn(k) for k in alone}
+    out.update(zip(shared, pmap(fn, shared)))
+    return out
 
 
 def in_worker() -> bool:

@@ -77,7 +77,7 @@ from typing import Iterable, Literal, Mapping, NamedTuple
 import torch
 
 from mvc.errors import UsageError
-from mvc.native.parallel import pmap
+from mvc.native.parallel import pmap, pmap_sized
 from mvc.quant._kernels import (
     compact_moment,
     expand_moment,
@@ -401,7 +401,8 @@ def moment_error_sums(q: QuantizedTensor, domain: str, x: torch.Tensor) -> tuple
     table = level_values(_log_values(q).to(torch.float32).sqrt(), lv.device)
     num = den = 0.0
     for a in range(0, lv.numel(), _SQRT_CHUNK):
-        xs = xf[a:a + _SQRT_CHUNK].to(torch.float32).clamp_min(0).sqrt()
+        # one temporary per chunk (a pool thread each: 16 of them on a 16-CPU host)
+        xs = xf[a:a + _SQRT_CHUNK].to(torch.float32, copy=True).clamp_min_(0).sqrt_()
         s = table_error_sums(lv[a:a + _SQRT_CHUNK], xs, table)
         num, den = num + s[0], den + s[1]
     return num, den
@@ -497,10 +498,13 @@ def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],
                                   log_sigma=log_sigma, init=init)
     jobs = [j for j in jobs if not batchable(j[1])] + rest
     # One moment per pool thread, biggest first: a moment's own passes parallelize poorly
-    # (k-means, masks and small tensors between the native loops).  Each result depends on
-    # its tensor alone (seeded k-means, sums in fixed blocks), not on the scheduling.
-    jobs.sort(key=lambda j: -j[1].numel())
-    done.update({j[0]: r for j, r in zip(jobs, pmap(one, jobs)) if r is not None})
+    # (k-means, masks and small tensors between the native loops).  But the largest (an
+    # embedding's, on a wide pool) go alone, their native passes split across the pool:
+    # several at once would hold their temporaries (the kept values, log values, levels: ~9
+    # bytes a value) together.  Each result depends on its tensor alone (seeded k-means, sums
+    # in fixed blocks), not on the scheduling.
+    got = pmap_sized(lambda i: one(jobs[i]), {i: j[1].numel() for i, j in enumerate(jobs)})
+    done.update({jobs[i][0]: r for i, r in got.items() if r is not None})
     return {name: done[name] for name in tensors if name in done}
 
 

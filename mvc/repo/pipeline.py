@@ -45,7 +45,7 @@ import torch
 from mvc.codecs.base import BytesLike, tensor_codec
 from mvc.errors import InternalError, UsageError
 from mvc.native.heap import release_free_heap
-from mvc.native.parallel import pmap, worker_count
+from mvc.native.parallel import pmap, pmap_sized
 from mvc.progress import Progress, phase
 from mvc.quant import QuantizedTensor
 from mvc.repo import lossy
@@ -299,29 +299,6 @@ def _reported(names: list[str], tensors: Mapping[str, torch.Tensor], progress: P
         progress.advance(_nbytes(tensors[name]), 1)
 
 
-#: A tensor over this share of one thread's part of a commit's quantized values encodes alone.
-LARGE_SHARE = 1 / 2
-#: No tensor this small is encoded alone: its passes would not fill the pool.
-LARGE_FLOOR = 1 << 22
-
-
-def encode_order(numels: Mapping[str, int], threads: int) -> tuple[list[str], list[str]]:
-    """(large, rest): how a commit's quantized tensors (name -> values) encode.
-
-    One per pool thread, a tensor over half a thread's part of the values is that thread's
-    critical path, and `threads` of the largest ones hold their temporaries (the parent's
-    levels, the delta, the encodings: ~2.5 bytes a value) at once: at 124M parameters on 16
-    threads, the embedding and its two moments, a third of all values.  So those encode alone,
-    biggest first, each one's passes split across the pool (the grouped delta, its streams,
-    the block coders, the level counts); the rest then share the pool, biggest first.  On a
-    narrow pool (2 threads at 124M) nothing is that large: one tensor per thread packs the
-    pool best there (split, a tensor's passes leave a thread idle now and then), and the
-    in-flight memory is two tensors'."""
-    cut = max(LARGE_FLOOR, sum(numels.values()) * LARGE_SHARE / max(1, threads))
-    order = sorted(numels, key=lambda n: -numels[n])
-    return [n for n in order if numels[n] > cut], [n for n in order if numels[n] <= cut]
-
-
 def _write_all(plan: WritePlan, todo: list[str], writer: ChunkWriter, read_quantized: ReadQuantized,
                bases: Bases | None, progress: Progress) -> list[TensorRecord]:
     s = plan.settings
@@ -338,10 +315,11 @@ def _write_all(plan: WritePlan, todo: list[str], writer: ChunkWriter, read_quant
 
     # The quantized tensors encode first (their encoded bytes are small), each crossing to the
     # host as it encodes if it was made on a device; chunks are then stored in plan order.
-    large, rest = encode_order({n: plan.quantized[n].levels.numel() for n in todo
-                                if n in plan.quantized}, worker_count())
-    encoded = {n: encode(n) for n in large}
-    encoded.update(zip(rest, pmap(encode, rest)))
+    # The largest encode alone, each across the pool (`large_alone`): the temporaries of
+    # several (the parent's levels, the delta, the encodings: ~2.5 bytes a value) are not in
+    # memory at once, and none is one thread's critical path.
+    encoded = pmap_sized(encode, {n: plan.quantized[n].levels.numel() for n in todo
+                                  if n in plan.quantized})
     records: list[TensorRecord] = []
     for name in _reported(todo, plan.tensors, progress):
         t = plan.tensors[name]

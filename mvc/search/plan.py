@@ -29,7 +29,8 @@ import torch
 
 import mvc.search
 from mvc.errors import MvcError, MvcWarning, UsageError
-from mvc.native.parallel import pmap
+from mvc.native.heap import release_free_heap
+from mvc.native.parallel import pmap_sized
 from mvc.progress import Progress
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy, quantize_state
 from mvc.quant.feedback import apply_feedback, usable
@@ -336,9 +337,13 @@ def compress_optimizer(tensors: Mapping[str, torch.Tensor],
     exact: list[str] = []
     zeroed: list[str] = []
     moments = quantize_optimizer_state(tensors, qmap, init=init)
-    # measured one moment per pool thread (a pass each; results do not depend on the split)
-    dist = dict(zip(moments, pmap(lambda n: moment_distortion(moments[n].q, moments[n].domain,
-                                                               tensors[n]), list(moments))))
+    # what the compression freed goes back to the OS before the measuring pass's temporaries
+    # land on top of it (the C heap keeps each pool thread's freed pieces in its own arena)
+    release_free_heap()
+    # measured one moment per pool thread, the largest alone (a pass each; results do not
+    # depend on the split)
+    dist = pmap_sized(lambda n: moment_distortion(moments[n].q, moments[n].domain, tensors[n]),
+                      {n: tensors[n].numel() for n in moments})
     for name, oq in moments.items():
         d = dist[name]
         q = oq.q

@@ -224,3 +224,42 @@ def test_log_domain_levels_follow_the_entries_not_the_tails():
     flat = {"optimizer/state/0/exp_avg_sq": v}
     q = quantize_optimizer_state(flat, None)["optimizer/state/0/exp_avg_sq"].q
     assert torch.equal(q.levels, quantize_second_moment(v, 4).levels)
+
+
+def test_moments_compress_and_measure_the_same_alone_or_one_per_thread(monkeypatch):
+    """The largest moments compress alone, their native passes split across the pool
+    (`parallel.pmap_sized`), instead of one per thread: the same levels, centroids, protected
+    values and error sums either way."""
+    from mvc.native import parallel
+    from mvc.search.measure import moment_distortion
+
+    monkeypatch.setenv("MVC_THREADS", "4")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)   # kernels cut into 4 chunks
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(4096, 256), torch.nn.Linear(256, 256))
+    opt = torch.optim.AdamW(model.parameters(), 1e-3)
+    for _ in range(2):
+        model(torch.randint(0, 4096, (64,))).square().mean().backward()
+        opt.step()
+    flat = flatten({"model": model.state_dict(), "optimizer": opt.state_dict()}).tensors
+    wq = quantize_state(flat, QuantConfig(bins=8, prune=0.3), default_policy())
+
+    def run():
+        out = quantize_optimizer_state(flat, wq)
+        sums = parallel.pmap_sized(lambda n: moment_distortion(out[n].q, out[n].domain, flat[n]),
+                                   {n: flat[n].numel() for n in out})
+        return out, sums
+
+    monkeypatch.setattr(parallel, "LARGE_FLOOR", 1 << 40)          # every moment on the pool
+    shared, shared_sums = run()
+    monkeypatch.setattr(parallel, "LARGE_FLOOR", 1 << 19)          # the embedding's alone
+    monkeypatch.setattr(parallel, "LARGE_SHARE", 1e-9)
+    assert parallel.large_alone({n: flat[n].numel() for n in shared})[0] == [
+        "optimizer/state/0/exp_avg", "optimizer/state/0/exp_avg_sq"]
+    alone, alone_sums = run()
+    assert set(alone) == set(shared) and alone_sums == shared_sums
+    for n, a in alone.items():
+        b = shared[n]
+        assert a.domain == b.domain
+        assert torch.equal(a.q.levels, b.q.levels) and torch.equal(a.q.centroids, b.q.centroids)
+        assert torch.equal(a.q.protected, b.q.protected)

@@ -1,45 +1,16 @@
 """How a commit's quantized tensors encode: the largest alone, each across the pool, the rest
-one per thread (`pipeline.encode_order`), so a commit's encoding temporaries stay a bounded
-share of the state whatever the thread count; the stored records do not depend on it."""
+one per thread (`parallel.pmap_sized`; the rule is tested in
+tests/native/test_native_parallel_schedule.py), so a commit's encoding temporaries stay a
+bounded share of the state whatever the thread count; the stored records do not depend on it."""
 from __future__ import annotations
 
 import threading
 
 from checkpoints import trained
 
-from mvc.repo import lossy, pipeline
+from mvc.native import parallel
+from mvc.repo import lossy
 from mvc.repo.repository import Repo
-
-LAYER = {"attn.c_attn": 768 * 2304, "attn.c_proj": 768 * 768, "mlp.c_fc": 768 * 3072,
-         "mlp.c_proj": 3072 * 768, "ln_1": 768, "ln_2": 768}
-
-
-def gpt2_small() -> dict[str, int]:
-    """Values per quantized tensor of GPT-2-small (124M) with AdamW's two moments."""
-    one = {"wte": 50257 * 768, "wpe": 1024 * 768, "ln_f": 768}
-    one.update({f"h{i}.{n}": v for i in range(12) for n, v in LAYER.items()})
-    return {f"{kind}.{n}": v for kind in ("param", "exp_avg", "exp_avg_sq") for n, v in one.items()}
-
-
-def test_the_embedding_and_its_moments_encode_alone_at_124m():
-    numels = gpt2_small()
-    assert 123e6 < sum(numels.values()) / 3 < 125e6
-    large, rest = pipeline.encode_order(numels, 16)
-    assert sorted(large) == ["exp_avg.wte", "exp_avg_sq.wte", "param.wte"]
-    assert set(large) | set(rest) == set(numels) and not set(large) & set(rest)
-    sizes = [numels[n] for n in rest]
-    assert sizes == sorted(sizes, reverse=True)    # biggest first, for the pool's balance
-    # 16 of the rest at once hold under an eighth of the values' temporaries
-    assert 16 * max(sizes) <= sum(numels.values()) / 8
-    # two threads: no tensor is half a thread's part; one per thread packs them best
-    assert pipeline.encode_order(numels, 2) == ([], sorted(numels, key=lambda n: -numels[n]))
-
-
-def test_tensors_under_the_floor_stay_on_the_pool():
-    assert pipeline.encode_order({"a": 1000, "b": 10}, 16) == ([], ["a", "b"])
-    big = {"a": 3 * pipeline.LARGE_FLOOR, "b": pipeline.LARGE_FLOOR}
-    assert pipeline.encode_order(big, 16) == (["a"], ["b"])
-
 
 def _state(steps: int) -> dict:
     model, opt, _ = trained(0, steps)
@@ -63,8 +34,8 @@ def test_large_tensors_encode_alone_and_store_what_the_pool_stores(tmp_path, mon
     expected = _commits(tmp_path / "pool", states)
 
     cut = 2_000   # every tensor over 2,000 values is "large" here (the biggest weights, moments)
-    monkeypatch.setattr(pipeline, "LARGE_FLOOR", cut)
-    monkeypatch.setattr(pipeline, "LARGE_SHARE", 1e-9)
+    monkeypatch.setattr(parallel, "LARGE_FLOOR", cut)
+    monkeypatch.setattr(parallel, "LARGE_SHARE", 1e-9)
     real_encode = lossy.encode_for_commit
     lock = threading.Lock()
     active: list[int] = []      # sizes of the tensors encoding now
