@@ -49,11 +49,12 @@ def _reads(store, ids, values):
         "size": lambda: [blobs.size(o) for o in ids],
         "verify": lambda: [blobs.verify(o) for o in ids],
         "put_many of stored values": lambda: blobs.put_many(values),
+        "check_meta's recount (fsck)": lambda: store.maintenance.check_meta(repair=False),
     }
 
 
 @pytest.mark.parametrize("how", ["get", "get_into", "has", "size", "verify",
-                                 "put_many of stored values"])
+                                 "put_many of stored values", "check_meta's recount (fsck)"])
 def test_reads_leave_no_values_mapped(filled, how: str) -> None:
     store, ids, values, data = filled
     read = _reads(store, ids, values)[how]
