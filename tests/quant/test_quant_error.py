@@ -339,6 +339,48 @@ def test_compact_moment_counts_and_order():
         expand_moment(m, None, -1, spans, torch.zeros(3, dtype=torch.uint8), 9)
 
 
+@SETTINGS
+@given(st.lists(st.tuples(st.sampled_from([0.0, -0.0, 1.5, -2.0, float("nan"), 1e-30]),
+                          st.integers(-3, 3)), min_size=0, max_size=200),
+       st.sampled_from([None, torch.uint8, torch.int16]), st.integers(-1, 3))
+def test_branch_free_compact_and_expand_match_a_reference(entries, wdtype, wpruned):
+    """The native first-moment compaction / expansion (branch-free loops) against numpy,
+    with every weight-level width, NaN (kept: it is not 0) and -0.0 (not kept), and the
+    native bounds: more kept entries than the buffer holds is refused, nothing written past
+    it; no levels to spread is refused unless nothing is kept."""
+    from mvc.native import ffi, lib
+
+    m = torch.tensor([e[0] for e in entries], dtype=torch.float32)
+    w = (torch.tensor([e[1] for e in entries], dtype=torch.int64).remainder(4).to(wdtype)
+         if wdtype is not None else None)
+    mn = m.numpy()
+    kept = mn != 0
+    if w is not None:
+        kept &= w.numpy().astype(np.int64) != wpruned
+    sub, spans = compact_moment(m, w, wpruned)
+    np.testing.assert_array_equal(sub.numpy(), mn[kept])   # NaN equal to NaN here
+    levels = torch.arange(int(kept.sum()), dtype=torch.int64).remainder(7).to(torch.uint8)
+    out = expand_moment(m, w, wpruned, spans, levels, 9)
+    ref = np.full(mn.size, 9, dtype=np.uint8)
+    ref[kept] = levels.numpy()
+    np.testing.assert_array_equal(out.numpy(), ref)
+
+    n = m.numel()
+    wp = ffi.cast("const void *", w.data_ptr()) if w is not None else ffi.NULL
+    ws = w.element_size() if w is not None else 1
+    mp = ffi.cast("const float *", m.data_ptr())
+    k = int(kept.sum())
+    if k:
+        short = np.full(k, 123.0, dtype=np.float32)        # one slot too few, and a guard
+        got = lib.mvc_compact_moment_f32(mp, n, wp, ws, wpruned,
+                                         ffi.cast("float *", short.ctypes.data), k - 1)
+        assert got == -1 and short[-1] == 123.0
+    out8 = np.zeros(n, dtype=np.uint8)
+    got = lib.mvc_expand_moment_u8(mp, n, wp, ws, wpruned, ffi.NULL, 0, 9,
+                                   ffi.cast("uint8_t *", out8.ctypes.data))
+    assert got == (-1 if k else 0)
+
+
 def test_level_census_flags_levels_out_of_range():
     lv = torch.tensor([0, 1, 1, 5, 2] * 100_000, dtype=torch.uint8)
     assert level_census(lv, 6).tolist() == [100_000, 200_000, 100_000, 0, 0, 100_000]
