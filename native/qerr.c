@@ -4,6 +4,9 @@
 #include "qerr.h"
 
 #include <float.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <math.h>
 
 #include "internal/qerr_sum.h"
@@ -41,7 +44,41 @@ int64_t mvc_ratio_max_f32(const float *m, const float *v, size_t n, float *out)
     if (out == NULL || (n > 0 && (m == NULL || v == NULL))) return -1;
     float best = 0.0f;
     int64_t count = 0;
-    for (size_t i = 0; i < n; i++) {
+    size_t i = 0;
+#if defined(__SSE2__)
+    /* Four lanes at a time (SSE2 is x86-64's baseline).  An entry with v <= 0 (or NaN)
+     * divides by sqrt(1) and offers 0, which never beats best (>= 0); MAXPS(offer, best)
+     * is exactly `offer > best ? offer : best` per lane, NaN included; IEEE sqrt and
+     * division round as the scalar ones do, and a max does not depend on its order: the
+     * same bits as the scalar loop below, which GCC will not vectorize (sqrtf's errno). */
+    {
+        const __m128 zero = _mm_setzero_ps(), one = _mm_set1_ps(1.0f);
+        const __m128 absmask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+        __m128 bestv = zero;
+        __m128i cnt = _mm_setzero_si128();
+        for (; i + 4 <= n; i += 4) {
+            const __m128 vv = _mm_loadu_ps(v + i);
+            const __m128 pos = _mm_cmpgt_ps(vv, zero);
+            const __m128 d = _mm_sqrt_ps(_mm_or_ps(_mm_and_ps(pos, vv), _mm_andnot_ps(pos, one)));
+            const __m128 r = _mm_div_ps(_mm_and_ps(_mm_loadu_ps(m + i), absmask), d);
+            bestv = _mm_max_ps(_mm_and_ps(pos, r), bestv);
+            cnt = _mm_sub_epi32(cnt, _mm_castps_si128(pos)); /* each true lane is -1 */
+            if (((i + 4) & ((1u << 20) - 1)) == 0) { /* lane counts stay far below 2^32 */
+                int32_t c4[4];
+                _mm_storeu_si128((__m128i *)c4, cnt);
+                count += (int64_t)(uint32_t)c4[0] + (uint32_t)c4[1] + (uint32_t)c4[2] + (uint32_t)c4[3];
+                cnt = _mm_setzero_si128();
+            }
+        }
+        int32_t c4[4];
+        float b4[4];
+        _mm_storeu_si128((__m128i *)c4, cnt);
+        _mm_storeu_ps(b4, bestv);
+        count += (int64_t)(uint32_t)c4[0] + (uint32_t)c4[1] + (uint32_t)c4[2] + (uint32_t)c4[3];
+        for (int k = 0; k < 4; k++) best = b4[k] > best ? b4[k] : best;
+    }
+#endif
+    for (; i < n; i++) {
         if (v[i] > 0.0f) {
             const float r = fabsf(m[i]) / sqrtf(v[i]);
             /* NaN never wins a comparison: a NaN ratio (m NaN) is skipped, as torch's max
