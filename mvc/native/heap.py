@@ -32,7 +32,11 @@ def release_mapped(buf: Any) -> bool:
     back in from the page cache). True when released; False where the system refused (the
     pages then simply stay mapped, as without this call). Never for other memory: on heap or
     private pages, or an LMDB write transaction's dirty pages, it would discard the data."""
+    if isinstance(buf, (bytes, bytearray)):
+        return False   # a copy on the heap (a py-lmdb that copied): never a mapping to release
     view = memoryview(buf)
+    if not view.readonly:
+        return False   # LMDB's map is read-only: a writable buffer is someone's memory
     if view.nbytes == 0:
         return True
     return lib.mvc_release_mapped(ffi.from_buffer(view), view.nbytes) == 0

@@ -74,6 +74,15 @@ def test_release_mapped_unmaps_a_file_mapping_and_keeps_its_contents(tmp_path):
         m.close()
 
 
+def test_release_mapped_refuses_what_cannot_be_a_read_only_mapping():
+    from mvc.native.heap import release_mapped
+
+    data = bytearray(b"x" * 20000)
+    assert not release_mapped(data) and not release_mapped(memoryview(data))
+    assert not release_mapped(bytes(data))
+    assert data == bytearray(b"x" * 20000)          # heap memory left as it was
+
+
 def test_release_mapped_checks_its_range():
     from mvc.native import ffi, lib
 
