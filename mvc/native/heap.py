@@ -15,6 +15,8 @@ they stay in the page cache, so a later read costs a page fault, not a disk read
 """
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 from mvc.native._lib import ffi, lib
@@ -40,3 +42,31 @@ def release_mapped(buf: Any) -> bool:
     if view.nbytes == 0:
         return True
     return lib.mvc_release_mapped(ffi.from_buffer(view), view.nbytes) == 0
+
+
+def buffer_span(buf: Any) -> tuple[int, int]:
+    """[start, end) addresses of the bytes of `buf` (a contiguous buffer)."""
+    view = memoryview(buf)
+    if view.nbytes == 0:
+        return 0, 0
+    start = int(ffi.cast("uintptr_t", ffi.from_buffer(view)))
+    return start, start + view.nbytes
+
+
+def shared_read_only_mapping(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """[start, end) of this process's read-only shared mapping of the file at `path` (how
+    LMDB maps its data file), or None: none, or no /proc/self/maps to tell (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    target = os.path.realpath(path)
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.rstrip("\n").split(None, 5)
+                if len(fields) == 6 and fields[5] == target and fields[1].startswith("r-") \
+                        and fields[1][3] == "s":
+                    lo, hi = fields[0].split("-")
+                    return int(lo, 16), int(hi, 16)
+    except OSError:
+        return None
+    return None

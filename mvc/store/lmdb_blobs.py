@@ -8,7 +8,9 @@ A value read in place stays mapped, and counted in this process's resident set, 
 map closes: reading a whole store (a commit's presence checks, a checkout, fsck) would add
 the store's size.  So every value a read-only transaction touches has its pages unmapped
 once it is consumed (`_consume`; the page cache keeps them).  Write transactions never do
-that: a value there may sit in the transaction's own dirty pages, on the heap.
+that: a value there may sit in the transaction's own dirty pages, on the heap, where unmapping
+would zero it; and every release first checks that the value lies inside the map
+(`EnvHandle.in_map`), so a misplaced call releases nothing.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from mvc.store.base import (
     object_id,
 )
 from mvc.store.contracts import BlobStore
-from mvc.store.lmdb_env import LmdbConnection
+from mvc.store.lmdb_env import EnvHandle, LmdbConnection
 from mvc.store.lmdb_meta import add_object_bytes, read_object_bytes
 
 _ITER_BATCH = 4096
@@ -40,22 +42,25 @@ def _key(oid: str) -> bytes:
     return check_oid(oid).encode("ascii")
 
 
-def _consume(txn: Any, db: Any, key: bytes, use: Callable[[memoryview], T]) -> tuple[bool, T | None]:
-    """(found, use(value)) for `key` in a read-only, buffers=True transaction, the value's
-    map pages unmapped from this process afterwards (`release_mapped`)."""
+def _consume(h: EnvHandle, txn: Any, db: Any, key: bytes,
+             use: Callable[[memoryview], T]) -> tuple[bool, T | None]:
+    """(found, use(value)) for `key` in a read-only, buffers=True transaction of `h`, the
+    value's map pages unmapped from this process afterwards (`release_mapped`, only for a
+    value inside the map: `EnvHandle.in_map`)."""
     buf = txn.get(key, db=db)
     if buf is None:
         return False, None
     try:
         return True, use(buf)
     finally:
-        release_mapped(buf)
+        if h.in_map(buf):
+            release_mapped(buf)
 
 
-def _length(txn: Any, db: Any, key: bytes) -> int | None:
+def _length(h: EnvHandle, txn: Any, db: Any, key: bytes) -> int | None:
     """The stored length of `key` (None: absent) in a read-only, buffers=True transaction.
     py-lmdb pages a value in on any read of it (a cursor's too), so it is unmapped again."""
-    found, n = _consume(txn, db, key, len)
+    found, n = _consume(h, txn, db, key, len)
     return n if found else None
 
 
@@ -99,7 +104,7 @@ class LmdbBlobStore(BlobStore):
         objects = h.dbs["objects"]
         # Deduplicated commits re-put everything: a read txn spares them a write+fsync.
         present = h.read(lambda txn: {k for k, _ in batch
-                                      if _length(txn, objects, k) is not None}, buffers=True)
+                                      if _length(h, txn, objects, k) is not None}, buffers=True)
         todo = [(k, mv) for k, mv in batch if k not in present]
         if not todo:
             return
@@ -117,7 +122,7 @@ class LmdbBlobStore(BlobStore):
         """Return the verified content of `oid`."""
         key = _key(oid)
         h = self._conn.handle()
-        found, got = h.read(lambda txn: _consume(txn, h.dbs["objects"], key,
+        found, got = h.read(lambda txn: _consume(h, txn, h.dbs["objects"], key,
                                                  lambda buf: (object_id(buf), bytes(buf))),
                             buffers=True)
         if not found or got is None:
@@ -143,7 +148,7 @@ class LmdbBlobStore(BlobStore):
                 raise IntegrityError(oid, actual)
             dest[:n] = buf
             return n
-        found, n = h.read(lambda txn: _consume(txn, h.dbs["objects"], key, copy), buffers=True)
+        found, n = h.read(lambda txn: _consume(h, txn, h.dbs["objects"], key, copy), buffers=True)
         if not found or n is None:
             raise ObjectMissingError(oid)
         return n
@@ -151,7 +156,7 @@ class LmdbBlobStore(BlobStore):
     def _stored_len(self, oid: str) -> int | None:
         key = _key(oid)
         h = self._conn.handle()
-        return h.read(lambda txn: _length(txn, h.dbs["objects"], key), buffers=True)
+        return h.read(lambda txn: _length(h, txn, h.dbs["objects"], key), buffers=True)
 
     def has(self, oid: str) -> bool:
         """Whether `oid` is stored."""
@@ -214,7 +219,7 @@ class LmdbBlobStore(BlobStore):
             # Lengths first, in a read txn that unmaps what it touched (an id's length never
             # changes); the write txn then only deletes.  One stored since is measured there.
             def lengths(txn: Any, chunk: list[bytes] = chunk) -> dict[bytes, int | None]:
-                return {k: _length(txn, h.dbs["objects"], k) for k in chunk}
+                return {k: _length(h, txn, h.dbs["objects"], k) for k in chunk}
             sizes = h.read(lengths, buffers=True)
 
             def fn(txn: Any, chunk: list[bytes] = chunk,
@@ -241,7 +246,7 @@ class LmdbBlobStore(BlobStore):
         key = _key(oid)
         h = self._conn.handle()
 
-        found, actual = h.read(lambda txn: _consume(txn, h.dbs["objects"], key, object_id),
+        found, actual = h.read(lambda txn: _consume(h, txn, h.dbs["objects"], key, object_id),
                                buffers=True)
         if not found or actual is None:
             raise ObjectMissingError(oid)

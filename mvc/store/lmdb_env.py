@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 import lmdb
 
 from mvc.errors import DiskFullError, InternalError, MvcError, free_bytes, is_disk_full
+from mvc.native.heap import buffer_span, shared_read_only_mapping
 from mvc.store.base import StoreClosedError, StoreFormatError, StoreNotFoundError
 from mvc.store.lock import SharedExclusiveLock, SharedFileLock
 
@@ -122,6 +123,19 @@ class EnvHandle:
         self.refcount = 0
         self.abandoned = False
         self.stale_readers_cleared = 0
+        self._map_span: tuple[int, int] | None = None
+
+    def in_map(self, buf: Any) -> bool:
+        """Whether `buf` lies inside this environment's map (LMDB's read-only shared mapping of
+        its data file): the only memory that `mvc.native.heap.release_mapped` may unmap.  A
+        write transaction's dirty pages, on the heap, never are.  The span is looked up again
+        when a buffer falls outside it (the map moves when it grows)."""
+        lo, hi = buffer_span(buf)
+        span = self._map_span
+        if span is None or not (span[0] <= lo and hi <= span[1]):
+            span = self._map_span = shared_read_only_mapping(
+                os.path.join(self.store_dir, DATA_FILE))
+        return span is not None and span[0] <= lo and hi <= span[1]
 
     # ----------------------------------------------------------- open/close
     def open_env(self, create: bool = False) -> None:
@@ -164,6 +178,7 @@ class EnvHandle:
             env.close()
             raise
         self.env = env
+        self._map_span = None
 
     @staticmethod
     def _open_db(env: Any, name: str, create: bool) -> Any:
@@ -185,6 +200,7 @@ class EnvHandle:
         if self.env is not None:
             env, self.env = self.env, None
             self.dbs = {}
+            self._map_span = None
             env.close()
         self.users.release()
 
@@ -240,6 +256,7 @@ class EnvHandle:
                 elif action == "grow":
                     self._grow(seen, need)
                 elif action == "adopt":
+                    self._map_span = None   # the map moves: what `in_map` knows is stale
                     self.env.set_mapsize(0)
         raise MapGrowthError("LMDB map could not be grown to fit the write")
 
@@ -278,6 +295,7 @@ class EnvHandle:
         used = self._used(self.env, info)
         doubled = current + min(current, MAX_GROW_STEP)
         target = max(doubled, used + 2 * need + 64 * MiB)
+        self._map_span = None   # the map moves: what `in_map` knows is stale
         self.env.set_mapsize(round_up(target, MiB))
 
     def swap_in_compacted(self) -> tuple[int, int]:

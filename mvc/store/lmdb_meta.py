@@ -50,7 +50,7 @@ def count_object_bytes(txn: Any, h: EnvHandle, *, read_only: bool = False) -> in
     total = 0
     for v in cur.iternext(keys=False, values=True):
         total += len(v)
-        if read_only:
+        if read_only and h.in_map(v):
             release_mapped(v)
     return total
 

@@ -84,3 +84,23 @@ def test_delete_counts_the_bytes_it_removes_without_mapping_them(filled) -> None
     assert not any(store.blobs.has(o) for o in ids[:5])
     assert all(store.blobs.has(o) for o in ids[5:])
     assert mapped(data) - before < SLACK
+
+
+def test_only_values_inside_the_map_are_ever_released(filled) -> None:
+    """`EnvHandle.in_map` is what guards every release: a read transaction's value is in the
+    map; a write transaction's own dirty pages (a value put in it), and heap copies, are not
+    (unmapping them would zero them)."""
+    store, ids, values, data = filled
+    h = store.blobs._conn.handle()
+    objects = h.dbs["objects"]
+    key = ids[0].encode("ascii")
+    assert h.read(lambda txn: h.in_map(txn.get(key, db=objects)), buffers=True)
+    assert not h.in_map(bytes(values[0])) and not h.in_map(bytearray(16))
+
+    def fn(txn):
+        txn.put(b"f" * 32, b"dirty page" * 1000, db=objects)
+        dirty = txn.get(b"f" * 32, db=objects)
+        inside = h.in_map(dirty)
+        txn.delete(b"f" * 32, db=objects)
+        return inside
+    assert h.write(fn) is False
