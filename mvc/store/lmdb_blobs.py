@@ -6,18 +6,15 @@ and every read hashes the value in place in the map before handing it out.
 
 A value read in place stays mapped, and counted in this process's resident set, until the
 map closes: reading a whole store (a commit's presence checks, a checkout, fsck) would add
-the store's size.  So every value a read-only transaction touches has its pages unmapped
-once it is consumed (`_consume`; the page cache keeps them).  Write transactions never do
-that: a value there may sit in the transaction's own dirty pages, on the heap, where unmapping
-would zero it; and every release first checks that the value lies inside the map
-(`EnvHandle.in_map`), so a misplaced call releases nothing.
+the store's size.  So every value read has its pages unmapped once it is consumed
+(`_consume`, `EnvHandle.release`; the page cache keeps them); a value outside the map (a
+write transaction's own dirty pages, on the heap) is left alone.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from mvc.native.heap import release_mapped
 from mvc.store.base import (
     BufferTooSmallError,
     BytesLike,
@@ -44,22 +41,20 @@ def _key(oid: str) -> bytes:
 
 def _consume(h: EnvHandle, txn: Any, db: Any, key: bytes,
              use: Callable[[memoryview], T]) -> tuple[bool, T | None]:
-    """(found, use(value)) for `key` in a read-only, buffers=True transaction of `h`, the
-    value's map pages unmapped from this process afterwards (`release_mapped`, only for a
-    value inside the map: `EnvHandle.in_map`)."""
+    """(found, use(value)) for `key` in a buffers=True transaction of `h`, the value's map
+    pages unmapped from this process afterwards (`EnvHandle.release`)."""
     buf = txn.get(key, db=db)
     if buf is None:
         return False, None
     try:
         return True, use(buf)
     finally:
-        if h.in_map(buf):
-            release_mapped(buf)
+        h.release(buf)
 
 
 def _length(h: EnvHandle, txn: Any, db: Any, key: bytes) -> int | None:
-    """The stored length of `key` (None: absent) in a read-only, buffers=True transaction.
-    py-lmdb pages a value in on any read of it (a cursor's too), so it is unmapped again."""
+    """The stored length of `key` (None: absent) in a buffers=True transaction.  py-lmdb
+    pages a value in on any read of it (a cursor's too), so it is unmapped again."""
     found, n = _consume(h, txn, db, key, len)
     return n if found else None
 
@@ -216,25 +211,15 @@ class LmdbBlobStore(BlobStore):
         removed = 0
         for i in range(0, len(keys), _DELETE_BATCH):
             chunk = keys[i:i + _DELETE_BATCH]
-            # Lengths first, in a read txn that unmaps what it touched (an id's length never
-            # changes); the write txn then only deletes.  One stored since is measured there.
-            def lengths(txn: Any, chunk: list[bytes] = chunk) -> dict[bytes, int | None]:
-                return {k: _length(h, txn, h.dbs["objects"], k) for k in chunk}
-            sizes = h.read(lengths, buffers=True)
 
-            def fn(txn: Any, chunk: list[bytes] = chunk,
-                   sizes: dict[bytes, int | None] = sizes) -> int:
+            def fn(txn: Any, chunk: list[bytes] = chunk) -> int:
                 n = 0
                 objects = h.dbs["objects"]
                 for key in chunk:
-                    size = sizes[key]
-                    if size is None:
-                        buf = txn.get(key, db=objects)
-                        if buf is None:
-                            continue
-                        size = len(buf)
-                    if txn.delete(key, db=objects):
+                    size = _length(h, txn, objects, key)
+                    if size is not None:
                         n += size
+                        txn.delete(key, db=objects)
                 if n:
                     add_object_bytes(txn, h, -n)
                 return n

@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 import lmdb
 
 from mvc.errors import DiskFullError, InternalError, MvcError, free_bytes, is_disk_full
-from mvc.native.heap import buffer_span, shared_read_only_mapping
+from mvc.native.heap import buffer_span, release_mapped, shared_read_only_mapping
 from mvc.store.base import StoreClosedError, StoreFormatError, StoreNotFoundError
 from mvc.store.lock import SharedExclusiveLock, SharedFileLock
 
@@ -136,6 +136,15 @@ class EnvHandle:
             span = self._map_span = shared_read_only_mapping(
                 os.path.join(self.store_dir, DATA_FILE))
         return span is not None and span[0] <= lo and hi <= span[1]
+
+    def release(self, buf: Any) -> None:
+        """Unmap a value this process has read from the map, once it is consumed (py-lmdb pages
+        in every value it reads, and a mapped page stays in the resident set until the map
+        closes; the page cache keeps it).  Anything not inside the map -- a write
+        transaction's own dirty pages, on the heap, where unmapping would zero them -- is left
+        alone, so this is safe on any value of any transaction."""
+        if self.in_map(buf):
+            release_mapped(buf)
 
     # ----------------------------------------------------------- open/close
     def open_env(self, create: bool = False) -> None:

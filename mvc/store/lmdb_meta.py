@@ -11,7 +11,6 @@ import os
 from contextlib import AbstractContextManager
 from typing import Any
 
-from mvc.native.heap import release_mapped
 from mvc.store.base import (
     FORMAT_KEY,
     REPO_ID_KEY,
@@ -39,19 +38,17 @@ def parse_count(raw: Any) -> int | None:
     return int(b) if 0 < len(b) <= 20 and b.isdigit() else None
 
 
-def count_object_bytes(txn: Any, h: EnvHandle, *, read_only: bool = False) -> int:
+def count_object_bytes(txn: Any, h: EnvHandle) -> int:
     """Sum of every object's length, read in `txn` (lengths only: values stay in the map).
 
-    py-lmdb pages each value in as the cursor reaches it: in a read-only transaction
-    (`read_only`) each one is unmapped again (`release_mapped`, see `lmdb_blobs`), so a
-    recount (fsck's) does not leave the whole store in this process's resident set.  Never
-    in a write transaction, whose values may sit in its dirty pages on the heap."""
+    py-lmdb pages each value in as the cursor reaches it: each one is unmapped again
+    (`EnvHandle.release`), so a recount (fsck's) does not leave the whole store in this
+    process's resident set."""
     cur = txn.cursor(db=h.dbs["objects"])
     total = 0
     for v in cur.iternext(keys=False, values=True):
         total += len(v)
-        if read_only and h.in_map(v):
-            release_mapped(v)
+        h.release(v)
     return total
 
 
@@ -72,7 +69,7 @@ def read_object_bytes(h: EnvHandle) -> int:
     """The counter's value (recounted, not stored, if unreadable)."""
     def fn(txn: Any) -> int:
         total = parse_count(txn.get(OBJECT_BYTES_KEY, db=h.dbs["meta"]))
-        return count_object_bytes(txn, h, read_only=True) if total is None else total
+        return count_object_bytes(txn, h) if total is None else total
     return h.read(fn, buffers=True)
 
 
@@ -131,13 +128,12 @@ class LmdbMaintenance(StoreMaintenance):
         """Recount the object-bytes counter; one line if it was wrong (and, with `repair`, fixed)."""
         h = self._conn.handle()
 
-        def fn(txn: Any, read_only: bool = True) -> tuple[bytes | None, int]:
+        def fn(txn: Any) -> tuple[bytes | None, int]:
             raw = txn.get(OBJECT_BYTES_KEY, db=h.dbs["meta"])
-            return (None if raw is None else bytes(raw)), count_object_bytes(txn, h,
-                                                                             read_only=read_only)
+            return (None if raw is None else bytes(raw)), count_object_bytes(txn, h)
 
         def fix(txn: Any) -> tuple[bytes | None, int]:
-            found = fn(txn, read_only=False)
+            found = fn(txn)
             txn.put(OBJECT_BYTES_KEY, str(found[1]).encode(), db=h.dbs["meta"])
             return found
         raw, actual = h.read(fn, buffers=True)

@@ -101,6 +101,8 @@ def test_only_values_inside_the_map_are_ever_released(filled) -> None:
         txn.put(b"f" * 32, b"dirty page" * 1000, db=objects)
         dirty = txn.get(b"f" * 32, db=objects)
         inside = h.in_map(dirty)
+        h.release(dirty)                       # left alone: the bytes are still there
+        assert bytes(dirty) == b"dirty page" * 1000
         txn.delete(b"f" * 32, db=objects)
         return inside
     assert h.write(fn) is False
