@@ -22,9 +22,8 @@ import numpy as np
 
 from mvc.codecs.base import CodecError
 from mvc.errors import InternalError
-from mvc.native import ffi, lib, status
+from mvc.native import ffi, lib, parallel, status
 from mvc.native.buffers import borrow, nbytes
-from mvc.native import parallel
 from mvc.native.parallel import in_worker, pmap, segments
 
 __all__ = [
@@ -34,7 +33,6 @@ __all__ = [
 ]
 
 MAX_GROUPS = 1 << 16
-
 
 
 class GroupedDeltaError(CodecError):
