@@ -58,6 +58,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 GPT2_SMALL = {"layers": 12, "d": 768, "vocab": 50257, "ctx": 1024}
+# --only's names, in the order they run
+STEPS = ("save", "load", "first", "next", "lossless", "encode", "zipnn", "checkout", "levels",
+         "cli", "worst")
 
 
 # ------------------------------------------------------------------ the model
@@ -95,10 +98,12 @@ class GPT(nn.Module):
         return self.ln_f(x) @ self.wte.weight.t()
 
 
-def shape_for(params: float) -> dict[str, int]:
-    """GPT-2-small's shape with d (a multiple of 64) scaled so the model has about `params`
-    parameters; below what d = 64 gives, fewer layers and a smaller vocabulary."""
-    layers, vocab, ctx = GPT2_SMALL["layers"], GPT2_SMALL["vocab"], GPT2_SMALL["ctx"]
+def shape_for(params: float, layers: int | None = None) -> dict[str, int]:
+    """GPT-2-small's shape (or `layers` blocks: 48 is GPT-2-XL's) with d (a multiple of 64)
+    scaled so the model has about `params` parameters; below what d = 64 gives, fewer layers
+    and a smaller vocabulary."""
+    layers = layers or GPT2_SMALL["layers"]
+    vocab, ctx = GPT2_SMALL["vocab"], GPT2_SMALL["ctx"]
 
     def count(layers: int, d: int, vocab: int) -> int:
         return layers * (12 * d * d + 13 * d) + (vocab + ctx) * d + 2 * d
@@ -268,6 +273,7 @@ def child(task: dict) -> dict:
     out: dict[str, Any] = {}
     state = None
     write_phase: _WritePhase | None = None
+    cleanup = ""
     if kind in ("save", "commit_first", "commit_next", "commit_lossless", "zipnn", "encode"):
         state = _load(task["ckpt"], device)
         _sync(device)
@@ -308,6 +314,7 @@ def child(task: dict) -> dict:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
+        cleanup = os.path.join(work, "save.pt")
     elif kind == "load":
         state = torch.load(task["ckpt"], map_location=device, weights_only=True)
         _sync(device)
@@ -361,9 +368,12 @@ def child(task: dict) -> dict:
         code = mvc_main(["checkout", task.get("rev", "HEAD"), "-o", os.path.join(work, "out.pt"), "-q"])
         if code:
             raise SystemExit(f"mvc checkout exited {code}")
+        cleanup = os.path.join(work, "out.pt")
     else:
         raise SystemExit(f"unknown task {kind}")
     out["seconds"] = time.perf_counter() - t0
+    if cleanup:   # the written file is measured, not kept: at 1.3B it is 16 GB of disk
+        os.unlink(cleanup)
     out["peak_extra_rss"] = max(0, _peak() - max(setup_peak, base_rss))
     if write_phase is not None and write_phase.peak is not None:
         # the host side of a commit after its plan: the same for a state on any device
@@ -440,14 +450,23 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--docs", default=None, metavar="MD",
                     help="write the table into this markdown file's bench_scale section "
                          "(e.g. docs/results.md; the section is replaced, the rest kept)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="blocks, d scaled to --params (default GPT-2 small's 12; 48 is GPT-2-XL's)")
+    ap.add_argument("--only", default=",".join(STEPS), metavar="STEPS",
+                    help="the steps to run, comma-separated, from: " + ", ".join(STEPS)
+                    + " (save, load, first and next always run; a 1.3B state's every step "
+                      "is minutes and 16 GB of disk)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    only = set(args.only.split(",")) | {"save", "load", "first", "next"}
+    if only - set(STEPS):
+        ap.error(f"--only: unknown steps {sorted(only - set(STEPS))}")
     if args.child is not None:
         print(json.dumps(child(json.loads(args.child))))
         return {}
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device here")
-    shape = GPT2_SMALL if args.params == 124e6 else shape_for(args.params)
+    shape = GPT2_SMALL if args.params == 124e6 and not args.layers else shape_for(args.params, args.layers)
     with tempfile.TemporaryDirectory(prefix="mvc-bench-scale-", dir=args.dir) as work:
         t0 = time.perf_counter()
         cks = train(shape, [args.steps, args.steps + args.gap], args.device, args.batch, args.seq)
@@ -468,21 +487,28 @@ def main(argv: list[str] | None = None) -> dict:
                                        "step": args.steps, **common})
         r["next commit"] = run_child({"kind": "commit_next", "ckpt": paths[1], "repo": "repo",
                                       "step": args.steps + args.gap, **common})
-        r["lossless commit"] = run_child({"kind": "commit_lossless", "ckpt": paths[0],
-                                          "repo": "repo-lossless", **common})
-        r["lossless encode"] = run_child({"kind": "encode", "ckpt": paths[0], **common})
-        try:
-            r["zipnn compress"] = run_child({"kind": "zipnn", "ckpt": paths[0], **common})
-        except RuntimeError as exc:  # bench extra not installed
-            print(f"zipnn: {exc}", file=sys.stderr)
-        r["checkout HEAD"] = run_child({"kind": "checkout", "repo": "repo", **common})
-        r["checkout HEAD, levels kept"] = run_child({"kind": "checkout", "repo": "repo",
-                                                     "keep_levels": True, **common})
-        r["mvc checkout"] = run_child({"kind": "cli_checkout", "repo": "repo", **common})
-        deepest = max(("first commit", "next commit"), key=lambda k: r[k]["chain_depth"])
-        r["checkout worst"] = run_child({"kind": "checkout", "repo": "repo", "cache": False,
-                                         "rev": r[deepest]["commit"], **common})
-        r["checkout worst"]["of"] = deepest
+        if "lossless" in only:
+            r["lossless commit"] = run_child({"kind": "commit_lossless", "ckpt": paths[0],
+                                              "repo": "repo-lossless", **common})
+        if "encode" in only:
+            r["lossless encode"] = run_child({"kind": "encode", "ckpt": paths[0], **common})
+        if "zipnn" in only:
+            try:
+                r["zipnn compress"] = run_child({"kind": "zipnn", "ckpt": paths[0], **common})
+            except RuntimeError as exc:  # bench extra not installed
+                print(f"zipnn: {exc}", file=sys.stderr)
+        if "checkout" in only:
+            r["checkout HEAD"] = run_child({"kind": "checkout", "repo": "repo", **common})
+        if "levels" in only:
+            r["checkout HEAD, levels kept"] = run_child({"kind": "checkout", "repo": "repo",
+                                                         "keep_levels": True, **common})
+        if "cli" in only:
+            r["mvc checkout"] = run_child({"kind": "cli_checkout", "repo": "repo", **common})
+        if "worst" in only:
+            deepest = max(("first commit", "next commit"), key=lambda k: r[k]["chain_depth"])
+            r["checkout worst"] = run_child({"kind": "checkout", "repo": "repo", "cache": False,
+                                             "rev": r[deepest]["commit"], **common})
+            r["checkout worst"]["of"] = deepest
         if os.environ.get("MVC_BENCH_TORCH_PROFILE"):
             # after the timed steps, on a repository of their own: torch.profiler's view of the
             # commits and the checkout (device kernels, host ops), written under that folder
@@ -505,24 +531,32 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def ratios(r: dict, nbytes: int) -> dict[str, float | None]:
+    """Each step's figure against its peer's, for the steps that ran (`--only`)."""
     save, load = r["torch.save"]["seconds"], r["torch.load"]["seconds"]
     z = r.get("zipnn compress")
+
+    def of(step: str, peer: float | None, what: str = "seconds") -> float | None:
+        m = r.get(step)
+        return m[what] / peer if m and peer else None
+
     out: dict[str, float | None] = {
-        "first commit / torch.save": r["first commit"]["seconds"] / save,
-        "next commit / torch.save": r["next commit"]["seconds"] / save,
-        "lossless commit / zipnn": (r["lossless commit"]["seconds"] / z["seconds"]) if z else None,
-        "lossless encode / zipnn": (r["lossless encode"]["seconds"] / z["seconds"]) if z else None,
-        "lossless ratio": nbytes / r["lossless commit"]["stored"],
+        "first commit / torch.save": of("first commit", save),
+        "next commit / torch.save": of("next commit", save),
+        "lossless commit / zipnn": of("lossless commit", z["seconds"] if z else None),
+        "lossless encode / zipnn": of("lossless encode", z["seconds"] if z else None),
+        "lossless ratio": (nbytes / r["lossless commit"]["stored"]) if "lossless commit" in r else None,
         "zipnn ratio": (nbytes / z["stored"]) if z else None,
-        "checkout HEAD / torch.load": r["checkout HEAD"]["seconds"] / load,
-        "checkout worst / torch.load": r["checkout worst"]["seconds"] / load,
-        "checkout HEAD, levels kept / torch.load": r["checkout HEAD, levels kept"]["seconds"] / load,
-        "mvc checkout / (torch.load + torch.save)": r["mvc checkout"]["seconds"] / (load + save),
+        "checkout HEAD / torch.load": of("checkout HEAD", load),
+        "checkout worst / torch.load": of("checkout worst", load),
+        "checkout HEAD, levels kept / torch.load": of("checkout HEAD, levels kept", load),
+        "mvc checkout / (torch.load + torch.save)": of("mvc checkout", load + save),
         "first commit ratio": nbytes / r["first commit"]["stored"],
         "next commit ratio": nbytes / r["next commit"]["stored"],
     }
     for k in ("first commit", "next commit", "lossless commit", "checkout HEAD", "checkout worst",
               "checkout HEAD, levels kept", "mvc checkout"):
+        if k not in r:
+            continue
         out[f"{k} peak extra RSS / checkpoint"] = r[k]["peak_extra_rss"] / nbytes
         if "write_extra_rss" in r[k]:
             out[f"{k} write-phase extra RSS / checkpoint"] = r[k]["write_extra_rss"] / nbytes
@@ -550,42 +584,43 @@ def write_section(path: Path, body: str) -> None:
 def table(rep: dict) -> str:
     r, q, nb = rep["results"], rep["ratios"], rep["checkpoint_bytes"]
     gpu = any("peak_extra_gpu" in m for m in r.values() if isinstance(m, dict))
-    save, load = r["torch.save"]["seconds"], r["torch.load"]["seconds"]
-    z = r.get("zipnn compress")
-    rows = [("torch.save (incl. fsync)", r["torch.save"], "1x"),
-            ("torch.load", r["torch.load"], "1x"),
-            ("first commit (search, proxy)", r["first commit"],
-             f"{r['first commit']['seconds'] / save:.2f}x torch.save"),
-            ("next commit (neighbourhood)", r["next commit"],
-             f"{r['next commit']['seconds'] / save:.2f}x torch.save"),
-            ("lossless commit", r["lossless commit"],
-             f"{q['lossless commit / zipnn']:.2f}x ZipNN" if z else "-"),
-            ("lossless encode only (in memory, no store)", r["lossless encode"],
-             f"{q['lossless encode / zipnn']:.2f}x ZipNN" if z else "-"),
-            ("ZipNN compress (in memory)", z, "1x") if z else None,
-            ("checkout HEAD (as `mvc checkout` reads)", r["checkout HEAD"],
-             f"{r['checkout HEAD']['seconds'] / load:.2f}x torch.load"),
-            ("checkout HEAD, levels kept for a next commit (API default)", r["checkout HEAD, levels kept"],
-             f"{r['checkout HEAD, levels kept']['seconds'] / load:.2f}x torch.load"),
-            (f"checkout worst ({r['checkout worst']['of']}, depth "
-             f"{r[r['checkout worst']['of']]['chain_depth']}, no level cache)", r["checkout worst"],
-             f"{r['checkout worst']['seconds'] / load:.2f}x torch.load"),
-            ("`mvc checkout HEAD -o FILE` (read + write, fsync)", r["mvc checkout"],
-             f"{q['mvc checkout / (torch.load + torch.save)']:.2f}x torch.load + torch.save")]
+    save = r["torch.save"]["seconds"]
+
+    def vs(step: str, peer: float, name: str) -> str:
+        return f"{r[step]['seconds'] / peer:.2f}x {name}"
+
+    worst = r.get("checkout worst")
+    rows = [("torch.save (incl. fsync)", "torch.save", "1x"),
+            ("torch.load", "torch.load", "1x"),
+            ("first commit (search, proxy)", "first commit", vs("first commit", save, "torch.save")),
+            ("next commit (neighbourhood)", "next commit", vs("next commit", save, "torch.save")),
+            ("lossless commit", "lossless commit",
+             f"{q['lossless commit / zipnn']:.2f}x ZipNN" if q["lossless commit / zipnn"] else "-"),
+            ("lossless encode only (in memory, no store)", "lossless encode",
+             f"{q['lossless encode / zipnn']:.2f}x ZipNN" if q["lossless encode / zipnn"] else "-"),
+            ("ZipNN compress (in memory)", "zipnn compress", "1x"),
+            ("checkout HEAD (as `mvc checkout` reads)", "checkout HEAD",
+             f"{q['checkout HEAD / torch.load'] or 0:.2f}x torch.load"),
+            ("checkout HEAD, levels kept for a next commit (API default)", "checkout HEAD, levels kept",
+             f"{q['checkout HEAD, levels kept / torch.load'] or 0:.2f}x torch.load"),
+            (f"checkout worst ({worst['of']}, depth {r[worst['of']]['chain_depth']}, no level cache)"
+             if worst else "", "checkout worst", f"{q['checkout worst / torch.load'] or 0:.2f}x torch.load"),
+            ("`mvc checkout HEAD -o FILE` (read + write, fsync)", "mvc checkout",
+             f"{q['mvc checkout / (torch.load + torch.save)'] or 0:.2f}x torch.load + torch.save")]
     lines = [f"bench_scale: {rep['params'] / 1e6:.1f}M parameters {rep['shape']}, checkpoint "
              f"{nb / 1e9:.2f} GB (weights + AdamW moments), device {rep['device']}, "
              f"{rep['cpus']} CPUs, torch {rep['torch']}",
              "", "| step | time | vs peer | peak extra RSS (x checkpoint) | ratio |"
              + (" peak extra GPU (x checkpoint) |" if gpu else ""),
              "|---|---|---|---|---|" + ("---|" if gpu else "")]
-    for row in rows:
-        if row is None:
+    for name, step, peer in rows:
+        m = r.get(step)
+        if m is None:   # not in --only
             continue
-        name, m, vs = row
         ratio = f"{nb / m['stored']:.2f}x" if m.get("stored") else ""
         extra = (f" {m['peak_extra_gpu'] / 1e9:.2f} GB ({m['peak_extra_gpu'] / nb:.2f}x) |"
                  if gpu and "peak_extra_gpu" in m else (" - |" if gpu else ""))
-        lines.append(f"| {name} | {m['seconds']:.2f} s | {vs} | "
+        lines.append(f"| {name} | {m['seconds']:.2f} s | {peer} | "
                      f"{m['peak_extra_rss'] / 1e9:.2f} GB ({m['peak_extra_rss'] / nb:.2f}x) | {ratio} |"
                      + extra)
     lines.append("")
@@ -598,7 +633,7 @@ def table(rep: dict) -> str:
         m = r[k]
         lines.append(f"{k}: mode {m['mode']}, {m['trials']} trials, proxy {m['value']}, "
                      f"config {json.dumps(m['quant'], separators=(',', ':'))}")
-    if math.isfinite(q["lossless ratio"]) and z:
+    if q["lossless ratio"] and math.isfinite(q["lossless ratio"]) and q["zipnn ratio"]:
         lines.append(f"lossless ratio {q['lossless ratio']:.3f} vs ZipNN {q['zipnn ratio']:.3f}")
     return "\n".join(lines)
 

@@ -8,9 +8,19 @@
 # MVC_GPU_WRITE=1 adds bench_write --threads 16 (the write phase on the host's 16 CPUs);
 # MVC_GPU_PIPELINE=0 skips bench_device_pipeline (the batched device passes and whole commit
 # hooks at 124M: syncs, launches, time and peak extra GPU memory against the state).
+# MVC_GPU_TEST_K: a pytest -k expression (e.g. cuda: only the tests that need the device).
+# MVC_GPU_BIG: bench_scale arguments of a last, larger run (e.g. "--params 1.3e9 --layers 48
+# --only checkout,worst"), only after the first bench_scale passed, given whatever is left of
+# MVC_GPU_DEADLINE (seconds from the start; each phase's timeout is capped by what is left, so
+# a lease's one call ends with every phase's log under $OUT).
 set -u
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
+DEADLINE=${MVC_GPU_DEADLINE:-1800}
+left() {  # a phase's timeout: its own cap, or what is left before the deadline
+  local rest=$((DEADLINE - SECONDS - 5))
+  [ "$rest" -lt "$1" ] && echo $((rest > 1 ? rest : 1)) || echo "$1"
+}
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
@@ -21,6 +31,7 @@ fi
 export PYTHONUNBUFFERED=1
 nvidia-smi -L
 python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
+df -h /tmp "$PWD" | tail -n +2; nproc; free -g | head -2
 TESTS=${MVC_GPU_TESTS:-"tests/repo/test_device_boundaries.py tests/repo/test_device_path.py \
   tests/quant/test_quant_tensor.py tests/quant/test_quant_error.py tests/codecs/test_codec_quantized.py \
   tests/codecs/test_codec_lossless.py tests/codecs/test_codec_registry.py tests/state/test_io_state.py \
@@ -30,22 +41,24 @@ TESTS=${MVC_GPU_TESTS:-"tests/repo/test_device_boundaries.py tests/repo/test_dev
   tests/quant/test_quant_optimizer.py"}
 echo "== CUDA tests"
 # shellcheck disable=SC2086
-timeout "${MVC_GPU_TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -p no:benchmark \
-  -W ignore -n 8 -rfEs --tb=short --junitxml="$OUT/junit.xml" $TESTS > "$OUT/tests.log" 2>&1
-echo "pytest rc $?"
+timeout "$(left "${MVC_GPU_TEST_TIMEOUT:-240}")" python3 -m pytest -q -p no:cacheprovider \
+  -p no:benchmark -W ignore -n 8 -rfEs --tb=short --junitxml="$OUT/junit.xml" \
+  ${MVC_GPU_TEST_K:+-k "$MVC_GPU_TEST_K"} $TESTS > "$OUT/tests.log" 2>&1
+echo "pytest rc $? at ${SECONDS}s"
 grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
 grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20
 if [ "${MVC_GPU_BENCH:-1}" != 0 ]; then
   echo "== bench_scale --device cuda $*"
-  timeout "${MVC_GPU_BENCH_TIMEOUT:-330}" python3 benchmarks/bench_scale.py --device cuda --json "$@" \
-    > "$OUT/bench.log" 2>&1
-  echo "bench rc $?"
+  timeout "$(left "${MVC_GPU_BENCH_TIMEOUT:-330}")" python3 benchmarks/bench_scale.py --device cuda \
+    --json "$@" > "$OUT/bench.log" 2>&1
+  BENCH_RC=$?
+  echo "bench rc $BENCH_RC at ${SECONDS}s"
   sed -n '/^bench_scale:/,/^{/p' "$OUT/bench.log"
   grep -E "^  [a-z_]+: " "$OUT/bench.log" | cut -c1-160
 fi
 if [ "${MVC_GPU_PIPELINE:-1}" != 0 ]; then
   echo "== bench_device_pipeline --device cuda --params 124e6"
-  timeout "${MVC_GPU_BENCH_TIMEOUT:-330}" python3 benchmarks/bench_device_pipeline.py --device cuda \
+  timeout "$(left "${MVC_GPU_BENCH_TIMEOUT:-330}")" python3 benchmarks/bench_device_pipeline.py --device cuda \
     --params 124e6 --json > "$OUT/pipeline.json" 2> "$OUT/pipeline.log"
   echo "pipeline rc $?"
   python3 -c "import json,sys; r=json.load(open(sys.argv[1]))
@@ -57,15 +70,25 @@ for s, p in r['stages'].items():
 fi
 if [ "${MVC_GPU_BACKGROUND:-0}" != 0 ]; then
   echo "== bench_background --device cuda --epsilon 0.05"
-  timeout "${MVC_GPU_BENCH_TIMEOUT:-330}" python3 benchmarks/bench_background.py --device cuda \
+  timeout "$(left "${MVC_GPU_BACKGROUND_TIMEOUT:-330}")" python3 benchmarks/bench_background.py --device cuda \
     --epsilon 0.05 > "$OUT/background.log" 2>&1
-  echo "background rc $?"; tail -n 12 "$OUT/background.log"
+  echo "background rc $? at ${SECONDS}s"; tail -n 12 "$OUT/background.log"
 fi
 if [ "${MVC_GPU_WRITE:-0}" != 0 ]; then
   # the host's 16 CPUs: a write phase whose largest tensors change, alone across the pool
   # against one per thread (pipeline.encode_order), with as many threads as the host has
   echo "== bench_write --threads 16"
-  timeout "${MVC_GPU_BENCH_TIMEOUT:-330}" python3 benchmarks/bench_write.py --threads 16 \
+  timeout "$(left "${MVC_GPU_BENCH_TIMEOUT:-330}")" python3 benchmarks/bench_write.py --threads 16 \
     > "$OUT/write.log" 2>&1
   echo "write rc $?"; sed -n '/^bench_write:/,/^$/p;/^| /p' "$OUT/write.log"
+fi
+if [ -n "${MVC_GPU_BIG:-}" ] && [ "${BENCH_RC:-1}" = 0 ]; then
+  echo "== bench_scale --device cuda $MVC_GPU_BIG"
+  # shellcheck disable=SC2086
+  timeout "$(left 3600)" python3 benchmarks/bench_scale.py --device cuda --json $MVC_GPU_BIG \
+    > "$OUT/big.log" 2>&1
+  echo "big rc $? at ${SECONDS}s"
+  sed -n '/^bench_scale:/,/^{/p' "$OUT/big.log"
+  grep -E "^  [a-z_]+: " "$OUT/big.log" | cut -c1-160
+  tail -n 3 "$OUT/big.log"
 fi
