@@ -1,5 +1,6 @@
 #include "heap.h"
 
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h> /* defines __GLIBC__ on glibc, before it is tested below */
 #if defined(__GLIBC__)
@@ -15,6 +16,19 @@
 int mvc_heap_trim(void) {
 #if defined(__GLIBC__)
     return malloc_trim(0) ? 1 : 0;
+#else
+    return 0;
+#endif
+}
+
+int mvc_heap_bound(size_t mmap_threshold, size_t trim_threshold) {
+    if (mmap_threshold == 0 || trim_threshold == 0 || mmap_threshold > (size_t)INT_MAX
+        || trim_threshold > (size_t)INT_MAX)
+        return MVC_ERR_ARG;
+#if defined(__GLIBC__)
+    /* a value glibc refuses (an mmap threshold past its heap size) leaves the old one */
+    if (!mallopt(M_MMAP_THRESHOLD, (int)mmap_threshold)) return 0;
+    return mallopt(M_TRIM_THRESHOLD, (int)trim_threshold) ? 1 : 0;
 #else
     return 0;
 #endif

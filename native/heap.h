@@ -6,6 +6,15 @@
  * Returns 1 when pages were released, 0 when none were or the C library has no such call. */
 int mvc_heap_trim(void);
 
+/* Fix glibc malloc's thresholds (mallopt M_MMAP_THRESHOLD and M_TRIM_THRESHOLD): blocks of at
+ * least mmap_threshold bytes are mapped on their own, and an arena's free top above
+ * trim_threshold bytes goes back to the OS when a free reaches it.  Left dynamic, glibc raises
+ * the trim threshold to twice the largest freed mapping (64 MiB on 64-bit), so every thread that
+ * ever allocated keeps up to that much of its arena resident: a thread pool's arenas hold it
+ * after the work is done.  Returns 1 when both were set, 0 when the C library has no such
+ * settings or refused a value, MVC_ERR_ARG when either is 0 or above INT_MAX (mallopt's range). */
+int mvc_heap_bound(size_t mmap_threshold, size_t trim_threshold);
+
 /* Unmap from this process the pages of a read-only shared file mapping that hold [p, p + n)
  * (madvise MADV_DONTNEED over the whole pages around it): the file's pages stay in the page
  * cache and a later read faults them back in with the same contents, but this process's

@@ -114,6 +114,10 @@ def get_pool() -> ThreadPoolExecutor:
     global _pool
     with _lock:
         if _pool is None:
+            # the pool's threads each get a malloc arena, whose free top glibc would keep
+            from mvc.native.heap import bound_arena_tops
+
+            bound_arena_tops()
             _pool = ThreadPoolExecutor(max_workers=worker_count(), thread_name_prefix="mvc-native",
                                        initializer=_mark_worker)
         return _pool

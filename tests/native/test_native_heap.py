@@ -47,6 +47,78 @@ def test_freed_heap_memory_goes_back_to_the_os():
     assert released == "True" and int(dropped) > 100 << 20
 
 
+POOL_PROBE = r"""
+import ctypes, os, threading
+from mvc.native.parallel import pmap
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+# a freed 30 MiB mapping (32 MiB is past the dynamic ceiling): what raises glibc's thresholds
+# in any torch process
+p = libc.malloc(30 << 20); libc.memset(p, 1, 30 << 20); libc.free(p)
+meet = threading.Barrier(4)
+
+def work(_):
+    meet.wait()   # four tasks on four threads: four arenas
+    blocks = [libc.malloc(4 << 20) for _ in range(12)]
+    for b in blocks:
+        libc.memset(b, 1, 4 << 20)
+    for b in reversed(blocks):   # each free reaches the arena's top
+        libc.free(b)
+
+before = rss()
+pmap(work, range(4))
+print(rss() - before)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt's thresholds are glibc's")
+@pytest.mark.parametrize("env, kept", [({}, False), ({"MVC_MALLOC_TUNE": "0"}, True),
+                                       ({"MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+                                         "MALLOC_MMAP_THRESHOLD_": str(30 << 20)}, True)])
+def test_the_pools_arenas_give_their_free_tops_back(env, kept):
+    """Four pool threads each use and free 48 MiB: with glibc's dynamic thresholds each arena
+    keeps it resident; with the pool's bound they give it back, unless the user chose."""
+    import os
+
+    out = subprocess.run([sys.executable, "-c", POOL_PROBE], capture_output=True, text=True,
+                         check=True, env={**os.environ, "MVC_THREADS": "4", **env})
+    grown = int(out.stdout)
+    if kept:
+        assert grown > 120 << 20
+    else:
+        assert grown < 24 << 20
+
+
+def test_bound_arena_tops_leaves_a_users_settings_alone(monkeypatch):
+    from mvc.native import heap
+
+    calls = []
+    monkeypatch.setattr(heap, "lib", type("L", (), {"mvc_heap_bound": lambda *a: calls.append(a) or 1}))
+    assert not heap.bound_arena_tops({"MVC_MALLOC_TUNE": "0"})
+    assert not heap.bound_arena_tops({"MALLOC_MMAP_THRESHOLD_": "65536"})
+    assert not heap.bound_arena_tops({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"})
+    assert not calls
+    assert heap.bound_arena_tops({"GLIBC_TUNABLES": "glibc.rtld.nns=2"})
+    assert calls == [(heap.MMAP_THRESHOLD, heap.TRIM_THRESHOLD)]
+
+
+def test_native_heap_bound_checks_its_arguments():
+    from mvc.native._lib import lib
+    from mvc.native.status import ERR_ARG
+
+    assert lib.mvc_heap_bound(0, 1 << 20) == ERR_ARG
+    assert lib.mvc_heap_bound(1 << 20, 0) == ERR_ARG
+    assert lib.mvc_heap_bound(1 << 40, 1 << 20) == ERR_ARG
+    assert lib.mvc_heap_bound(1 << 20, 1 << 40) == ERR_ARG
+
+
 # ------------------------------------------------------------------ release_mapped
 @linux_only
 def test_release_mapped_unmaps_a_file_mapping_and_keeps_its_contents(tmp_path):
