@@ -13,6 +13,8 @@
 # --only checkout,worst"), only after the first bench_scale passed, given whatever is left of
 # MVC_GPU_DEADLINE (seconds from the start; each phase's timeout is capped by what is left, so
 # a lease's one call ends with every phase's log under $OUT).
+# MVC_GPU_DEVICE=cpu: the same phases on the host, to try this script where no GPU is (with
+# small --params; MVC_GPU_BACKGROUND_ARGS for bench_background's, default "--epsilon 0.05").
 set -u
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
@@ -21,16 +23,19 @@ left() {  # a phase's timeout: its own cap, or what is left before the deadline
   local rest=$((DEADLINE - SECONDS - 5))
   [ "$rest" -lt "$1" ] && echo $((rest > 1 ? rest : 1)) || echo "$1"
 }
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+if ls .whl/*.whl >/dev/null 2>&1 && ! "${PYTHON:-python3}" -c "import cffi, lmdb, pygit2" 2>/dev/null; then
+  "${PYTHON:-python3}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
 else
   export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1
-nvidia-smi -L
-python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
+DEV=${MVC_GPU_DEVICE:-cuda}
+PY=${PYTHON:-python3}
+command -v nvidia-smi >/dev/null && nvidia-smi -L
+"$PY" -c "import sys, torch; print(sys.version.split()[0], torch.__version__,
+      torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')"
 df -h /tmp "$PWD" | tail -n +2; nproc; free -g | head -2
 TESTS=${MVC_GPU_TESTS:-"tests/repo/test_device_boundaries.py tests/repo/test_device_path.py \
   tests/quant/test_quant_tensor.py tests/quant/test_quant_error.py tests/codecs/test_codec_quantized.py \
@@ -41,27 +46,31 @@ TESTS=${MVC_GPU_TESTS:-"tests/repo/test_device_boundaries.py tests/repo/test_dev
   tests/quant/test_quant_optimizer.py"}
 echo "== CUDA tests"
 # shellcheck disable=SC2086
-timeout "$(left "${MVC_GPU_TEST_TIMEOUT:-240}")" python3 -m pytest -q -p no:cacheprovider \
-  -p no:benchmark -W ignore -n 8 -rfEs --tb=short --junitxml="$OUT/junit.xml" \
+XDIST=""
+"$PY" -c "import xdist" 2>/dev/null && XDIST="-n 8"
+# shellcheck disable=SC2086
+timeout "$(left "${MVC_GPU_TEST_TIMEOUT:-240}")" "$PY" -m pytest -q -p no:cacheprovider \
+  -p no:benchmark -W ignore $XDIST -rfEs --tb=short --junitxml="$OUT/junit.xml" \
   ${MVC_GPU_TEST_K:+-k "$MVC_GPU_TEST_K"} $TESTS > "$OUT/tests.log" 2>&1
 echo "pytest rc $? at ${SECONDS}s"
 grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
 grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20
 if [ "${MVC_GPU_BENCH:-1}" != 0 ]; then
-  echo "== bench_scale --device cuda $*"
-  timeout "$(left "${MVC_GPU_BENCH_TIMEOUT:-330}")" python3 benchmarks/bench_scale.py --device cuda \
+  echo "== bench_scale --device $DEV $*"
+  timeout "$(left "${MVC_GPU_BENCH_TIMEOUT:-330}")" "$PY" benchmarks/bench_scale.py --device "$DEV" \
     --json "$@" > "$OUT/bench.log" 2>&1
   BENCH_RC=$?
   echo "bench rc $BENCH_RC at ${SECONDS}s"
   sed -n '/^bench_scale:/,/^{/p' "$OUT/bench.log"
   grep -E "^  [a-z_]+: " "$OUT/bench.log" | cut -c1-160
+  grep -E '/ torch\.(save|load)"|peak extra GPU memory' "$OUT/bench.log"
 fi
 if [ "${MVC_GPU_PIPELINE:-1}" != 0 ]; then
-  echo "== bench_device_pipeline --device cuda --params 124e6"
-  timeout "$(left "${MVC_GPU_BENCH_TIMEOUT:-330}")" python3 benchmarks/bench_device_pipeline.py --device cuda \
+  echo "== bench_device_pipeline --device $DEV --params 124e6"
+  timeout "$(left "${MVC_GPU_BENCH_TIMEOUT:-330}")" "$PY" benchmarks/bench_device_pipeline.py --device "$DEV" \
     --params 124e6 --json > "$OUT/pipeline.json" 2> "$OUT/pipeline.log"
   echo "pipeline rc $?"
-  python3 -c "import json,sys; r=json.load(open(sys.argv[1]))
+  "$PY" -c "import json,sys; r=json.load(open(sys.argv[1]))
 for s, p in r['stages'].items():
     b = p['one by one']['seconds']
     for k, m in p.items(): print(s, k, m['syncs'], m['launches'], round(m['seconds'], 4), round(m['seconds'] / b, 2),
@@ -69,26 +78,27 @@ for s, p in r['stages'].items():
     "$OUT/pipeline.json" 2>/dev/null || tail -5 "$OUT/pipeline.log"
 fi
 if [ "${MVC_GPU_BACKGROUND:-0}" != 0 ]; then
-  echo "== bench_background --device cuda --epsilon 0.05"
-  timeout "$(left "${MVC_GPU_BACKGROUND_TIMEOUT:-330}")" python3 benchmarks/bench_background.py --device cuda \
-    --epsilon 0.05 > "$OUT/background.log" 2>&1
+  echo "== bench_background --device $DEV ${MVC_GPU_BACKGROUND_ARGS:---epsilon 0.05}"
+  # shellcheck disable=SC2086
+  timeout "$(left "${MVC_GPU_BACKGROUND_TIMEOUT:-330}")" "$PY" benchmarks/bench_background.py --device "$DEV" \
+    ${MVC_GPU_BACKGROUND_ARGS:---epsilon 0.05} > "$OUT/background.log" 2>&1
   echo "background rc $? at ${SECONDS}s"; tail -n 12 "$OUT/background.log"
 fi
 if [ "${MVC_GPU_WRITE:-0}" != 0 ]; then
   # the host's 16 CPUs: a write phase whose largest tensors change, alone across the pool
-  # against one per thread (pipeline.encode_order), with as many threads as the host has
+  # against one per thread (mvc.native.parallel.large_alone), with as many threads as the host has
   echo "== bench_write --threads 16"
-  timeout "$(left "${MVC_GPU_BENCH_TIMEOUT:-330}")" python3 benchmarks/bench_write.py --threads 16 \
+  timeout "$(left "${MVC_GPU_BENCH_TIMEOUT:-330}")" "$PY" benchmarks/bench_write.py --threads 16 \
     > "$OUT/write.log" 2>&1
   echo "write rc $?"; sed -n '/^bench_write:/,/^$/p;/^| /p' "$OUT/write.log"
 fi
 if [ -n "${MVC_GPU_BIG:-}" ] && [ "${BENCH_RC:-1}" = 0 ]; then
-  echo "== bench_scale --device cuda $MVC_GPU_BIG"
+  echo "== bench_scale --device $DEV $MVC_GPU_BIG"
   # shellcheck disable=SC2086
-  timeout "$(left 3600)" python3 benchmarks/bench_scale.py --device cuda --json $MVC_GPU_BIG \
+  timeout "$(left 3600)" "$PY" benchmarks/bench_scale.py --device "$DEV" --json $MVC_GPU_BIG \
     > "$OUT/big.log" 2>&1
   echo "big rc $? at ${SECONDS}s"
   sed -n '/^bench_scale:/,/^{/p' "$OUT/big.log"
   grep -E "^  [a-z_]+: " "$OUT/big.log" | cut -c1-160
-  tail -n 3 "$OUT/big.log"
+  grep -E '/ torch\.(save|load)"|peak extra GPU memory' "$OUT/big.log"
 fi
