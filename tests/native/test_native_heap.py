@@ -11,9 +11,9 @@ import sys
 import pytest
 from mapped_pages import linux_only, mapped
 
-PROBE = r"""
+# the probes' common part: this process's RSS, and the C allocator itself
+LIBC = r"""
 import ctypes, os
-from mvc.native.heap import release_free_heap
 
 def rss():
     with open("/proc/self/statm") as f:
@@ -23,6 +23,10 @@ libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+"""
+
+PROBE = LIBC + r"""
+from mvc.native.heap import release_free_heap
 # 100 kB pieces (under the mmap threshold: from the heap), each followed by a small block that
 # stays in use: freed, they are holes the heap cannot shrink past, and stay resident
 big, small = [], []
@@ -47,18 +51,9 @@ def test_freed_heap_memory_goes_back_to_the_os():
     assert released == "True" and int(dropped) > 100 << 20
 
 
-POOL_PROBE = r"""
-import ctypes, os, threading
+POOL_PROBE = LIBC + r"""
+import threading
 from mvc.native.parallel import pmap
-
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-libc = ctypes.CDLL(None)
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
 # a freed 30 MiB mapping (32 MiB is past the dynamic ceiling): what raises glibc's thresholds
 # in any torch process
 p = libc.malloc(30 << 20); libc.memset(p, 1, 30 << 20); libc.free(p)
