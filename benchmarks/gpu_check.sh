@@ -82,7 +82,7 @@ if [ "${MVC_GPU_BACKGROUND:-0}" != 0 ]; then
   # shellcheck disable=SC2086
   timeout "$(left "${MVC_GPU_BACKGROUND_TIMEOUT:-330}")" "$PY" benchmarks/bench_background.py --device "$DEV" \
     ${MVC_GPU_BACKGROUND_ARGS:---epsilon 0.05} > "$OUT/background.log" 2>&1
-  echo "background rc $? at ${SECONDS}s"; tail -n 12 "$OUT/background.log"
+  echo "background rc $? at ${SECONDS}s"; tail -n 14 "$OUT/background.log"
 fi
 if [ "${MVC_GPU_WRITE:-0}" != 0 ]; then
   # the host's 16 CPUs: a write phase whose largest tensors change, alone across the pool
