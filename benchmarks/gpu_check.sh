@@ -43,7 +43,7 @@ TESTS=${MVC_GPU_TESTS:-"tests/repo/test_device_boundaries.py tests/repo/test_dev
   tests/state/test_io_remainder.py tests/integrations/test_grad_ema.py tests/native/test_native_simd.py \
   tests/native/test_native_rans.py tests/native/test_native_rans_legacy.py \
   tests/quant/test_quant_batched.py tests/quant/test_quant_batched_moments.py \
-  tests/quant/test_quant_optimizer.py"}
+  tests/quant/test_quant_optimizer.py tests/integrations/test_host_copy.py"}
 echo "== CUDA tests"
 # shellcheck disable=SC2086
 XDIST=""

@@ -57,6 +57,7 @@ import torch.distributed as dist
 
 from mvc.errors import MvcError, MvcWarning, UsageError
 from mvc.integrations.grad_ema import BETA, GradientEMA
+from mvc.integrations.host_copy import clone_to_cpu as clone_to_cpu
 from mvc.quant import QuantConfig, QuantPolicy
 from mvc.search import SearchSpace, serve_trials
 from mvc.search.parallel import Ranks
@@ -72,45 +73,6 @@ class TrackerError(UsageError):
     """The Tracker was used in a way it cannot serve (bad arguments, reserved keys)."""
 
     exit_code = 84
-
-
-def clone_to_cpu(obj: Any, _memo: dict | None = None) -> Any:
-    """A deep copy of a (nested) state with every tensor copied to CPU memory.
-
-    Tensors repeated in the state (tied weights) stay one object; OrderedDict
-    `_metadata` (state_dict versions) is kept.  CUDA tensors are copied through
-    pinned memory with one synchronization at the end.
-    """
-    top = _memo is None
-    memo = {} if _memo is None else _memo
-    if isinstance(obj, torch.Tensor):
-        hit = memo.get(id(obj))
-        if hit is not None:
-            return hit
-        t = obj.detach()
-        if t.device.type == "cuda":
-            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-            out.copy_(t, non_blocking=True)
-            memo["__cuda__"] = True
-        else:
-            out = t.clone()
-        memo[id(obj)] = out
-        result: Any = out
-    elif isinstance(obj, dict):
-        result = obj.__class__()
-        for k, v in obj.items():
-            result[k] = clone_to_cpu(v, memo)
-        if hasattr(obj, "_metadata"):
-            result._metadata = copy.deepcopy(obj._metadata)
-    elif isinstance(obj, list):
-        result = [clone_to_cpu(v, memo) for v in obj]
-    elif isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        result = tuple(clone_to_cpu(v, memo) for v in obj)
-    else:
-        result = copy.deepcopy(obj)
-    if top and memo.get("__cuda__"):
-        torch.cuda.synchronize()
-    return result
 
 
 class Tracker:

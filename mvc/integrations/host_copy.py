@@ -1,0 +1,147 @@
+"""A training state's copy in host memory: what a background commit encodes while training
+goes on (`Tracker.commit(background=True)`).
+
+An accelerator's tensors come back through two pinned staging buffers (`STAGING_BYTES` each)
+into plain host memory of their exact size. Pinning the copies themselves would cost more
+than the copy: torch's caching host allocator rounds every pinned block up to a power of two
+and keeps it for the process's life, so a 124M GPT-2 state's 592 tensors (1.49 GB) would hold
+2.48 GB of page-locked memory from the first background commit on. The staging buffers are a
+power of two (nothing rounded) and the allocator hands the same two to every later commit:
+128 MiB pinned whatever the model's size. The device fills one buffer while the host empties
+the other, so the copy costs about the slower of the two transfers.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+#: Bytes of each of the two pinned staging buffers (a power of two: see the module docstring).
+STAGING_BYTES = 64 << 20
+
+
+def clone_to_cpu(obj: Any, *, staging_bytes: int = STAGING_BYTES) -> Any:
+    """A deep copy of a (nested) state with every tensor copied to host memory.
+
+    Tensors repeated in the state (tied weights) stay one object; OrderedDict `_metadata`
+    (state_dict versions) is kept. Tensors on an accelerator are copied through pinned
+    staging (`copy_through_staging`); the copy is complete when this returns.
+    """
+    memo: dict[int, torch.Tensor] = {}
+    pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+    result = _clone(obj, memo, pending)
+    by_device: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for src, dst in pending:
+        by_device.setdefault(src.device, []).append((src, dst))
+    for pairs in by_device.values():
+        copy_through_staging(pairs, staging_bytes)
+    return result
+
+
+def _clone(obj: Any, memo: dict[int, torch.Tensor],
+           pending: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        hit = memo.get(id(obj))
+        if hit is not None:
+            return hit
+        t = obj.detach()
+        if t.device.type == "cpu":
+            out = t.clone()
+        else:
+            out = torch.empty(t.shape, dtype=t.dtype)
+            pending.append((t, out))
+        memo[id(obj)] = out
+        return out
+    if isinstance(obj, dict):
+        result = obj.__class__()
+        for k, v in obj.items():
+            result[k] = _clone(v, memo, pending)
+        if hasattr(obj, "_metadata"):
+            result._metadata = copy.deepcopy(obj._metadata)  # type: ignore[attr-defined]
+        return result
+    if isinstance(obj, list):
+        return [_clone(v, memo, pending) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_clone(v, memo, pending) for v in obj)
+    return copy.deepcopy(obj)
+
+
+def copy_through_staging(pairs: list[tuple[torch.Tensor, torch.Tensor]],
+                         staging_bytes: int = STAGING_BYTES) -> None:
+    """Copy each source tensor (all on one device) into its host destination (contiguous, same
+    shape and dtype), in pieces of at most `staging_bytes` through two staging buffers: pinned,
+    with the device's copies queued without waiting, where the sources are on CUDA; plain
+    buffers elsewhere (the same pieces, so a host-only machine tests the packing)."""
+    if staging_bytes <= 0:
+        raise ValueError(f"staging_bytes must be positive, got {staging_bytes}")
+    batches: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+    for src, dst in pairs:
+        if src.numel() == 0:
+            continue
+        s, d = _bytes_of(src), _bytes_of(dst)
+        if s is None or d is None:   # a dtype with no byte view: copied as it is, synchronously
+            dst.copy_(src)
+            continue
+        _pack(s, d, staging_bytes, batches)
+    if not batches:
+        return
+    cuda = pairs[0][0].device.type == "cuda"
+    with torch.cuda.device(pairs[0][0].device) if cuda else _nothing():
+        bufs = [torch.empty(staging_bytes, dtype=torch.uint8, pin_memory=cuda)
+                for _ in range(min(2, len(batches)))]
+        ready: list[Any] = [None] * len(bufs)
+
+        def fill(i: int) -> None:
+            buf, off = bufs[i % len(bufs)], 0
+            for piece, _ in batches[i]:
+                buf[off:off + piece.numel()].copy_(piece, non_blocking=cuda)
+                off += piece.numel()
+            if cuda:
+                ready[i % len(bufs)] = torch.cuda.Event()
+                ready[i % len(bufs)].record()
+
+        for i in range(len(bufs)):
+            fill(i)
+        for i in range(len(batches)):
+            if cuda:
+                ready[i % len(bufs)].synchronize()
+            buf, off = bufs[i % len(bufs)], 0
+            for piece, out in batches[i]:
+                out.copy_(buf[off:off + piece.numel()])
+                off += piece.numel()
+            if i + len(bufs) < len(batches):
+                fill(i + len(bufs))   # this buffer is empty again
+
+
+def _pack(src: torch.Tensor, dst: torch.Tensor, size: int,
+          batches: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
+    """Add the byte views `src` -> `dst` to `batches` (each at most `size` bytes): the last
+    batch's room first, then new ones; small tensors share a buffer, large ones are cut."""
+    at, n = 0, src.numel()
+    if batches:
+        room = size - sum(p.numel() for p, _ in batches[-1])
+        if room > 0:
+            at = min(room, n)
+            batches[-1].append((src[:at], dst[:at]))
+    while at < n:
+        take = min(size, n - at)
+        batches.append([(src[at:at + take], dst[at:at + take])])
+        at += take
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor | None:
+    """A tensor's bytes as a flat uint8 view (a contiguous copy first, on its device, if it is
+    not contiguous); None for a dtype torch cannot view so (sub-byte and quantized ones)."""
+    try:
+        return t.contiguous().reshape(-1).view(torch.uint8)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return None
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None

@@ -1,0 +1,79 @@
+"""clone_to_cpu / copy_through_staging: a state's host copy through two staging buffers.
+
+The packing (small tensors share a buffer, large ones are cut) is the same on every device, so
+host tensors test it here; the CUDA test checks the pinned memory it leaves behind."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mvc.integrations.host_copy import _pack, clone_to_cpu, copy_through_staging
+
+
+def _tensors() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    big = torch.randn(3000, generator=g)
+    return [big, big.to(torch.bfloat16), torch.randn(5, 7, generator=g).t(),   # not contiguous
+            torch.tensor(3.5), torch.empty(0), torch.arange(11, dtype=torch.int64),
+            torch.rand(13, generator=g) > 0.5, torch.randn(9, generator=g).to(torch.float16),
+            torch.randn(4, 4, generator=g, dtype=torch.complex64)]
+
+
+@pytest.mark.parametrize("staging", [1, 7, 64, 1000, 1 << 20])
+def test_every_destination_gets_its_sources_bits(staging):
+    srcs = _tensors()
+    dsts = [torch.full(s.shape, 0, dtype=s.dtype) if s.dtype != torch.bool
+            else torch.zeros(s.shape, dtype=torch.bool) for s in srcs]
+    copy_through_staging(list(zip(srcs, dsts)), staging)
+    for s, d in zip(srcs, dsts):
+        assert d.dtype == s.dtype and d.shape == s.shape and d.is_contiguous()
+        assert torch.equal(d.reshape(-1).view(torch.uint8), s.contiguous().reshape(-1).view(torch.uint8))
+
+
+def test_batches_fill_the_buffer_and_cut_large_tensors():
+    batches: list = []
+    sizes = [10, 3, 40, 1, 0, 25]
+    for n in sizes:
+        if n:
+            src = torch.arange(n, dtype=torch.uint8)
+            _pack(src, torch.empty(n, dtype=torch.uint8), 16, batches)
+    totals = [sum(p.numel() for p, _ in b) for b in batches]
+    assert all(t <= 16 for t in totals) and sum(totals) == sum(sizes)
+    assert totals[:-1] == [16] * (len(totals) - 1)   # only the last buffer is partly full
+    assert [p.numel() for b in batches for p, _ in b] == [10, 3, 3, 16, 16, 5, 1, 10, 15]
+
+
+def test_a_staging_size_must_be_positive():
+    with pytest.raises(ValueError, match="positive"):
+        copy_through_staging([(torch.ones(2), torch.empty(2))], 0)
+
+
+def test_clone_to_cpu_keeps_host_tensors_apart_from_their_sources():
+    t = torch.ones(3)
+    c = clone_to_cpu({"a": t, "b": [t]})
+    assert c["a"] is c["b"][0] and c["a"] is not t
+    t.add_(1)
+    assert torch.equal(c["a"], torch.ones(3))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_clone_goes_through_two_pinned_buffers():
+    """A CUDA state's copy is exact, keeps ties, and leaves only the two staging buffers
+    pinned (not a power-of-two rounded pinned block per tensor)."""
+    g = torch.Generator().manual_seed(1)
+    ref = {"w": torch.randn(3 * (1 << 18) + 5, generator=g), "h": torch.randn(77, generator=g),
+           "b": torch.randn(1000, generator=g).to(torch.bfloat16)}
+    dev = {k: v.cuda() for k, v in ref.items()}
+    state = {"model": dev, "tied": dev["w"], "step": 3}
+    empty = getattr(torch._C, "_host_emptyCache", None)   # what earlier pinned blocks held
+    if empty is not None:
+        torch.cuda.synchronize()
+        empty()
+    c = clone_to_cpu(state, staging_bytes=1 << 20)
+    assert c["tied"] is c["model"]["w"] and c["step"] == 3
+    for k, v in ref.items():
+        assert c["model"][k].device.type == "cpu" and torch.equal(c["model"][k], v)
+    if empty is not None and hasattr(torch.cuda, "host_memory_stats"):
+        reserved = torch.cuda.host_memory_stats().get("reserved_bytes.all.current")
+        if reserved is not None:
+            assert reserved <= 2 << 20
