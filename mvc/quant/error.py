@@ -50,6 +50,8 @@ def level_table(q: QuantizedTensor, device: torch.device) -> torch.Tensor:
 def error_sums(q: QuantizedTensor, x: torch.Tensor, w: torch.Tensor | None = None) -> ErrorSums:
     """The six error sums of the module docstring for `q` against the values `x` (any
     float dtype and shape with q's element count; `w`, optional weights, likewise)."""
+    if q.measured_only:   # its levels are placeholders: only its cached sums hold
+        raise InternalError("error sums asked of a measured-only stand-in")
     lv = q.levels.reshape(-1)
     xf = x.detach().reshape(-1).to(device=lv.device, dtype=torch.float32).contiguous()
     wf = (w.detach().reshape(-1).to(device=lv.device, dtype=torch.float32).contiguous()
@@ -132,6 +134,13 @@ class SumsCache:
         """Keep `sums` for q, measured against `w` (and `g`) as they are now."""
         self._map[q] = (self._tag(w), self._tag(g), sums)
 
+    def share(self, q: QuantizedTensor, other: QuantizedTensor) -> bool:
+        """Serve `other` with what is kept for q (False when nothing is)."""
+        hit = self._map.get(q)
+        if hit is not None:
+            self._map[other] = hit
+        return hit is not None
+
 
 _SUMS = SumsCache()
 
@@ -156,6 +165,28 @@ def cached_error_sums(q: QuantizedTensor, w: torch.Tensor,
     Pass the caller's own tensor objects (not fresh views): they are recognised by
     identity."""
     return _SUMS.get(q, w, g)
+
+
+def measured_stand_in(q: QuantizedTensor) -> QuantizedTensor | None:
+    """A levels-free stand-in for q that the measurement caches serve as they serve q: its
+    error sums (against the same tensor objects) and its level counts. For a search that
+    measures a trial from quantizations an earlier trial made and then dropped: keeping
+    the measurement costs a few floats, keeping the levels a byte a value. Its levels and
+    protected values are zero-stride placeholders of q's shapes and dtypes, so it must only
+    ever be measured, never decoded. None when q's sums or counts are not cached."""
+    counts = _COUNTS.get(q)
+    if counts is None or counts[0] != q.levels._version:
+        return None
+
+    def placeholder(t: torch.Tensor) -> torch.Tensor:
+        return torch.zeros((1,) * t.dim(), dtype=t.dtype, device=t.device).expand(t.shape)
+
+    stand = QuantizedTensor(placeholder(q.levels), q.centroids, placeholder(q.protected),
+                            q.dtype, q.bins, measured_only=True)
+    if not _SUMS.share(q, stand):
+        return None
+    _COUNTS[stand] = (stand.levels._version, counts[1])
+    return stand
 
 
 def relative_error(s: Sequence[float]) -> float:
@@ -186,6 +217,8 @@ def checked_level_histogram(q: QuantizedTensor) -> torch.Tensor | None:
     hit = _COUNTS.get(q)
     if hit is not None and hit[0] == q.levels._version:
         return hit[1]
+    if q.measured_only:
+        raise InternalError("a measured-only stand-in lost its level counts")
     lv = q.levels.reshape(-1)
     if native_ok(lv, lv.dtype):
         counts = level_census(lv.contiguous(), q.n_levels)

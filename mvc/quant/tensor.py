@@ -25,6 +25,7 @@ import torch
 from mvc.quant._kernels import AssignStats, Partition, assign_into, dequant, gather_level
 from mvc.quant.assign import assign, level_dtype, level_means, midpoints, native_ok
 from mvc.quant.config import check_bins
+from mvc.errors import InternalError
 from mvc.quant.errors import QuantConfigError, QuantizedPartsError
 from mvc.quant.importance import check_metric, sensitivity
 from mvc.quant.kmeans import approx_kmeans
@@ -43,6 +44,8 @@ class QuantizedTensor:
     centroids: float32, ascending, length `bins`.
     protected: 1-D, the original dtype: exact values of level-(bins+1) parameters.
     dtype:     the original dtype, restored by `dequantize()`.
+    measured_only: a search's levels-free stand-in (`mvc.quant.error.measured_stand_in`):
+               its levels and protected values are placeholders, so decoding it is a bug.
     """
 
     levels: torch.Tensor
@@ -50,6 +53,7 @@ class QuantizedTensor:
     protected: torch.Tensor
     dtype: torch.dtype
     bins: int
+    measured_only: bool = False
 
     @property
     def n_levels(self) -> int:
@@ -77,7 +81,8 @@ class QuantizedTensor:
         if all(t.device == device for t in parts):
             return self
         return QuantizedTensor(self.levels.to(device), self.centroids.to(device),
-                               self.protected.to(device), self.dtype, self.bins)
+                               self.protected.to(device), self.dtype, self.bins,
+                               self.measured_only)
 
     def dequantize(self) -> torch.Tensor:
         """The reconstructed tensor (original dtype, shape and device), bit-identical
@@ -90,6 +95,8 @@ class QuantizedTensor:
         levels give 0 and protected levels their stored values.  `dequantize()` is
         `lookup(centroids)`; a transformed domain (log-quantized optimizer state)
         passes its inverse-transformed centroids."""
+        if self.measured_only:
+            raise InternalError("a search's measured-only stand-in was decoded")
         dev = self.levels.device
         table = torch.zeros(self.n_levels, dtype=self.dtype, device=dev)
         table[:self.bins] = values.to(device=dev, dtype=self.dtype)

@@ -92,6 +92,9 @@ class Prepared:
 
     #: The quantizer families this source quantizes with (`FamilyTrialSource`).
     families = FAMILIES
+    #: `measure` reads a quantization's cached error sums and level counts only, so a
+    #: levels-free stand-in (`mvc.quant.error.measured_stand_in`) measures as it would.
+    measures_stand_ins = True
 
     def quantize(self, name: str, bins: int, thr: Thresholds, *, seed: int, sigma: float,
                  init: torch.Tensor | None, weigh: bool, family: str = DEFAULT_FAMILY,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -15,6 +15,7 @@ from mvc.errors import InternalError
 from mvc.progress import NO_PROGRESS, Progress
 from mvc.quant import QuantConfig, QuantizedTensor
 from mvc.quant.backend import on_host_kernels
+from mvc.quant.error import measured_stand_in
 from mvc.quant.uniform import DEFAULT_FAMILY
 from mvc.search.fidelity import FidelityJudge, FidelityOutputs
 from mvc.search.gate import (
@@ -93,6 +94,12 @@ class Runner:
         # there only the latest trial's are kept (a winner that is not the latest is made again
         # at the end: deterministic, the same levels), not the best trials' as well.
         self.frugal = any(not on_host_kernels(t) for t in prep.tensors.values())
+        # A proxy search measures a trial from each quantization's error sums and level counts
+        # alone (a source that says so: `measures_stand_ins`), so a tensor an earlier trial
+        # quantized under the same quantizer and key is measured again from a levels-free
+        # stand-in, not quantized again: a few floats kept per key, not its levels.
+        self.stand_ins = evaluate is None and bool(getattr(prep, "measures_stand_ins", False))
+        self._measured: dict[tuple[str, PieceKey], Pieces] = {}
 
     @property
     def baseline(self) -> float:
@@ -133,8 +140,16 @@ class Runner:
     # -------------------------------------------------------------- quantization
     def quantize(self, config: QuantConfig
                  ) -> tuple[dict[str, QuantizedTensor | None], dict[PieceKey, Pieces]]:
+        """Every searched tensor quantized by `config`, levels and all (what a winner is
+        written from)."""
+        qmap, keys, _ = self._quantize(config, stand_ins=False)
+        return qmap, keys
+
+    def _quantize(self, config: QuantConfig, stand_ins: bool
+                  ) -> tuple[dict[str, QuantizedTensor | None], dict[PieceKey, Pieces], bool]:
         # A tensor quantized by the last trial or kept by a best trial, under the same
-        # (family, feedback, bins, thresholds), is not quantized again.
+        # (family, feedback, bins, thresholds), is not quantized again; with `stand_ins`, one
+        # measured by any earlier trial is not either (the third value: some was).
         key = quantizer_of(config)
         reuse = dict(self._last) if self._last_family == key else {}
         self._last = {}  # held on only in `reuse`, which drops what this config does not use
@@ -143,10 +158,16 @@ class Runner:
         for point in self.best.values():
             if quantizer_of(self.memo[point].config) == key:
                 reuse.update(self.memo[point].keys)
+        stand = ({k: v for (q, k), v in self._measured.items() if q == key and k not in reuse}
+                 if stand_ins else {})
+        reuse.update(stand)
         qmap, keys = quantize_config(self.prep, config, seed=self.seed, init=self.init,
                                      weigh=self.evaluate is None, reuse=reuse)
-        self._last, self._last_family = keys, key
-        return qmap, keys
+        stood_in = {k for k, v in keys.items() if stand.get(k) is v}
+        # only real quantizations are reused for levels
+        self._last = {k: v for k, v in keys.items() if k not in stood_in}
+        self._last_family = key
+        return qmap, keys, bool(stood_in)
 
     # -------------------------------------------------------------- scoring
     def score(self, qmap: Mapping[str, QuantizedTensor | None], m: Measure) -> Verdict:
@@ -181,13 +202,16 @@ class Runner:
 
     def _evaluate(self, point: Point) -> tuple[Trial, dict[str, Any]]:
         config = self.space.config(point, self.prep.embeddings)
-        qmap, keys = self.quantize(config)
+        qmap, keys, stood_in = self._quantize(config, stand_ins=self.stand_ins)
         m = self.prep.measure(qmap, keys, proxy=self.evaluate is None)
+        if self.stand_ins:
+            self._remember_measured(quantizer_of(config), keys)
         verdict = self.score(qmap, m)
         worst, worst_name = worst_of(m.distortion)
         capped = not worst <= self.tensor_cap
         tr = Trial(config, verdict, verdict.feasible and not capped, m.bits,
-                    worst, worst_name, qmap, keys)
+                    worst, worst_name, *((None, {}) if stood_in else (qmap, keys)))
+        # (measured in part from stand-ins: no levels to keep; a winner is quantized again)
         entry = {"config": short(config), "value": _finite(verdict.value),
                  "degradation": _finite(verdict.degradation), "feasible": tr.feasible,
                  "bits": round(tr.bits, 4), **json_info(verdict.info),
@@ -196,6 +220,16 @@ class Runner:
             entry["refused"] = (f"tensor_cap: {worst_name} has relative L2 error "
                                 f"{worst:.4g} > {self.tensor_cap:g}")
         return tr, entry
+
+    def _remember_measured(self, quantizer: str, keys: Mapping[PieceKey, Pieces]) -> None:
+        """Keep a levels-free stand-in of each quantization `keys` holds that has none yet
+        (its sums and counts are cached once the trial is measured)."""
+        for k, pieces in keys.items():
+            if (quantizer, k) in self._measured:
+                continue
+            stand = {n: measured_stand_in(q) for n, q in pieces.items()}
+            if all(v is not None for v in stand.values()):
+                self._measured[(quantizer, k)] = cast(Pieces, stand)
 
     def _keep_best(self, metric: str, point: Point, tr: Trial) -> None:
         if tr.feasible:
