@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mvc.errors import InternalError
 from mvc.quant._kernels import AssignStats, Partition, assign_into, dequant, gather_level
 from mvc.quant.assign import assign, level_dtype, level_means, midpoints, native_ok
 from mvc.quant.config import check_bins
-from mvc.errors import InternalError
 from mvc.quant.errors import QuantConfigError, QuantizedPartsError
 from mvc.quant.importance import check_metric, sensitivity
 from mvc.quant.kmeans import approx_kmeans

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from mvc.codecs.base import Encoded, quantized_codec, registered
+from mvc.errors import InternalError
 from mvc.native import parallel
 from mvc.native.parallel import pmap, segments
 from mvc.quant import QuantizedTensor
@@ -182,6 +183,8 @@ def encode_for_commit(q: QuantizedTensor, prec: TensorRecord | None, parent_snap
     host once, and the comparison with the parent, the delta against its levels and both
     encodings run there (`HOST`), whichever device the parent was read onto.  A quantization
     on the host is used as is (no copy)."""
+    if q.measured_only:   # a search's stand-in: its levels are placeholders
+        raise InternalError("a measured-only stand-in reached the writer")
     q = on_host(q)
     pinfo = None
     if prec is not None and parent_snapshot is not None:

@@ -95,3 +95,16 @@ def test_a_stand_in_is_measured_as_its_quantization_and_never_decoded():
         stand.dequantize()
     with pytest.raises(InternalError, match="stand-in"):
         cached_error_sums(stand, x.clone())   # other tensors: its sums cannot serve them
+
+
+def test_a_stand_in_never_reaches_the_writer():
+    from mvc.repo.lossy import encode_for_commit
+
+    x = torch.randn(300, generator=torch.Generator().manual_seed(4))
+    q = quantize(x, 8)
+    seed_error_stats(q, x, None, error_sums(q, x), None)
+    level_histogram(q)
+    stand = measured_stand_in(q)
+    assert stand is not None
+    with pytest.raises(InternalError, match="writer"):
+        encode_for_commit(stand, None, None, lambda sid, rec: q, base_every=8)
