@@ -45,3 +45,59 @@ def test_prefix_and_argument_errors():
         assert ei.value.exit_code == 119
     with pytest.raises(GradientEMAError):
         GradientEMA({"w": torch.zeros(2)})
+
+
+def _steps(model, ema, n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    for step in range(n):
+        for i, p in enumerate(model.parameters()):
+            p.grad = None if (step == 1 and i == 1) else torch.randn(p.shape, generator=g)
+        ema.accumulate()
+    return ema.take()
+
+
+@pytest.mark.parametrize("slab", [1, 5, 8, 1 << 20])
+def test_staged_gradients_fold_as_host_ones(monkeypatch, slab):
+    """The pinned-slab path (an accelerator's), taken here by host gradients: cut across
+    slabs of any size, skipped steps included, it averages what the host path does."""
+    import mvc.integrations.grad_ema as grad_ema
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    want = _steps(model, GradientEMA(model), 4)
+    monkeypatch.setattr(grad_ema, "_staged", lambda t: True)
+    ema = GradientEMA(model, slab_values=slab)
+    got = _steps(model, ema, 4)
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].shape == want[k].shape and torch.allclose(got[k], want[k], rtol=1e-6, atol=0)
+    total = sum(p.numel() for p in model.parameters())
+    held = sum(s.numel() for s in ema._slabs)
+    assert total <= held < total + slab   # the gradients' size, up to one slab more
+
+
+def test_staged_layout_grows_when_a_parameter_first_gets_a_gradient(monkeypatch):
+    """A layer with no gradient at first (frozen, then trained): the slabs are laid out
+    again, with what is averaged so far kept."""
+    import mvc.integrations.grad_ema as grad_ema
+
+    monkeypatch.setattr(grad_ema, "_staged", lambda t: True)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    ema = GradientEMA(model, slab_values=4)
+    first, second = list(model[0].parameters()), list(model[1].parameters())
+    for p in first:
+        p.grad = torch.ones_like(p)
+    ema.accumulate()
+    held = sum(s.numel() for s in ema._slabs)
+    for p in first + second:
+        p.grad = torch.full_like(p, 2.0)
+    ema.accumulate()
+    assert sum(s.numel() for s in ema._slabs) > held
+    got = ema.take()
+    assert torch.allclose(got["model/0.weight"], torch.full((3, 2), 0.9 * 2.0 + 0.1 * 1.0))
+    assert torch.allclose(got["model/1.weight"], torch.full((1, 3), 2.0))
+
+
+def test_slab_size_is_checked():
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(GradientEMAError):
+            GradientEMA(torch.nn.Linear(2, 2), slab_values=bad)
