@@ -25,14 +25,12 @@ from typing import Any
 import torch
 
 from mvc.errors import UsageError
+from mvc.integrations.host_copy import Piece, cut
 
 #: The EMA weight of the newest gradient (Inshrinkerator §4.5).
 BETA = 0.9
 #: float32 values in a pinned staging slab (64 MiB).
 SLAB_VALUES = 16 << 20
-
-#: Where a staged gradient's values go: (slab, offset in it, offset in the gradient, count).
-Piece = tuple[int, int, int, int]
 
 
 def _staged(t: torch.Tensor) -> bool:
@@ -133,20 +131,13 @@ class GradientEMA:
         wanted = {n: shape for n, (shape, _) in self._layout.items()}
         wanted.update(shapes)
         size = self._slab_values
-        layout: dict[str, tuple[torch.Size, list[Piece]]] = {}
-        slab = at = 0
-        for name, shape in wanted.items():
-            n, start, pieces = math.prod(shape), 0, []
-            while start < n:
-                if at == size:
-                    slab, at = slab + 1, 0
-                take = min(n - start, size - at)
-                pieces.append((slab, at, start, take))
-                at, start = at + take, start + take
-            layout[name] = (shape, pieces)
+        pieces = cut([math.prod(shape) for shape in wanted.values()], size)
+        layout = {name: (shape, p) for (name, shape), p in zip(wanted.items(), pieces)}
+        slab, at, _, n = max((p[-1] for p in pieces if p), default=(0, 0, 0, 0))
         # every slab full size but the last, which is only as long as it must be (rounded up to
         # a power of two, as the allocator would round it anyway)
-        lengths = [size] * slab + ([min(size, 1 << max(0, at - 1).bit_length())] if at else [])
+        last = at + n
+        lengths = [size] * slab + ([min(size, 1 << max(0, last - 1).bit_length())] if last else [])
         pin = like.device.type == "cuda"
         slabs: list[torch.Tensor] = []
         for i, n in enumerate(lengths):

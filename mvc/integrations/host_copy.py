@@ -12,13 +12,38 @@ the other, so the copy costs about the slower of the two transfers.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 #: Bytes of each of the two pinned staging buffers (a power of two: see the module docstring).
 STAGING_BYTES = 64 << 20
+
+#: Where part of an item goes in a row of buffers: (buffer, offset in it, offset in the item,
+#: count), see `cut`.
+Piece = tuple[int, int, int, int]
+
+
+def cut(lengths: Sequence[int], size: int) -> list[list[Piece]]:
+    """Items of these lengths packed back to back into buffers of `size` each, an item cut
+    where a buffer ends: each item's pieces (an empty item has none). The pinned staging
+    here and `GradientEMA`'s slabs are laid out so."""
+    out: list[list[Piece]] = []
+    buf = at = 0
+    for n in lengths:
+        pieces: list[Piece] = []
+        start = 0
+        while start < n:
+            if at == size:
+                buf, at = buf + 1, 0
+            take = min(n - start, size - at)
+            pieces.append((buf, at, start, take))
+            at, start = at + take, start + take
+        out.append(pieces)
+    return out
 
 
 def clone_to_cpu(obj: Any, *, staging_bytes: int = STAGING_BYTES) -> Any:
@@ -75,7 +100,7 @@ def copy_through_staging(pairs: list[tuple[torch.Tensor, torch.Tensor]],
     buffers elsewhere (the same pieces, so a host-only machine tests the packing)."""
     if staging_bytes <= 0:
         raise ValueError(f"staging_bytes must be positive, got {staging_bytes}")
-    batches: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+    views: list[tuple[torch.Tensor, torch.Tensor]] = []
     for src, dst in pairs:
         if src.numel() == 0:
             continue
@@ -83,20 +108,26 @@ def copy_through_staging(pairs: list[tuple[torch.Tensor, torch.Tensor]],
         if s is None or d is None:   # a dtype with no byte view: copied as it is, synchronously
             dst.copy_(src)
             continue
-        _pack(s, d, staging_bytes, batches)
+        views.append((s, d))
+    # batch i: what one buffer stages, (offset in it, source bytes, destination bytes)
+    batches: list[list[tuple[int, torch.Tensor, torch.Tensor]]] = []
+    for (s, d), pieces in zip(views, cut([s.numel() for s, _ in views], staging_bytes)):
+        for b, at, start, n in pieces:
+            if b == len(batches):
+                batches.append([])
+            batches[b].append((at, s[start:start + n], d[start:start + n]))
     if not batches:
         return
     cuda = pairs[0][0].device.type == "cuda"
-    with torch.cuda.device(pairs[0][0].device) if cuda else _nothing():
+    with torch.cuda.device(pairs[0][0].device) if cuda else contextlib.nullcontext():
         bufs = [torch.empty(staging_bytes, dtype=torch.uint8, pin_memory=cuda)
                 for _ in range(min(2, len(batches)))]
         ready: list[Any] = [None] * len(bufs)
 
         def fill(i: int) -> None:
-            buf, off = bufs[i % len(bufs)], 0
-            for piece, _ in batches[i]:
-                buf[off:off + piece.numel()].copy_(piece, non_blocking=cuda)
-                off += piece.numel()
+            buf = bufs[i % len(bufs)]
+            for at, src, _ in batches[i]:
+                buf[at:at + src.numel()].copy_(src, non_blocking=cuda)
             if cuda:
                 ready[i % len(bufs)] = torch.cuda.Event()
                 ready[i % len(bufs)].record()
@@ -106,28 +137,11 @@ def copy_through_staging(pairs: list[tuple[torch.Tensor, torch.Tensor]],
         for i in range(len(batches)):
             if cuda:
                 ready[i % len(bufs)].synchronize()
-            buf, off = bufs[i % len(bufs)], 0
-            for piece, out in batches[i]:
-                out.copy_(buf[off:off + piece.numel()])
-                off += piece.numel()
+            buf = bufs[i % len(bufs)]
+            for at, _, dst in batches[i]:
+                dst.copy_(buf[at:at + dst.numel()])
             if i + len(bufs) < len(batches):
                 fill(i + len(bufs))   # this buffer is empty again
-
-
-def _pack(src: torch.Tensor, dst: torch.Tensor, size: int,
-          batches: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
-    """Add the byte views `src` -> `dst` to `batches` (each at most `size` bytes): the last
-    batch's room first, then new ones; small tensors share a buffer, large ones are cut."""
-    at, n = 0, src.numel()
-    if batches:
-        room = size - sum(p.numel() for p, _ in batches[-1])
-        if room > 0:
-            at = min(room, n)
-            batches[-1].append((src[:at], dst[:at]))
-    while at < n:
-        take = min(size, n - at)
-        batches.append([(src[at:at + take], dst[at:at + take])])
-        at += take
 
 
 def _bytes_of(t: torch.Tensor) -> torch.Tensor | None:
@@ -136,12 +150,4 @@ def _bytes_of(t: torch.Tensor) -> torch.Tensor | None:
     try:
         return t.contiguous().reshape(-1).view(torch.uint8)
     except (RuntimeError, TypeError, NotImplementedError):
-        return None
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
         return None

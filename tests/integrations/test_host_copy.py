@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mvc.integrations.host_copy import _pack, clone_to_cpu, copy_through_staging
+from mvc.integrations.host_copy import clone_to_cpu, copy_through_staging, cut
 
 
 def _tensors() -> list[torch.Tensor]:
@@ -31,16 +31,22 @@ def test_every_destination_gets_its_sources_bits(staging):
 
 
 def test_batches_fill_the_buffer_and_cut_large_tensors():
-    batches: list = []
     sizes = [10, 3, 40, 1, 0, 25]
-    for n in sizes:
-        if n:
-            src = torch.arange(n, dtype=torch.uint8)
-            _pack(src, torch.empty(n, dtype=torch.uint8), 16, batches)
-    totals = [sum(p.numel() for p, _ in b) for b in batches]
+    pieces = cut(sizes, 16)
+    assert pieces[4] == []   # the empty one takes no room
+    batches: dict[int, list[tuple[int, int]]] = {}
+    for item in pieces:
+        for buf, at, _, n in item:
+            batches.setdefault(buf, []).append((at, n))
+    for got in batches.values():   # each buffer filled back to back from its start
+        assert [at for at, _ in got] == [sum(n for _, n in got[:i]) for i in range(len(got))]
+    totals = [sum(n for _, n in batches[b]) for b in sorted(batches)]
     assert all(t <= 16 for t in totals) and sum(totals) == sum(sizes)
     assert totals[:-1] == [16] * (len(totals) - 1)   # only the last buffer is partly full
-    assert [p.numel() for b in batches for p, _ in b] == [10, 3, 3, 16, 16, 5, 1, 10, 15]
+    assert [n for b in sorted(batches) for _, n in batches[b]] == [10, 3, 3, 16, 16, 5, 1, 10, 15]
+    # each item's pieces cover it in order
+    assert all([start for _, _, start, _ in item] == [sum(p[3] for p in item[:i]) for i in range(len(item))]
+               and sum(p[3] for p in item) == n for item, n in zip(pieces, sizes))
 
 
 def test_a_staging_size_must_be_positive():
