@@ -535,9 +535,9 @@ def ratios(r: dict, nbytes: int) -> dict[str, float | None]:
     save, load = r["torch.save"]["seconds"], r["torch.load"]["seconds"]
     z = r.get("zipnn compress")
 
-    def of(step: str, peer: float | None, what: str = "seconds") -> float | None:
+    def of(step: str, peer: float | None) -> float | None:
         m = r.get(step)
-        return m[what] / peer if m and peer else None
+        return m["seconds"] / peer if m and peer else None
 
     out: dict[str, float | None] = {
         "first commit / torch.save": of("first commit", save),
@@ -584,16 +584,12 @@ def write_section(path: Path, body: str) -> None:
 def table(rep: dict) -> str:
     r, q, nb = rep["results"], rep["ratios"], rep["checkpoint_bytes"]
     gpu = any("peak_extra_gpu" in m for m in r.values() if isinstance(m, dict))
-    save = r["torch.save"]["seconds"]
-
-    def vs(step: str, peer: float, name: str) -> str:
-        return f"{r[step]['seconds'] / peer:.2f}x {name}"
-
     worst = r.get("checkout worst")
     rows = [("torch.save (incl. fsync)", "torch.save", "1x"),
             ("torch.load", "torch.load", "1x"),
-            ("first commit (search, proxy)", "first commit", vs("first commit", save, "torch.save")),
-            ("next commit (neighbourhood)", "next commit", vs("next commit", save, "torch.save")),
+            ("first commit (search, proxy)", "first commit",
+             f"{q['first commit / torch.save']:.2f}x torch.save"),
+            ("next commit (neighbourhood)", "next commit", f"{q['next commit / torch.save']:.2f}x torch.save"),
             ("lossless commit", "lossless commit",
              f"{q['lossless commit / zipnn']:.2f}x ZipNN" if q["lossless commit / zipnn"] else "-"),
             ("lossless encode only (in memory, no store)", "lossless encode",

@@ -128,13 +128,13 @@ class EnvHandle:
     def in_map(self, buf: Any) -> bool:
         """Whether `buf` lies inside this environment's map (LMDB's read-only shared mapping of
         its data file): the only memory that `mvc.native.heap.release_mapped` may unmap.  A
-        write transaction's dirty pages, on the heap, never are.  The span is looked up again
-        when a buffer falls outside it (the map moves when it grows)."""
-        lo, hi = buffer_span(buf)
+        write transaction's dirty pages, on the heap, never are.  The span is looked up once
+        per map: every step that moves it (open, close, a resize) forgets it."""
         span = self._map_span
-        if span is None or not (span[0] <= lo and hi <= span[1]):
+        if span is None:
             span = self._map_span = shared_read_only_mapping(
                 os.path.join(self.store_dir, DATA_FILE))
+        lo, hi = buffer_span(buf)
         return span is not None and span[0] <= lo and hi <= span[1]
 
     def release(self, buf: Any) -> None:
@@ -331,6 +331,7 @@ class EnvHandle:
             shutil.rmtree(new, ignore_errors=True)
             raise io_error(self.root, e) from e
         env, self.env, self.dbs = self.env, None, {}
+        self._map_span = None   # the map goes with the environment
         env.close()
         try:
             os.rename(self.store_dir, old)
