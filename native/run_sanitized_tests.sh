@@ -51,7 +51,7 @@ if [ $# -eq 0 ]; then
         tests/native/test_native_heap.py::test_release_mapped_checks_its_range \
         tests/native/test_native_heap.py::test_native_heap_bound_checks_its_arguments \
         tests/native/test_native_heap.py::test_release_mapped_unmaps_a_file_mapping_and_keeps_its_contents \
-        tests/store/test_store_lmdb_mapped.py
+        tests/store/test_store_lmdb_mapped.py tests/native/test_native_lmdbcheck.py
 fi
 
 # -P keeps the source tree (cwd) off sys.path so the sanitized copy is imported.

@@ -208,6 +208,8 @@ class LmdbBlobStore(BlobStore):
         """Remove objects; return the content bytes removed (missing ids ignored)."""
         keys = [_key(o) for o in oids]
         h = self._conn.handle()
+        if keys:
+            h.check_deep_once()
         removed = 0
         for i in range(0, len(keys), _DELETE_BATCH):
             chunk = keys[i:i + _DELETE_BATCH]

@@ -28,6 +28,7 @@ Everything LMDB-specific about lifetime lives here, so the store's parts
 """
 from __future__ import annotations
 
+import mmap
 import os
 import shutil
 import threading
@@ -38,6 +39,7 @@ import lmdb
 
 from mvc.errors import DiskFullError, InternalError, MvcError, free_bytes, is_disk_full
 from mvc.native.heap import buffer_span, release_mapped, shared_read_only_mapping
+from mvc.native.lmdb_pages import HEAD_BYTES, LmdbFileDamagedError, check_header, check_snapshot
 from mvc.store.base import StoreClosedError, StoreFormatError, StoreNotFoundError
 from mvc.store.lock import SharedExclusiveLock, SharedFileLock
 
@@ -124,6 +126,7 @@ class EnvHandle:
         self.abandoned = False
         self.stale_readers_cleared = 0
         self._map_span: tuple[int, int] | None = None
+        self.deep_checked = False
 
     def in_map(self, buf: Any) -> bool:
         """Whether `buf` lies inside this environment's map (LMDB's read-only shared mapping of
@@ -162,21 +165,26 @@ class EnvHandle:
     def _open_lmdb(self, create: bool) -> None:
         data = os.path.join(self.store_dir, DATA_FILE)
         size = os.path.getsize(data) if os.path.exists(data) else 0
+        if os.path.exists(data):
+            self._check_header(data)
         map_size = max(self.initial_map_size, round_up(size, self.initial_map_size)
                        + self.initial_map_size)
         kwargs: dict[str, Any] = {
             "map_size": map_size, "subdir": True, "max_dbs": len(DB_NAMES) + 4, "create": create,
-            "max_spare_txns": 0}
-        if create:
-            kwargs["lib_version"] = 0  # LMDB 0.9 data format: readable by every tool
+            "max_spare_txns": 0,
+            # LMDB 0.9's data format, which `mvc.native.lmdb_pages` checks and every tool reads:
+            # a py-lmdb with both engines would otherwise pick one by the file's version word.
+            "lib_version": 0}
         try:
             env = lmdb.open(self.store_dir, **kwargs)
-        except TypeError:  # older py-lmdb without lib_version
+        except TypeError:  # older py-lmdb without lib_version: it has only LMDB 0.9
             kwargs.pop("lib_version", None)
             env = lmdb.open(self.store_dir, **kwargs)
         except lmdb.Error as e:
             raise io_error(self.root, e) from e
         try:
+            if size:
+                self._check_pages(env, data)
             # Free reader slots left by dead processes: a stale slot would pin
             # old pages forever and make the file grow.
             self.stale_readers_cleared = env.reader_check()
@@ -188,6 +196,59 @@ class EnvHandle:
             raise
         self.env = env
         self._map_span = None
+        self.deep_checked = False
+
+    def _damaged(self, exc: LmdbFileDamagedError) -> StoreFormatError:
+        return StoreFormatError(f"the mvc store at {self.root} is damaged ({exc}); nothing was "
+                                "changed: restore .mvc from a backup or clone it again from a "
+                                "remote")
+
+    def _check_header(self, data: str) -> None:
+        """Refuse a data file whose meta pages LMDB cannot safely open (see `lmdb_pages`)."""
+        try:
+            with open(data, "rb") as fh:
+                head = fh.read(HEAD_BYTES)
+        except OSError as e:
+            raise io_error(self.root, e) from e
+        try:
+            check_header(head, what=DATA_FILE)
+        except LmdbFileDamagedError as e:
+            raise self._damaged(e) from e
+
+    def check_pages(self, deep: bool = True) -> None:
+        """Check the current snapshot's pages again; `deep` also reads each big value's first
+        overflow page, whose page count is what deleting the value frees (a damaged one would
+        hand pages of other values to the next write).  fsck runs it, and the first delete of
+        an open environment (`check_deep_once`)."""
+        data = self.data_file()
+        self.with_env(lambda env: self._check_pages(env, data, deep))
+        if deep:
+            self.deep_checked = True
+
+    def check_deep_once(self) -> None:
+        """`check_pages(deep=True)` unless it ran since the environment opened."""
+        if not self.deep_checked:
+            self.check_pages(deep=True)
+
+    def _check_pages(self, env: Any, data: str, deep: bool = False) -> None:
+        """Check every page of the current snapshot before LMDB walks it: a damaged page
+        would make LMDB read past the end of the file (SIGBUS) or abort, not raise.  Once per
+        open; what this process writes afterwards it wrote itself.  The read transaction pins
+        the snapshot's pages while they are checked."""
+        for _ in range(_MAX_RETRIES):
+            with env.begin() as txn, open(data, "rb") as fh:
+                try:
+                    view = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                except (OSError, ValueError) as e:
+                    raise io_error(self.root, e) from e
+                try:
+                    if check_snapshot(view, txn.id(), deep, what=DATA_FILE):
+                        return
+                except LmdbFileDamagedError as e:
+                    raise self._damaged(e) from e
+                finally:
+                    view.close()
+        raise StoreIOError(f"store {self.root}: kept changing while its pages were checked")
 
     @staticmethod
     def _open_db(env: Any, name: str, create: bool) -> Any:

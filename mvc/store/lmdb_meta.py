@@ -125,8 +125,11 @@ class LmdbMaintenance(StoreMaintenance):
         h.write(lambda txn: txn.put(k, v, db=h.dbs["meta"]))
 
     def check_meta(self, repair: bool = True) -> list[str]:
-        """Recount the object-bytes counter; one line if it was wrong (and, with `repair`, fixed)."""
+        """Check every page of the store file (`EnvHandle.check_pages`: raises StoreFormatError
+        for a damaged one), then recount the object-bytes counter; one line if it was wrong
+        (and, with `repair`, fixed)."""
         h = self._conn.handle()
+        h.check_pages(deep=True)
 
         def fn(txn: Any) -> tuple[bytes | None, int]:
             raw = txn.get(OBJECT_BYTES_KEY, db=h.dbs["meta"])
