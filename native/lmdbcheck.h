@@ -18,7 +18,7 @@
  * (`file_len` bytes; UINT64_MAX: the newest meta, as LMDB picks it).  Walks the free, main and
  * every named database: each page number inside the file, reached once (no page shared by two
  * trees, no page both used and listed free), page headers of the expected kind and bounds, every
- * node, key and inline value inside its page, keys in order, each big value's overflow pages
+ * node, key and inline value inside its page (keys in any order), each big value's overflow pages
  * inside the file, free-list records well formed.  With `deep`, each big value's first overflow
  * page header is read too (its page count is what a write frees); that reads one page per big
  * value.  Returns MVC_OK, MVC_ERR_CORRUPT (reason in `why`), MVC_ERR_TRUNCATED (the file ends
