@@ -12,9 +12,11 @@ tensor index selecting its thresholds, midpoints and level values from small tab
 * levels: one `searchsorted` over every tensor's midpoints at once. A value's key is (tensor
   index, its float32 bits in an order-preserving integer form), so it meets only its own
   tensor's midpoints, and a value on a midpoint goes to the lower centroid (`mvc.quant.assign`);
-* error sums (`mvc.quant.error`'s six, in float64) by `torch.segment_reduce` over each piece,
-  which CUDA runs as CUB's segmented reduction (no atomics: the same sums every run), and the
-  level counts by one `index_add_` of ones (`bincount` would read its input's range back);
+* error sums (`mvc.quant.error`'s six, in float64) by `torch.segment_reduce` over each piece
+  (`device_chunks.piece_reduce`: short runs first, then each piece's runs), which CUDA runs as
+  CUB's segmented reduction (no atomics: the same sums every run), and the level counts by one
+  histogram of the chunk's (tensor, level) keys (`count_into`; `bincount` would read its
+  input's range back);
 * protected values by one `masked_select` per chunk.
 
 What crosses to the host: the counts and sums once per group (the search's bits, proxy and
@@ -38,7 +40,8 @@ from mvc.quant.assign import level_dtype, midpoints
 from mvc.quant.backend import on_host_kernels
 from mvc.quant.config import check_bins
 from mvc.quant.batched_sketch import count_sketches, finite
-from mvc.quant.device_chunks import Chunk, chunks, count_into, flat_values, float_keys, upload
+from mvc.quant.device_chunks import (Chunk, chunks, count_into, flat_values, float_keys,
+                                     piece_reduce, upload)
 from mvc.quant.error import ErrorSums
 from mvc.quant.errors import QuantConfigError
 from mvc.quant.importance import sensitivity_values
@@ -376,7 +379,8 @@ def _assign_group(data: GroupData, plans: list[_Plan], step: int | None,
         arena[pos:pos + n].copy_(lv)
         pos += n
         idx = lv.add_(c.seg, alpha=width)
-        count_into(counts, idx)
+        # the chunk's jobs are consecutive: its keys fall in their rows of the counts
+        count_into(counts, idx, c.pieces[0][0] * width, (c.pieces[-1][0] + 1) * width)
         x64 = (raw if domain == "linear" else raw.clamp_min(0).sqrt_()).to(torch.float64)
         del raw
         d = table.index_select(0, idx).to(torch.float64).sub_(x64)
@@ -388,7 +392,7 @@ def _assign_group(data: GroupData, plans: list[_Plan], step: int | None,
         del d, x64  # (the squares are them, in place: held as dd, xx until the sums are taken)
 
         def total(t: torch.Tensor) -> torch.Tensor:
-            return torch.segment_reduce(t, "sum", lengths=c.lengths, unsafe=True)
+            return piece_reduce(c, t)
 
         # The chunk's float64 arrays are its biggest temporaries (8 B a value each): the
         # products are taken in place once a factor's own sum is in, three arrays deep

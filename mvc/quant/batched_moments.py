@@ -24,7 +24,7 @@ import torch
 
 from mvc.quant.batched import GroupData, GroupJob, GroupResult, quantize_group
 from mvc.quant.batched_sketch import count_sketches, finite
-from mvc.quant.device_chunks import Chunk, chunks, flat_values
+from mvc.quant.device_chunks import Chunk, chunks, flat_values, piece_reduce
 from mvc.quant.partition import thresholds
 from mvc.quant.sketch import LogSketch
 
@@ -43,8 +43,7 @@ def scan_many(tensors: Sequence[torch.Tensor], chunk: int | None = None) -> list
     for c in chunks([f.numel() for f in flats], device, chunk):
         xs = flat_values(flats, c)
         parts = [(~torch.isfinite(xs)).to(torch.float64), (xs < 0).to(torch.float64)]
-        sums = torch.stack([torch.segment_reduce(p, "sum", lengths=c.lengths, unsafe=True)
-                            for p in parts], dim=1)
+        sums = torch.stack([piece_reduce(c, p) for p in parts], dim=1)
         acc.index_add_(0, c.jobs, sums)  # one piece per tensor per chunk
     return [(int(a), int(b)) for a, b in acc.cpu().tolist()]
 
@@ -104,6 +103,6 @@ def ratio_bounds(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
     for c in chunks([m.numel() for m in ms], device, chunk):
         mf, vf = flat_values(ms, c), flat_values(vs, c)
         r = torch.where(vf > 0, mf.abs_() / vf.sqrt(), torch.zeros((), device=device))
-        top = torch.segment_reduce(r, "max", lengths=c.lengths, unsafe=True)
+        top = piece_reduce(c, r, "max")
         acc[c.jobs] = torch.maximum(acc[c.jobs], top)  # one piece per pair per chunk
     return [float(b) for b in acc.cpu().tolist()]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 #: Elements per chunk: on an accelerator its temporaries (~50 bytes an element at their peak)
@@ -13,6 +14,17 @@ import torch
 #: pieces that straddle chunk boundaries.
 _DEVICE_CHUNK = 1 << 22
 _HOST_CHUNK = 1 << 20
+#: Longest run that one segment of a segmented reduction covers (`piece_reduce`). CUB's
+#: segmented reduction, which CUDA's `segment_reduce` is, gives each segment one thread block:
+#: a chunk's few long pieces (a 768x3072 matrix is 2.4M values) kept a GPU's other blocks idle,
+#: 0.6 ms a call and 43% of a 124M first commit's GPU time on an H200 (torch.profiler, issue 27).
+_RUN = 1 << 14
+#: Up to this many bins a histogram is taken by `torch.histc`, whose CUDA kernel gives each
+#: block its own copy of the bins below 1000 (in shared memory below 100): `index_add_` of
+#: ones sends every value's atomic add to the same few dozen counters of a chunk's few tensors
+#: (1.3 ms a chunk on an H200, 23% of a 124M first commit's GPU time). Beyond it (the
+#: sketches' bucket tables) a float32 copy of the bins would cost more than it saves.
+_HISTC_BINS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -21,6 +33,8 @@ class Chunk:
     seg: torch.Tensor                   # int64 job index of each element, on the device
     lengths: torch.Tensor               # int64 piece lengths, on the device
     jobs: torch.Tensor                  # int64 piece job indices, on the device
+    runs: torch.Tensor                  # int64 lengths of the pieces cut in runs of <= _RUN
+    runs_per_piece: torch.Tensor        # int64 number of those runs in each piece
 
     @property
     def size(self) -> int:
@@ -49,11 +63,37 @@ def chunks(sizes: list[int], device: torch.device, step: int | None = None) -> I
 
 
 def _chunk(pieces: list[tuple[int, int, int]], device: torch.device) -> Chunk:
-    small = upload(torch.tensor([[j, b - a] for j, a, b in pieces], dtype=torch.int64), device)
-    jobs, lengths = small[:, 0].contiguous(), small[:, 1].contiguous()
-    n = sum(b - a for _, a, b in pieces)
-    seg = torch.repeat_interleave(jobs, lengths, output_size=n)  # no sync: the size is given
-    return Chunk(pieces, seg, lengths, jobs)
+    lengths = [b - a for _, a, b in pieces]
+    jobs = [j for j, _, _ in pieces]
+    runs: list[int] = []
+    per_piece = []
+    for n in lengths:
+        full, rest = divmod(n, _RUN)
+        runs += [_RUN] * full + ([rest] if rest else [])
+        per_piece.append(full + (1 if rest else 0))
+    starts = np.cumsum([0] + lengths[:-1])
+    steps = np.diff(jobs, prepend=0)   # the job index grows by this at each piece's start
+    np_ = len(pieces)
+    # one upload for the chunk's small tables (one pinned copy, not waited for)
+    small = upload(torch.tensor(np.concatenate([jobs, lengths, per_piece, starts, steps, runs]),
+                                dtype=torch.int64), device)
+    t_jobs, t_lengths, t_per, t_starts, t_steps = small[:5 * np_].view(5, np_).unbind(0)
+    n = sum(lengths)
+    # each element's job index: the steps at the pieces' starts, summed along the chunk
+    # (`repeat_interleave` writes a segment per thread: 0.55 ms a chunk of few long pieces)
+    seg = torch.zeros(n, dtype=torch.int64, device=device)
+    seg.index_copy_(0, t_starts, t_steps)
+    seg = seg.cumsum_(0)
+    return Chunk(pieces, seg, t_lengths, t_jobs, small[5 * np_:], t_per)
+
+
+def piece_reduce(c: Chunk, t: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
+    """`reduce` ("sum", "max") of `t` (a chunk's values, end to end) over each of the chunk's
+    pieces: over runs of at most `_RUN` values first, then over each piece's runs, so a GPU
+    reduces many short segments at once instead of a few long ones. Deterministic: the runs are
+    fixed by the chunk's layout, and no atomics are used."""
+    partial = torch.segment_reduce(t, reduce, lengths=c.runs, unsafe=True)
+    return torch.segment_reduce(partial, reduce, lengths=c.runs_per_piece, unsafe=True)
 
 
 def flat_values(flats: Sequence[torch.Tensor | None], c: Chunk, dtype: torch.dtype = torch.float32,
@@ -87,10 +127,23 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t if t.device == device else t.to(device)
 
 
-def count_into(counts: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """`counts[k] += 1` for every k in int64 `keys` (all in range), in place: a histogram
-    without `torch.bincount`, which on CUDA reads its input's min and max back to the host
-    (two synchronisations a call). Integer adds: the same counts in any order."""
+def count_into(counts: torch.Tensor, keys: torch.Tensor, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+    """`counts[k] += 1` for every k in int64 `keys` (all in range; all in [lo, hi) where
+    given), in place: a histogram without `torch.bincount`, which on CUDA reads its input's min
+    and max back to the host (two synchronisations a call). Up to `_HISTC_BINS` bins (and
+    where torch may be nondeterministic) by `torch.histc` over float32 keys, given its range
+    (so it reads none back), exact: each key sits mid-bin, and counts below 2^24 are float32
+    integers. Integer counts: the same in any
+    order."""
+    hi = counts.numel() if hi is None else hi
+    bins = hi - lo
+    if 0 < bins < _HISTC_BINS and keys.numel() < (1 << 24) and not (
+            keys.is_cuda and torch.are_deterministic_algorithms_enabled()):
+        # each key at the middle of its bin: no rounding of histc's bin arithmetic moves it
+        local = (keys - lo).to(torch.float32).add_(0.5)
+        hist = torch.histc(local, bins=bins, min=0, max=bins)
+        counts[lo:hi].add_(hist.to(counts.dtype))
+        return counts
     one = torch.ones((), dtype=counts.dtype, device=counts.device)
     return counts.index_add_(0, keys, one.expand(keys.numel()))
 

@@ -3,7 +3,7 @@
 On CUDA a host synchronisation is a device-to-host copy (`.cpu()`, `.tolist()`), a value
 read on the host (`.item()`, `bool()`, `int()`: aten's `_local_scalar_dense`), an op whose
 output size depends on the data (`nonzero`, `masked_select`, boolean indexing, `unique`), or
-one that reads its input's range back inside (CUDA's `bincount` and `histc`). On
+one that reads its input's range back inside (CUDA's `bincount`, and `histc` given no range). On
 the host all of these are plain work on host tensors, so this counter follows where the data
 came from instead: the tensors it is told "live on the device" (`SyncCounter(device=...)`) and,
 op by op, every output computed from one of them (a taint). One of the ops above on such a
@@ -40,6 +40,12 @@ from torch.utils._pytree import tree_flatten
 
 _DATA_DEPENDENT = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "unique_dim",
                    "_unique2", "bincount", "histc")
+
+
+def _histc_range(args: tuple, kwargs: dict) -> tuple[float, float]:
+    lo = kwargs.get("min", args[2] if len(args) > 2 else 0)
+    hi = kwargs.get("max", args[3] if len(args) > 3 else 0)
+    return float(lo), float(hi)
 
 
 class SyncCounter(TorchDispatchMode):
@@ -139,7 +145,9 @@ class SyncCounter(TorchDispatchMode):
         if tainted and not func.is_view:  # a view launches nothing
             self.ops += 1
         name = str(func.overloadpacket.__name__)
-        if tainted and name in _DATA_DEPENDENT:
+        if tainted and name == "histc" and _histc_range(args, kwargs)[0] != _histc_range(args, kwargs)[1]:
+            pass  # CUDA's histc reads its input's range back only when none is given (min == max)
+        elif tainted and name in _DATA_DEPENDENT:
             self.kinds[name] += 1
         elif tainted and name == "index" and any(
                 isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]):
