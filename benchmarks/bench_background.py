@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--device", default="cpu", help="where the model trains: cpu or cuda")
     ap.add_argument("--commits", type=int, default=2,
                     help="background commits, each after --steps more training steps")
+    ap.add_argument("--nice", type=int, default=None,
+                    help="the Tracker's background_nice (default: its own, 10; 0: the training "
+                         "loop's priority)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.device.startswith("cuda") and not torch.cuda.is_available():
@@ -82,7 +85,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         save_s = time.perf_counter() - t0
         (Path(tmp) / "ck.pt").unlink()
         repo = mvc.Repo.init(Path(tmp) / "repo")
-        kw = {} if a.epsilon is None else {"epsilon": a.epsilon}
+        kw: dict[str, Any] = {} if a.epsilon is None else {"epsilon": a.epsilon}
+        if a.nice is not None:
+            kw["background_nice"] = a.nice
         tracker = mvc.Tracker(repo, model, opt, **kw)
         blocking: list[float] = []
         jobs: list[float] = []
@@ -113,12 +118,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "step_s_quiet": quiet_step,
         "step_s_during": sum(during) / len(during) if during else None,
         "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "device": a.device,
+        "background_nice": tracker.background_nice,
     }
     if a.json:
         print(json.dumps(rep, indent=1, default=str))
     else:
         print(f"{n_params / 1e6:.1f}M parameters on {a.device}, checkpoint {nbytes / 1e9:.2f} GB, "
-              f"{'lossless' if a.epsilon is None else f'proxy epsilon {a.epsilon}'}")
+              f"{'lossless' if a.epsilon is None else f'proxy epsilon {a.epsilon}'}, "
+              f"background commits {tracker.background_nice} nice steps below the loop")
         print("| step | time | vs torch.save |\n|---|---|---|")
         print(f"| torch.save (incl. fsync) | {save_s:.2f} s | 1x |")
         for i, (b, j) in enumerate(zip(blocking, jobs)):

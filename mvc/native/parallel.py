@@ -3,10 +3,16 @@
 cffi's API-mode calls release the GIL, so native block coders run truly in
 parallel on these threads.  Tasks must not call `pmap` themselves expecting
 parallelism: inside a worker it runs inline, so nesting never deadlocks.
+
+Work that must not slow the thread it runs beside -- a background commit next to the
+training loop -- runs on a second pool whose threads are niced (`lower_this_thread`): a
+thread that lowered its own priority hands its `pmap` calls to that pool.  On Linux the nice
+value is per thread; elsewhere it is per process, so there nothing is lowered.
 """
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -21,6 +27,8 @@ K = TypeVar("K", bound=Hashable)
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
+#: The niced pools, by how many steps below normal their threads run.
+_low_pools: dict[int, ThreadPoolExecutor] = {}
 _local = threading.local()
 
 
@@ -110,23 +118,66 @@ def _mark_worker() -> None:
 
 
 def get_pool() -> ThreadPoolExecutor:
-    """The shared executor, created on first use."""
+    """The shared executor, created on first use; a thread that lowered its priority
+    (`lower_this_thread`) gets the pool niced as much."""
     global _pool
+    nice = this_thread_lowered()
     with _lock:
+        if nice:
+            pool = _low_pools.get(nice)
+            if pool is None:
+                # its threads, started from this one, are as low as it (Linux threads inherit
+                # the nice value of the thread that starts them)
+                pool = _low_pools[nice] = _new_pool("mvc-native-low", _mark_worker)
+            return pool
         if _pool is None:
-            # the pool's threads each get a malloc arena, whose free top glibc would keep
-            from mvc.native.heap import bound_arena_tops
-
-            bound_arena_tops()
-            _pool = ThreadPoolExecutor(max_workers=worker_count(), thread_name_prefix="mvc-native",
-                                       initializer=_mark_worker)
+            _pool = _new_pool("mvc-native", _mark_worker)
         return _pool
 
 
+def _new_pool(name: str, init: Callable[[], None]) -> ThreadPoolExecutor:
+    # the pool's threads each get a malloc arena, whose free top glibc would keep
+    from mvc.native.heap import bound_arena_tops
+
+    bound_arena_tops()
+    return ThreadPoolExecutor(max_workers=worker_count(), thread_name_prefix=name, initializer=init)
+
+
+def _lower(nice: int) -> bool:
+    if not sys.platform.startswith("linux") or nice <= 0:
+        return False
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError:  # pragma: no cover - a sandbox that forbids it: run at normal priority
+        return False
+    return True
+
+
+def lower_this_thread(nice: int) -> bool:
+    """Run the calling thread `nice` steps (1-19) below its priority from now on, and its
+    `pmap` calls on a pool niced as much (started from it: Linux threads inherit their
+    starter's nice value): for a thread that only ever does background work (an unprivileged
+    thread cannot raise its priority again). True when lowered; False on a
+    system whose nice value is per process (not Linux), where nothing changes."""
+    if not 0 < nice < 20:
+        raise ValueError(f"nice must be 1..19, got {nice}")
+    if not _lower(nice):
+        return False
+    _local.nice = nice
+    return True
+
+
+def this_thread_lowered() -> int:
+    """How many steps `lower_this_thread` lowered the calling thread (0: not lowered)."""
+    return int(getattr(_local, "nice", 0))
+
+
 def _forget_pool() -> None:
-    # A forked child inherits the executor object but not its threads.
+    # A forked child inherits the executor objects but not their threads.
     global _pool
     _pool = None
+    _low_pools.clear()
 
 
 if hasattr(os, "register_at_fork"):

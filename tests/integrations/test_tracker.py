@@ -283,3 +283,78 @@ def test_passes_quality_and_epsilon_to_repo_commit(tmp_path, data):
     nested = call["quality"](call["state"])
     flat = call["quality"]({"model/" + k: v for k, v in model.state_dict().items()})
     assert isinstance(nested, float) and nested == flat == eval_loss(data)(model)
+
+
+def _nice() -> int:
+    import os
+    import threading
+
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"),
+                    reason="a per-thread nice value is Linux's")
+def test_background_commits_run_below_the_training_loop(tmp_path, data):
+    """The search's quality function of a background commit runs on the Tracker's worker,
+    niced `background_nice` steps below the loop; the loop itself keeps its priority, and a
+    foreground commit runs on it as before."""
+    base = _nice()
+    seen: list[int] = []
+    quality = eval_loss(data)
+
+    def spy(model):
+        seen.append(_nice())
+        return quality(model)
+
+    for nice, expect in ((7, min(19, base + 7)), (0, base)):
+        seen.clear()
+        repo, model, opt, tr = make(tmp_path / str(nice), data, quality=spy, background_nice=nice)
+        run(tr, model, opt, data, 3)
+        tr.commit("bg", background=True).result()
+        assert seen and set(seen) == {expect}, (nice, seen)
+        seen.clear()
+        tr.commit("fg")
+        assert set(seen) == {base} and _nice() == base
+        tr.close()
+        repo.close()
+    with pytest.raises(TrackerError, match="background_nice"):
+        make(tmp_path / "bad", data, background_nice=20)
+    with pytest.raises(TrackerError, match="background_nice"):
+        make(tmp_path / "bad2", data, background_nice=-1)
+
+
+def test_a_loop_that_commits_faster_than_its_commits_finish_waits_for_room(tmp_path, data):
+    """Each pending background commit holds a copy of the state: one runs, one may wait behind
+    it, and a third call blocks until the first is done, however slow the commits are."""
+    import threading
+
+    from mvc.integrations import tracker as tracker_mod
+
+    repo, model, opt, tr = make(tmp_path, data, quality=None)
+    release = threading.Event()
+    started: list[str] = []
+    real_job = tr._job
+
+    def slow_job(state, message, *args):
+        started.append(message)
+        assert release.wait(60)
+        return real_job(state, message, *args)
+
+    tr._job = slow_job
+    run(tr, model, opt, data, 2)
+    first = tr.commit("one", background=True)
+    second = tr.commit("two", background=True)
+    assert tracker_mod.MAX_QUEUED == 1 and not first.done() and not second.done()
+    third: list[object] = []
+    caller = threading.Thread(target=lambda: third.append(tr.commit("three", background=True)))
+    caller.start()
+    caller.join(0.5)
+    assert caller.is_alive() and not third   # blocked: two commits pending already
+    release.set()
+    caller.join(60)
+    assert not caller.is_alive() and first.done()
+    tr.wait()
+    assert [repo.read_commit(h["commit"]).message for h in tr.history] == ["one", "two", "three"]
+    assert started == ["one", "two", "three"]
+    tr.close()
+    repo.close()

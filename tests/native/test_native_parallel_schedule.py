@@ -63,3 +63,37 @@ def test_pmap_sized_runs_the_large_ones_alone_and_returns_every_result(monkeypat
     assert parallel.pmap_sized(work, sizes) == {k: 2 * v for k, v in sizes.items()}
     assert not overlaps
     assert parallel.pmap_sized(work, {}) == {}
+
+
+def test_a_lowered_thread_hands_its_work_to_a_pool_as_low():
+    import os
+    import sys
+
+    import pytest
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    with pytest.raises(ValueError):
+        parallel.lower_this_thread(0)
+    with pytest.raises(ValueError):
+        parallel.lower_this_thread(20)
+    base = nice()
+    out: dict[str, object] = {}
+
+    def background() -> None:
+        out["lowered"] = parallel.lower_this_thread(5)
+        out["self"] = nice()
+        out["pool"] = set(parallel.pmap(lambda _: nice(), range(8)))
+
+    t = threading.Thread(target=background)
+    t.start()
+    t.join()
+    if not sys.platform.startswith("linux"):
+        assert out["lowered"] is False and out["pool"] == {base}
+        return
+    low = min(19, base + 5)
+    assert out["lowered"] is True and out["self"] == low and out["pool"] == {low}
+    # this thread, and the pool its own work goes to, kept their priority
+    assert nice() == base and parallel.this_thread_lowered() == 0
+    assert set(parallel.pmap(lambda _: nice(), range(8))) == {base}
