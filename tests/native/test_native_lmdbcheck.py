@@ -171,9 +171,10 @@ def test_lmdb_reads_every_file_the_check_accepts(files, tmp_path):
     LMDB reads without dying: the check covers what LMDB trusts."""
     rng = random.Random(7)
     accepted = []
-    for i in range(1500):
+    all_nodes = [ref.nodes(f) for f in files]
+    for i in range(400):
         b = bytearray(files[i % 2])
-        nodes = ref.nodes(bytes(b))
+        nodes = all_nodes[i % 2]
         if i % 2:
             b[rng.randrange(len(b))] ^= rng.randrange(1, 256)
         else:
@@ -185,7 +186,7 @@ def test_lmdb_reads_every_file_the_check_accepts(files, tmp_path):
             d.mkdir()
             (d / "data.mdb").write_bytes(bytes(b))
             accepted.append(d)
-    assert len(accepted) > 300
+    assert len(accepted) > 100
     done = _read_all(accepted)
     assert done.returncode == 0 and "read all" in done.stdout, done.stderr[-2000:]
 
