@@ -46,6 +46,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -208,6 +209,46 @@ def _reset_peak() -> bool:
         return False
 
 
+def _anon_rss() -> int:
+    """This process's anonymous resident memory (RssAnon): its heap and mappings of no file,
+    without the pages of the files it maps (the libraries' code, which a CUDA process loads
+    lazily as its kernels first run, and LMDB's map)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class _AnonPeak:
+    """The peak of `_anon_rss` over a step, sampled every 2 ms on a thread of its own (the
+    kernel keeps no high-water mark of it): the step's own memory apart from file pages, which
+    VmHWM counts too."""
+
+    def __init__(self) -> None:
+        self.base = _anon_rss()
+        self.peak = self.base
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, _anon_rss())
+
+    def __enter__(self) -> _AnonPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _anon_rss())
+
+    @property
+    def extra(self) -> int:
+        return max(0, self.peak - self.base)
+
+
 class _WritePhase:
     """The peak extra RSS of a commit's write phase (`mvc.repo.pipeline.write`: encoding and
     storing, after the plan), apart from the plan's: what a commit of a device state holds on the
@@ -308,6 +349,7 @@ def child(task: dict) -> dict:
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
         tprof = profile(activities=acts)
         tprof.__enter__()
+    anon = _AnonPeak().__enter__()
     t0 = time.perf_counter()
     if kind == "save":
         with open(os.path.join(work, "save.pt"), "wb") as f:
@@ -372,6 +414,8 @@ def child(task: dict) -> dict:
     else:
         raise SystemExit(f"unknown task {kind}")
     out["seconds"] = time.perf_counter() - t0
+    anon.__exit__(None, None, None)
+    out["peak_extra_anon"] = anon.extra
     if cleanup:   # the written file is measured, not kept: at 1.3B it is 16 GB of disk
         os.unlink(cleanup)
     out["peak_extra_rss"] = max(0, _peak() - max(setup_peak, base_rss))
@@ -620,6 +664,11 @@ def table(rep: dict) -> str:
                      f"{m['peak_extra_rss'] / 1e9:.2f} GB ({m['peak_extra_rss'] / nb:.2f}x) | {ratio} |"
                      + extra)
     lines.append("")
+    anon = [f"{step} {r[step]['peak_extra_anon'] / nb:.2f}x" for _, step, _ in rows
+            if step in r and "peak_extra_anon" in r[step]]
+    if anon:
+        lines.append("peak extra anonymous RSS (no file pages: libraries, the store's map), x "
+                     "checkpoint: " + ", ".join(anon))
     for k in ("first commit", "next commit"):
         if "write_extra_rss" in r[k]:
             lines.append(f"{k}: peak extra RSS of the write phase (the host side of a commit "
