@@ -226,20 +226,18 @@ class _AnonPeak:
     VmHWM counts too."""
 
     def __init__(self) -> None:
+        """Start sampling."""
         self.base = _anon_rss()
         self.peak = self.base
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(0.002):
             self.peak = max(self.peak, _anon_rss())
 
-    def __enter__(self) -> _AnonPeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join()
         self.peak = max(self.peak, _anon_rss())
@@ -349,7 +347,7 @@ def child(task: dict) -> dict:
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
         tprof = profile(activities=acts)
         tprof.__enter__()
-    anon = _AnonPeak().__enter__()
+    anon = _AnonPeak()
     t0 = time.perf_counter()
     if kind == "save":
         with open(os.path.join(work, "save.pt"), "wb") as f:
@@ -414,7 +412,7 @@ def child(task: dict) -> dict:
     else:
         raise SystemExit(f"unknown task {kind}")
     out["seconds"] = time.perf_counter() - t0
-    anon.__exit__(None, None, None)
+    anon.stop()
     out["peak_extra_anon"] = anon.extra
     if cleanup:   # the written file is measured, not kept: at 1.3B it is 16 GB of disk
         os.unlink(cleanup)

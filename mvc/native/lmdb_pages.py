@@ -66,9 +66,7 @@ def check_snapshot(file: Any, txnid: int | None, deep: bool = False,
     tid = (1 << 64) - 1 if txnid is None else txnid
     # Both exports released before returning, so the caller can close its mapping even while
     # an error raised here is still held.
-    with memoryview(file) as view:
-        if view.nbytes == 0:
-            raise LmdbFileDamagedError(f"{what} is empty")
+    with memoryview(file) as view:   # (an empty one ends inside its meta pages: truncated)
         buf = ffi.from_buffer(view)
         try:
             rc = lib.mvc_lmdb_check(buf, view.nbytes, tid, int(deep), why, _WHY_LEN)

@@ -26,9 +26,8 @@ R = TypeVar("R")
 K = TypeVar("K", bound=Hashable)
 
 _lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-#: The niced pools, by how many steps below normal their threads run.
-_low_pools: dict[int, ThreadPoolExecutor] = {}
+#: The pools, by how many steps below normal their threads run (0: the shared one).
+_pools: dict[int, ThreadPoolExecutor] = {}
 _local = threading.local()
 
 
@@ -119,28 +118,20 @@ def _mark_worker() -> None:
 
 def get_pool() -> ThreadPoolExecutor:
     """The shared executor, created on first use; a thread that lowered its priority
-    (`lower_this_thread`) gets the pool niced as much."""
-    global _pool
+    (`lower_this_thread`) gets a pool niced as much: its threads, started from that thread,
+    are as low as it (Linux threads inherit the nice value of the thread that starts them)."""
     nice = this_thread_lowered()
     with _lock:
-        if nice:
-            pool = _low_pools.get(nice)
-            if pool is None:
-                # its threads, started from this one, are as low as it (Linux threads inherit
-                # the nice value of the thread that starts them)
-                pool = _low_pools[nice] = _new_pool("mvc-native-low", _mark_worker)
-            return pool
-        if _pool is None:
-            _pool = _new_pool("mvc-native", _mark_worker)
-        return _pool
+        pool = _pools.get(nice)
+        if pool is None:
+            # the pool's threads each get a malloc arena, whose free top glibc would keep
+            from mvc.native.heap import bound_arena_tops
 
-
-def _new_pool(name: str, init: Callable[[], None]) -> ThreadPoolExecutor:
-    # the pool's threads each get a malloc arena, whose free top glibc would keep
-    from mvc.native.heap import bound_arena_tops
-
-    bound_arena_tops()
-    return ThreadPoolExecutor(max_workers=worker_count(), thread_name_prefix=name, initializer=init)
+            bound_arena_tops()
+            pool = _pools[nice] = ThreadPoolExecutor(
+                max_workers=worker_count(), thread_name_prefix="mvc-native-low" if nice else "mvc-native",
+                initializer=_mark_worker)
+        return pool
 
 
 def _lower(nice: int) -> bool:
@@ -175,9 +166,7 @@ def this_thread_lowered() -> int:
 
 def _forget_pool() -> None:
     # A forked child inherits the executor objects but not their threads.
-    global _pool
-    _pool = None
-    _low_pools.clear()
+    _pools.clear()
 
 
 if hasattr(os, "register_at_fork"):

@@ -31,7 +31,6 @@ _HISTC_BINS = 1 << 16
 class Chunk:
     pieces: list[tuple[int, int, int]]  # (job, start, stop) in the job's flat values
     seg: torch.Tensor                   # int64 job index of each element, on the device
-    lengths: torch.Tensor               # int64 piece lengths, on the device
     jobs: torch.Tensor                  # int64 piece job indices, on the device
     runs: torch.Tensor                  # int64 lengths of the pieces cut in runs of <= _RUN
     runs_per_piece: torch.Tensor        # int64 number of those runs in each piece
@@ -73,18 +72,16 @@ def _chunk(pieces: list[tuple[int, int, int]], device: torch.device) -> Chunk:
         per_piece.append(full + (1 if rest else 0))
     starts = np.cumsum([0] + lengths[:-1])
     steps = np.diff(jobs, prepend=0)   # the job index grows by this at each piece's start
-    np_ = len(pieces)
+    k = len(pieces)
     # one upload for the chunk's small tables (one pinned copy, not waited for)
-    small = upload(torch.tensor(np.concatenate([jobs, lengths, per_piece, starts, steps, runs]),
+    small = upload(torch.tensor(np.concatenate([jobs, per_piece, starts, steps, runs]),
                                 dtype=torch.int64), device)
-    t_jobs, t_lengths, t_per, t_starts, t_steps = small[:5 * np_].view(5, np_).unbind(0)
-    n = sum(lengths)
+    t_jobs, t_per, t_starts, t_steps = small[:4 * k].view(4, k).unbind(0)
     # each element's job index: the steps at the pieces' starts, summed along the chunk
     # (`repeat_interleave` writes a segment per thread: 0.55 ms a chunk of few long pieces)
-    seg = torch.zeros(n, dtype=torch.int64, device=device)
+    seg = torch.zeros(sum(lengths), dtype=torch.int64, device=device)
     seg.index_copy_(0, t_starts, t_steps)
-    seg = seg.cumsum_(0)
-    return Chunk(pieces, seg, t_lengths, t_jobs, small[5 * np_:], t_per)
+    return Chunk(pieces, seg.cumsum_(0), t_jobs, small[4 * k:], t_per)
 
 
 def piece_reduce(c: Chunk, t: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
@@ -133,8 +130,7 @@ def count_into(counts: torch.Tensor, keys: torch.Tensor, lo: int = 0, hi: int | 
     and max back to the host (two synchronisations a call). Up to `_HISTC_BINS` bins (and
     where torch may be nondeterministic) by `torch.histc` over float32 keys, given its range
     (so it reads none back), exact: each key sits mid-bin, and counts below 2^24 are float32
-    integers. Integer counts: the same in any
-    order."""
+    integers. Integer counts: the same in any order."""
     hi = counts.numel() if hi is None else hi
     bins = hi - lo
     if 0 < bins < _HISTC_BINS and keys.numel() < (1 << 24) and not (

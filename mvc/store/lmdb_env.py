@@ -164,8 +164,9 @@ class EnvHandle:
 
     def _open_lmdb(self, create: bool) -> None:
         data = os.path.join(self.store_dir, DATA_FILE)
-        size = os.path.getsize(data) if os.path.exists(data) else 0
-        if os.path.exists(data):
+        exists = os.path.exists(data)
+        size = os.path.getsize(data) if exists else 0
+        if exists:   # an empty one too: LMDB would take it for a new store
             self._check_header(data)
         map_size = max(self.initial_map_size, round_up(size, self.initial_map_size)
                        + self.initial_map_size)
@@ -215,20 +216,19 @@ class EnvHandle:
         except LmdbFileDamagedError as e:
             raise self._damaged(e) from e
 
-    def check_pages(self, deep: bool = True) -> None:
-        """Check the current snapshot's pages again; `deep` also reads each big value's first
-        overflow page, whose page count is what deleting the value frees (a damaged one would
-        hand pages of other values to the next write).  fsck runs it, and the first delete of
-        an open environment (`check_deep_once`)."""
+    def check_pages(self) -> None:
+        """Check the current snapshot's pages again, each big value's first overflow page
+        too: its page count is what deleting the value frees (a damaged one would hand pages
+        of other values to the next write).  fsck runs it, and the first delete of an open
+        environment (`check_deep_once`)."""
         data = self.data_file()
-        self.with_env(lambda env: self._check_pages(env, data, deep))
-        if deep:
-            self.deep_checked = True
+        self.with_env(lambda env: self._check_pages(env, data, deep=True))
+        self.deep_checked = True
 
     def check_deep_once(self) -> None:
-        """`check_pages(deep=True)` unless it ran since the environment opened."""
+        """`check_pages` unless it ran since the environment opened."""
         if not self.deep_checked:
-            self.check_pages(deep=True)
+            self.check_pages()
 
     def _check_pages(self, env: Any, data: str, deep: bool = False) -> None:
         """Check every page of the current snapshot before LMDB walks it: a damaged page

@@ -129,7 +129,7 @@ class LmdbMaintenance(StoreMaintenance):
         for a damaged one), then recount the object-bytes counter; one line if it was wrong
         (and, with `repair`, fixed)."""
         h = self._conn.handle()
-        h.check_pages(deep=True)
+        h.check_pages()
 
         def fn(txn: Any) -> tuple[bytes | None, int]:
             raw = txn.get(OBJECT_BYTES_KEY, db=h.dbs["meta"])
