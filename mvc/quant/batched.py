@@ -17,10 +17,11 @@ tensor index selecting its thresholds, midpoints and level values from small tab
   CUB's segmented reduction (no atomics: the same sums every run), and the level counts by one
   histogram of the chunk's (tensor, level) keys (`count_into`; `bincount` would read its
   input's range back);
-* protected values by one `masked_select` per chunk.
+* protected values, once the counts are on the host, by position: a tensor's levels equal to
+  its k + 1, gathered with the count known (`device_chunks.select_where`), so no chunk waits.
 
 What crosses to the host: the counts and sums once per group (the search's bits, proxy and
-guard rail read them); the protected values once per chunk, where protection is on; and,
+guard rail read them); and,
 where a threshold uses sensitivity, the dropped values' histograms once per group (the kept
 values' sketch feeds the k-means). The k-means itself runs in the native code on the host, as
 on every path, so every device chooses the same centroids. The levels stay on the device.
@@ -41,7 +42,7 @@ from mvc.quant.backend import on_host_kernels
 from mvc.quant.config import check_bins
 from mvc.quant.batched_sketch import count_sketches, finite
 from mvc.quant.device_chunks import (Chunk, chunks, count_into, flat_values, float_keys,
-                                     piece_reduce, upload)
+                                     piece_reduce, select_where, upload)
 from mvc.quant.error import ErrorSums
 from mvc.quant.errors import QuantConfigError
 from mvc.quant.importance import sensitivity_values
@@ -355,7 +356,6 @@ def _assign_group(data: GroupData, plans: list[_Plan], step: int | None,
     n_sums = 6 if weighted else 4
     acc = torch.zeros(n_jobs, n_sums, dtype=torch.float64, device=device)
     counts = torch.zeros(n_jobs * width, dtype=torch.int64, device=device)
-    protected: list[torch.Tensor] = []
     pos = 0
     for c in chunks(data.sizes, device, step):
         raw, xs, drop = data.values(c)
@@ -373,7 +373,6 @@ def _assign_group(data: GroupData, plans: list[_Plan], step: int | None,
             lv = torch.where(prune, kvec.index_select(0, c.seg), lv)
         if protect is not None:
             lv = torch.where(protect, kvec.index_select(0, c.seg) + 1, lv)
-            protected.append(torch.masked_select(raw, protect))
         del prune
         n = c.size
         arena[pos:pos + n].copy_(lv)
@@ -411,6 +410,11 @@ def _assign_group(data: GroupData, plans: list[_Plan], step: int | None,
     counts_h = counts.cpu().reshape(n_jobs, width).numpy()
     sums_h = acc.cpu().numpy()
     n_prot = [int(counts_h[j, k + 1]) for j, k in enumerate(ks)]
+    # A protected value's level is its tensor's k + 1: with the counts on the host, each
+    # tensor's are gathered by position, no chunk waiting to learn how many it holds.
+    protected = [select_where(data.flats[j], arena[int(starts[j]):int(starts[j + 1])] == k + 1,
+                              n_prot[j]).to(torch.float32)
+                 for j, k in enumerate(ks) if n_prot[j]]
     prot_all = (torch.cat(protected) if protected
                 else torch.empty(0, dtype=torch.float32, device=device))
     del protected

@@ -144,6 +144,18 @@ def count_into(counts: torch.Tensor, keys: torch.Tensor, lo: int = 0, hi: int | 
     return counts.index_add_(0, keys, one.expand(keys.numel()))
 
 
+def select_where(values: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Tensor:
+    """`values[mask]` (1-D, in order) where the host knows that `mask` holds `n` Trues: by
+    `torch.nonzero_static`, which takes the output size from the caller instead of reading it
+    back, so the host does not wait for the stream (`masked_select` and boolean indexing do).
+    A torch build whose CUDA has no `nonzero_static` (before 2.6) takes `masked_select`."""
+    try:
+        where = torch.nonzero_static(mask, size=n).reshape(-1)
+    except (NotImplementedError, RuntimeError):  # no kernel for this device in this build
+        return torch.masked_select(values, mask)
+    return values.index_select(0, where)
+
+
 def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Host tensor `t` (a small table) on `device` without the host waiting: to a CUDA device
     from pinned memory, asynchronously. A plain copy from pageable memory synchronises the

@@ -56,3 +56,26 @@ def test_count_into_is_a_histogram_on_either_path(keys, histc_bins):
         assert torch.equal(count_into(counts, k, lo, hi), expect)
     finally:
         dc._HISTC_BINS = old
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 3000), p=st.floats(0, 1), dtype=st.sampled_from(
+    [torch.float32, torch.bfloat16, torch.float16]))
+def test_select_where_is_masked_select_given_the_count(n, p, dtype):
+    g = torch.Generator().manual_seed(n)
+    values = torch.randn(n, generator=g).to(dtype)
+    mask = torch.rand(n, generator=g) < p
+    got = dc.select_where(values, mask, int(mask.sum()))
+    assert got.dtype == dtype
+    assert torch.equal(got, torch.masked_select(values, mask))
+
+
+def test_select_where_falls_back_where_a_build_has_no_static_kernel(monkeypatch):
+    def missing(*a, **k):
+        raise NotImplementedError("Could not run 'aten::nonzero_static' with arguments "
+                                  "from the 'CUDA' backend")
+
+    monkeypatch.setattr(torch, "nonzero_static", missing)
+    values = torch.arange(10.0)
+    mask = values % 3 == 0
+    assert dc.select_where(values, mask, 4).tolist() == [0.0, 3.0, 6.0, 9.0]
