@@ -40,6 +40,7 @@ from mvc.quant._kernels import log_positive   # the exact log values one process
 from mvc.quant.assign import level_dtype
 from mvc.quant.backend import on_host_kernels
 from mvc.quant.error import relative_error
+from mvc.quant.moment_bound import bound_meta
 from mvc.quant.optimizer import (
     LOG_SIGMA,
     MOMENT_KEYS,
@@ -151,7 +152,7 @@ def compress(tensors: Mapping[str, torch.Tensor], shards: Mapping[str, dict],
         out.quantized[n] = q
         out.domains[n] = jobs[n][0]
         if merged.domain[g] == "linear" and g.endswith("exp_avg") and g in merged.bounds:
-            out.bounds[n] = {"partner": n + "_sq", "ratio_bound": merged.bounds[g]}
+            out.bounds[n] = bound_meta(n + "_sq", merged.bounds[g])
     if worst:
         out.report = {"moment_cap": {"linear": FIRST_MOMENT_CAP, "log": cap_v},
                       "moment_distortion": {k: (round(v, 6) if v < math.inf else None)

@@ -346,6 +346,11 @@ def _record(check: _Checker, t: Any, i: int) -> TensorRecord:
                         raw_bytes=t["raw_bytes"], meta=meta, depth=depth)
 
 
+#: `mvc.quant.moment_bound.SQRT_FORMS`, spelled here so reading records needs no torch (a test
+#: keeps the two equal).
+MOMENT_SQRT_FORMS = ("ieee",)
+
+
 def _check_lossy_meta(check: _Checker, meta: dict, where: str) -> None:
     """The meta keys the repository itself reads (delta parents, gc references, moments);
     codec-specific keys are checked by the codec that decodes the payload."""
@@ -365,6 +370,9 @@ def _check_lossy_meta(check: _Checker, meta: dict, where: str) -> None:
         check.typed(m.get("partner"), str, f"{where}: meta.moment.partner")
         if check.number(m.get("ratio_bound"), f"{where}: meta.moment.ratio_bound") < 0:
             check.fail(f"{where}: meta.moment.ratio_bound is negative")
+        if "sqrt" in m and m["sqrt"] not in MOMENT_SQRT_FORMS:
+            check.fail(f"{where}: meta.moment.sqrt {m['sqrt']!r} is not a known bound form "
+                       f"{MOMENT_SQRT_FORMS} (written by a newer mvc?)")
 
 
 def _inflate(body: memoryview, oid: str) -> bytes:

@@ -143,7 +143,7 @@ class WritePlan:
     quantized: name -> QuantizedTensor for the tensors stored quantized (on the device that
                made it); others are exact.
     domains:   name -> "log" / "linear" for compressed optimizer moments.
-    moments:   name -> {"partner", "ratio_bound"} for compressed Adam first moments.
+    moments:   name -> {"partner", "ratio_bound", "sqrt"} for compressed Adam first moments.
     """
 
     names: list[str]

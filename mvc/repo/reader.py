@@ -31,6 +31,7 @@ from mvc.codecs.quantized import centroid_bytes, stored_centroids
 from mvc.native.parallel import pmap
 from mvc.progress import Progress, phase
 from mvc.quant import QuantizedTensor
+from mvc.quant.moment_bound import clamp_first_moment, uses_host
 from mvc.quant.optimizer import restore
 from mvc.repo.levelcache import BaseEntries, DiskLevelCache, LevelCache
 from mvc.repo.lossy import (
@@ -182,9 +183,10 @@ class TensorReader:
         `device`: where the tensors are wanted. For a CUDA device the quantized tensors' levels
         (1-2 bytes a value, a quarter of the float32 bytes) cross to it and the level -> value
         lookup runs there; the same bits as a host lookup (a table lookup rounds nothing).
-        Adam moment pairs are still restored on the host: their bound takes a float32 sqrt,
-        whose last bit an H200 and the host's vector code were measured to disagree on.
-        Other tensors come back on the host.
+        So do Adam moments, whose bound takes the same bits on every device
+        (`mvc.quant.moment_bound`), except an earlier commit's moment pairs: their bound takes
+        torch's host sqrt, and they are restored on the host. Other tensors come back on the
+        host.
         """
         with phase(progress, "reading", total_bytes=sum(r.raw_bytes for r in records),
                    total_items=len(records)) as p:
@@ -197,7 +199,9 @@ class TensorReader:
         memo: dict[str, Snapshot] = {}
         out: dict[str, torch.Tensor] = {}
         moments = [r for r in quant if r.meta.get("moment")]
-        on_host = {r.name for r in moments} | {_partner(r, records).name for r in moments}
+        # an earlier commit's bound takes torch's host sqrt: its pair is restored on the host
+        legacy = [r for r in moments if uses_host(r.meta["moment"])]
+        on_host = {r.name for r in legacy} | {_partner(r, records).name for r in legacy}
         lookup_on = device if device is not None and device.type == "cuda" else None
 
         def decode(rec: TensorRecord) -> None:
@@ -281,39 +285,14 @@ def _partner(rec: TensorRecord, records: list[TensorRecord]) -> TensorRecord:
 
 
 def _bound_first_moment(rec: TensorRecord, m: torch.Tensor, restored: dict[str, torch.Tensor]) -> None:
-    """Clamp a restored Adam first moment to |m| <= bound * sqrt(v), in place.
-
-    m and v are quantized independently (m with absolute, v with relative
-    error), so where v is tiny the restored m / sqrt(v) -- Adam's step -- can be
-    hundreds of times larger than anything the exact state had, and the first
-    steps after a resume blow up. The bound is the exact state's largest
-    |m| / sqrt(v), recorded at commit time; where v restores to 0, m does too.
-    Deterministic, so restores stay bit-identical across runs. `restored` holds
-    the partner v by name.
-    """
+    """Clamp a restored Adam first moment to |m| <= bound * sqrt(v), in place
+    (`mvc.quant.moment_bound`): where v is tiny, independently quantized m and v could make
+    Adam's first steps after a resume hundreds of times larger than the exact state's.
+    `restored` holds the partner v by name."""
     info = rec.meta["moment"]
     v = restored.get(info.get("partner"))
     if v is None:
         raise BrokenChainError(f"tensor {rec.name!r}: second moment {info.get('partner')!r} missing")
     if v.shape != m.shape:
         return
-    # torch's own float32 sqrt and clamp, as every earlier version restored (a correctly
-    # rounded native pass changes existing commits' restores by an ulp where the clamp binds:
-    # tests/repo/test_fixture_repo.py), in chunks of 2^18: torch's vector loops then meet every
-    # element at the same lane as over the whole tensor (same bits), and the limits cost 2 MiB
-    # per thread, not two copies of the moment (2^20 cost 8 MiB a thread that the allocator
-    # then kept: issue 27's checkout peak).
-    bound = float(info["ratio_bound"])
-    mf, vf = m.view(-1), v.reshape(-1)  # m is a fresh restore: dense, so the view writes m
-    for a in range(0, mf.numel(), _CLAMP_CHUNK):
-        mc = mf[a:a + _CLAMP_CHUNK]
-        # The limit is always taken on the host, whatever device m and v are on: a GPU's float32
-        # sqrt differs from the host's vector sqrt in the last bit (measured on an H200), and a
-        # restore must not depend on where it ran. The clamp itself rounds nothing.
-        limit = vf[a:a + _CLAMP_CHUNK].cpu().float().clamp_min(0).sqrt_().mul_(bound).to(m.dtype)
-        torch.clamp(mc, min=-limit.to(mc.device), max=limit.to(mc.device), out=mc)
-
-
-#: Elements per chunk of the first-moment bound: a power of two, so chunk boundaries fall on
-#: torch's vector lanes (see `_bound_first_moment`).
-_CLAMP_CHUNK = 1 << 18
+    clamp_first_moment(m, v, info)

@@ -34,6 +34,7 @@ from mvc.native.parallel import pmap_sized
 from mvc.progress import Progress
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy, quantize_state
 from mvc.quant.feedback import apply_feedback, usable
+from mvc.quant.moment_bound import bound_meta
 from mvc.quant.optimizer import moment_ratio_bounds, quantize_optimizer_state, zeroed_moment
 from mvc.search.driver import default_policy
 from mvc.search.gate import DEFAULT_MIRROR
@@ -109,7 +110,7 @@ class QuantizationPlan:
     config:    the QuantConfig the commit records (None: stored exactly).
     quantized: name -> QuantizedTensor for the tensors stored quantized; others are exact.
     domains:   name -> "log" / "linear" for compressed optimizer moments.
-    moments:   name -> {"partner", "ratio_bound"} for compressed Adam first moments.
+    moments:   name -> {"partner", "ratio_bound", "sqrt"} for compressed Adam first moments.
     quality:   the quality record the commit records (None: a lossless commit).
     """
 
@@ -378,7 +379,7 @@ def moment_bounds(tensors: Mapping[str, torch.Tensor], domains: Mapping[str, str
     pairs = [n for n, domain in domains.items() if domain == "linear" and n.endswith("exp_avg")
              and n + "_sq" in tensors and tensors[n].shape == tensors[n + "_sq"].shape]
     bounds = moment_ratio_bounds([(tensors[n], tensors[n + "_sq"]) for n in pairs])
-    return {n: {"partner": n + "_sq", "ratio_bound": b} for n, b in zip(pairs, bounds)}
+    return {n: bound_meta(n + "_sq", b) for n, b in zip(pairs, bounds)}
 
 
 def _default_policy() -> QuantPolicy:

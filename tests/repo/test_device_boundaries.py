@@ -15,7 +15,9 @@ host and gives the all-CPU answer.  CUDA-marked tests run the same on a real dev
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +32,7 @@ from mvc.quant.optimizer import quantize_optimizer_state
 from mvc.repo import lossy, pipeline
 from mvc.repo.levelcache import LevelCache
 from mvc.repo.reader import _bound_first_moment
+from mvc.repo.replace_verify import same_bits
 from mvc.repo.repository import Repo
 from mvc.state import flatten
 
@@ -418,3 +421,57 @@ def test_cuda_commits_then_compaction_in_one_process(tmp_path):  # pragma: no co
     """A process that committed CUDA states keeps only host copies in its level cache, so
     its reads and gc's re-encoding check meet host parents."""
     commits_then_compaction(tmp_path / "r", "cuda")
+
+
+# ----------------------------------------------------------------------------- CPU: a checkout's moments
+
+def adam_state() -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+    model = torch.nn.Linear(64, 32)
+    opt = torch.optim.Adam(model.parameters())
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(8, 64, generator=g)).pow(2).mean().backward()
+        opt.step()
+    return {"model": model.state_dict(), "optimizer": opt.state_dict()}
+
+
+def test_a_checkout_to_cuda_sends_moment_levels_except_an_earlier_commits(tmp_path, monkeypatch):
+    """A commit's Adam moments have their levels looked up on the GPU like the weights (their
+    bound takes the same bits on every device); an earlier commit's (tests/fixtures/repo_v1:
+    no `sqrt` form in its records) are restored on the host, as they always were. The moves
+    to CUDA are recorded, not made: this machine may have no GPU."""
+    from locations import FIXTURES
+
+    sent: list[int] = []
+    orig = QuantizedTensor.to
+
+    def to(self: QuantizedTensor, device: Any) -> QuantizedTensor:
+        if torch.device(device).type != "cuda":
+            return orig(self, device)
+        sent.append(self.levels.numel())
+        return self
+
+    monkeypatch.setattr(QuantizedTensor, "to", to)
+    old = tmp_path / "old"
+    old.mkdir()
+    shutil.copytree(FIXTURES / "repo_v1" / "mvc", old / ".mvc")
+    new = lossy_repo(tmp_path / "new")
+    with Repo(new) as repo:
+        repo.commit(adam_state(), "c")
+    for root, rev, ieee in ((old, "main", False), (new, "HEAD", True)):
+        with Repo(root) as repo:
+            cid = repo.resolve(rev)
+            sid = repo.read_commit(cid).snapshot
+            recs = repo.read_snapshot(sid).tensors
+            quant = [r for r in recs if lossy.is_quantized(r)]
+            moments = [r for r in quant if r.meta.get("moment")]
+            assert moments and all(("sqrt" in r.meta["moment"]) == ieee for r in moments)
+            on_host = {r.name for r in moments} | {r.meta["moment"]["partner"] for r in moments}
+            sent.clear()
+            got = repo.reader.read_all(sid, recs, device=torch.device("cuda"))
+            want = [math.prod(r.shape) for r in quant if ieee or r.name not in on_host]
+            assert sorted(sent) == sorted(want), root
+            host = repo.reader.read_all(sid, recs)
+            assert got.keys() == host.keys()
+            assert all(same_bits(got[k], host[k]) for k in got)

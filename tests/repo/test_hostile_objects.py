@@ -86,6 +86,8 @@ SNAPSHOT_CASES = {
     "meta refs": (tensor0(meta={"refs": [1, 2]}), MalformedObjectError),
     "meta parent": (tensor0(meta={"parent": {"snapshot": 3, "name": "w"}}), MalformedObjectError),
     "meta moment": (tensor0(meta={"moment": {"partner": "v", "ratio_bound": "x"}}), MalformedObjectError),
+    "meta moment sqrt": (tensor0(meta={"moment": {"partner": "v", "ratio_bound": 2.0,
+                                                  "sqrt": "fast"}}), MalformedObjectError),
     "meta chain_cost": (tensor0(meta={"chain_cost": -1}), MalformedObjectError),
     "depth negative": (tensor0(depth=-3), MalformedObjectError),
     "unknown field": (tensor0(evil=1), MalformedObjectError),

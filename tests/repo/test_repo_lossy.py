@@ -363,10 +363,12 @@ def test_large_host_tensors_count_changed_levels_by_segments(monkeypatch):
 def test_first_moment_bound_in_chunks_restores_the_one_shot_bits():
     """The reader bounds a restored Adam first moment chunk by chunk (no two copies of the
     moment for its limits); the bits must be those of the one-shot torch form every earlier
-    version restored, binding entries, zeros and a ragged tail included."""
+    version restored, binding entries, zeros and a ragged tail included (an earlier commit's
+    record: no `sqrt` form)."""
     from types import SimpleNamespace
 
-    from mvc.repo.reader import _CLAMP_CHUNK, _bound_first_moment
+    from mvc.quant.moment_bound import LEGACY_CHUNK as _CLAMP_CHUNK
+    from mvc.repo.reader import _bound_first_moment
 
     g = torch.Generator().manual_seed(5)
     n = 2 * _CLAMP_CHUNK + 4099   # a ragged tail; divisible by 3 for the 2-D case

@@ -1,0 +1,102 @@
+"""The restore-time bound of an Adam first moment: |m| <= bound * sqrt(v), elementwise.
+
+m and v are quantized independently (m with absolute, v with relative error), so where v is
+tiny the restored m / sqrt(v) -- Adam's step -- can be hundreds of times larger than anything
+the exact state had. The commit records the exact state's largest |m| / sqrt(v) in the first
+moment's record (`bound_meta`); the restore clamps m to it (`clamp_first_moment`).
+
+Two forms, named by the record's ``meta.moment.sqrt``:
+
+* ``"ieee"`` (every commit since issue 27's device checkout): limit = float32(bound) times the
+  correctly rounded float32 sqrt of v (0 where v <= 0), rounded once to m's dtype; entries of
+  |m| above it become the limit with m's sign, the rest keep their bits (signed zeros
+  included). Each step is exactly rounded, so every host and device gets the same bits: the
+  host takes numpy's sqrt (the processor's instruction), a CUDA device the float64 sqrt rounded
+  to float32, which is the correctly rounded float32 sqrt (53 >= 2 * 24 + 2 bits).
+* absent (earlier commits): torch's own host float32 sqrt and `clamp`, as those commits always
+  restored. torch's CPU sqrt is not correctly rounded (MKL's vector sqrt: 0.6% of float32
+  inputs an ulp off on this project's CI machine) and its last bit was measured to vary across
+  machines (tests/repo/test_fixture_repo.py's two known divergent tensors), so it is taken on
+  the host only, and kept only so old commits restore as they did.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from mvc.errors import InternalError
+
+#: ``meta.moment.sqrt`` of the correctly rounded form.
+IEEE_SQRT = "ieee"
+SQRT_FORMS = (IEEE_SQRT,)
+
+#: Elements per step of the legacy form: a power of two, so chunk boundaries fall on torch's
+#: vector lanes (the same bits as over the whole tensor), and the limits cost 2 MiB per
+#: thread, not a copy of the moment.
+LEGACY_CHUNK = 1 << 18
+#: Elements per step of the IEEE form on a GPU (float64 temporaries: 32 MiB).
+_DEVICE_CHUNK = 1 << 22
+
+
+def bound_meta(partner: str, ratio_bound: float) -> dict[str, Any]:
+    """A compressed first moment's ``meta.moment``: its second moment's name and the bound,
+    restored by the IEEE form."""
+    return {"partner": partner, "ratio_bound": ratio_bound, "sqrt": IEEE_SQRT}
+
+
+def uses_host(meta: dict[str, Any]) -> bool:
+    """Whether a first moment of this ``meta.moment`` must be bounded on the host (the legacy
+    form), whatever device it is restored to."""
+    return meta.get("sqrt") != IEEE_SQRT
+
+
+def clamp_first_moment(m: torch.Tensor, v: torch.Tensor, meta: dict[str, Any]) -> None:
+    """Clamp first moment `m` (a dense tensor) to its bound by second moment `v` (same
+    element count, any device), in place, in the form ``meta`` names (module docstring)."""
+    form = meta.get("sqrt")
+    if form is not None and form not in SQRT_FORMS:
+        # records are checked when read (`mvc.repo.objects`): a form unknown here is a bug
+        raise InternalError(f"unknown first-moment bound form {form!r}; known: {SQRT_FORMS}")
+    bound = float(meta["ratio_bound"])
+    mf, vf = m.view(-1), v.reshape(-1)  # m is dense, so the view writes m
+    if form is None:
+        for a in range(0, mf.numel(), LEGACY_CHUNK):
+            mc = mf[a:a + LEGACY_CHUNK]
+            limit = vf[a:a + LEGACY_CHUNK].cpu().float().clamp_min(0).sqrt_().mul_(bound) \
+                .to(m.dtype)
+            torch.clamp(mc, min=-limit.to(mc.device), max=limit.to(mc.device), out=mc)
+        return
+    # float32(bound) times a float32: the product is exact in float64, so whether a kernel
+    # multiplies in float32 or float64 the one rounding gives the same bits
+    b32 = float(np.float32(bound))
+    step = _DEVICE_CHUNK if mf.is_cuda else LEGACY_CHUNK
+    for a in range(0, mf.numel(), step):
+        mc = mf[a:a + step]
+        root = _ieee_sqrt(vf[a:a + step], mc.device)
+        limit = root.mul_(b32).to(m.dtype)
+        torch.where(mc.abs() > limit, limit.copysign(mc), mc, out=mc)
+
+
+def _ieee_sqrt(v: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """float32 correctly rounded sqrt of `v` where v > 0, else +0, on `device`."""
+    if device.type == "cuda":
+        return float64_sqrt(v.to(device))
+    return host_sqrt(v).to(device)
+
+
+def float64_sqrt(v: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded float32 sqrt of `v` (0 where v <= 0) on v's device, by way of
+    float64: exact in float64 for a float32 input, and even a float64 sqrt one ulp off would
+    round to the same float32 (a float32's sqrt lies at least 2^-51 relative from a float32
+    rounding boundary)."""
+    vd = v.double()
+    return torch.where(vd > 0, vd, 0.0).sqrt_().float()
+
+
+def host_sqrt(v: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded float32 sqrt of `v` (0 where v <= 0) as a host tensor: numpy's,
+    which is the processor's sqrt instruction (torch's CPU sqrt is MKL's, not exact)."""
+    x = v.detach().cpu().float().numpy()
+    return torch.from_numpy(np.sqrt(np.where(x > 0, x, np.float32(0))))
