@@ -89,6 +89,38 @@ int64_t mvc_ratio_max_f32(const float *m, const float *v, size_t n, float *out)
     return count;
 }
 
+int mvc_moment_clamp_f32(float *m, const float *v, size_t n, float bound)
+{
+    if ((n > 0 && (m == NULL || v == NULL)) || !(bound >= 0.0f)) return -1;
+    size_t i = 0;
+#if defined(__SSE2__)
+    /* Four lanes at a time: SQRTPS and MULPS round as sqrtf and the scalar product do, and
+     * the selects are exact, so the same bits as the scalar loop below (which GCC will not
+     * vectorize: sqrtf's errno). */
+    {
+        const __m128 zero = _mm_setzero_ps(), b = _mm_set1_ps(bound);
+        const __m128 absmask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+        const __m128 signmask = _mm_castsi128_ps(_mm_set1_epi32((int)0x80000000u));
+        for (; i + 4 <= n; i += 4) {
+            const __m128 vv = _mm_loadu_ps(v + i);
+            const __m128 x = _mm_and_ps(_mm_cmpgt_ps(vv, zero), vv);  /* v > 0 ? v : +0 */
+            const __m128 lim = _mm_mul_ps(_mm_sqrt_ps(x), b);
+            const __m128 mm = _mm_loadu_ps(m + i);
+            const __m128 over = _mm_cmpgt_ps(_mm_and_ps(mm, absmask), lim);  /* NaN: false */
+            /* lim's sign bit is clear where it binds (lim >= +0, or -0 with bound -0: then
+             * every |m| > 0 binds and takes m's sign anyway) */
+            const __m128 clamped = _mm_or_ps(_mm_andnot_ps(signmask, lim), _mm_and_ps(mm, signmask));
+            _mm_storeu_ps(m + i, _mm_or_ps(_mm_and_ps(over, clamped), _mm_andnot_ps(over, mm)));
+        }
+    }
+#endif
+    for (; i < n; i++) {
+        const float lim = sqrtf(v[i] > 0.0f ? v[i] : 0.0f) * bound;
+        if (fabsf(m[i]) > lim) m[i] = copysignf(lim, m[i]);
+    }
+    return 0;
+}
+
 int mvc_scan_f32(const float *x, size_t n, int64_t *counts)
 {
     if (counts == NULL || (n > 0 && x == NULL)) return -1;

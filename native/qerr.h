@@ -24,6 +24,13 @@ int mvc_qerr_sums_i16(const float *x, const int16_t *levels, size_t n, const flo
  * Returns the number of such i, or -1 on a bad argument. */
 int64_t mvc_ratio_max_f32(const float *m, const float *v, size_t n, float *out);
 
+/* The first-moment bound's clamp (mvc.quant.moment_bound, form "ieee"), in place: for i < n,
+ * with limit = sqrtf(v[i] > 0 ? v[i] : 0) * bound (the correctly rounded float32 sqrt, one
+ * rounding for the product; v NaN counts as 0), m[i] = copysignf(limit, m[i]) where
+ * fabsf(m[i]) > limit; every other m[i] keeps its bits (signed zeros and NaN included).
+ * Returns 0, or -1 on a bad argument (a NULL buffer with n > 0, a negative or NaN bound). */
+int mvc_moment_clamp_f32(float *m, const float *v, size_t n, float bound);
+
 /* One scan of float32 x: counts[0] += non-finite (NaN, +-Inf), counts[1] += x < 0 (-Inf
  * included), counts[2] += zeros (+-0), counts[3] += x > 0 (+Inf included); NaN counts
  * only as non-finite.  Returns 0, or -1 on a bad argument. */

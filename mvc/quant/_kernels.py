@@ -286,6 +286,22 @@ def qerr_sums(x: torch.Tensor, levels: torch.Tensor, table: torch.Tensor,
     return sums.sum(0)
 
 
+def moment_clamp(m: torch.Tensor, v: torch.Tensor, bound: float) -> None:
+    """The first-moment bound's clamp (`mvc.quant.moment_bound`, IEEE form) of contiguous CPU
+    float32 `m` by `v` (as many elements), in place; `bound` a float32 value >= 0."""
+    ffi, lib = _lib()
+    if m.numel() != v.numel():
+        raise InternalError("moment_clamp: m and v differ in size")
+    mp = ffi.cast("float *", m.data_ptr())
+    vp = ffi.cast("const float *", v.data_ptr())
+
+    def run(a: int, b: int) -> None:
+        if lib.mvc_moment_clamp_f32(mp + a, vp + a, b - a, bound) < 0:
+            raise InternalError("mvc_moment_clamp_f32 rejected its arguments")
+
+    parallel_chunks(m.numel(), run)
+
+
 def ratio_max(m: torch.Tensor, v: torch.Tensor) -> float:
     """max |m| / sqrt(v) over v > 0 (float32, as torch computes it) of contiguous CPU
     float32 `m` and `v`; 0.0 when no v > 0."""

@@ -8,11 +8,13 @@ moment's record (`bound_meta`); the restore clamps m to it (`clamp_first_moment`
 Two forms, named by the record's ``meta.moment.sqrt``:
 
 * ``"ieee"`` (every commit since issue 27's device checkout): limit = float32(bound) times the
-  correctly rounded float32 sqrt of v (0 where v <= 0), rounded once to m's dtype; entries of
-  |m| above it become the limit with m's sign, the rest keep their bits (signed zeros
-  included). Each step is exactly rounded, so every host and device gets the same bits: the
-  host takes numpy's sqrt (the processor's instruction), a CUDA device the float64 sqrt rounded
-  to float32, which is the correctly rounded float32 sqrt (53 >= 2 * 24 + 2 bits).
+  correctly rounded float32 sqrt of v (0 where v <= 0 or NaN), rounded once to m's dtype;
+  entries of |m| above it become the limit with m's sign, the rest keep their bits (signed
+  zeros and NaN included). Each step is exactly rounded, so every host and device gets the
+  same bits: float32 moments on the host take one native pass (`mvc_moment_clamp_f32`, the
+  processor's sqrt instruction), other host moments numpy's sqrt, and a CUDA device the
+  float64 sqrt rounded to float32, which is the correctly rounded float32 sqrt
+  (53 >= 2 * 24 + 2 bits).
 * absent (earlier commits): torch's own host float32 sqrt and `clamp`, as those commits always
   restored. torch's CPU sqrt is not correctly rounded (MKL's vector sqrt: 0.6% of float32
   inputs an ulp off on this project's CI machine) and its last bit was measured to vary across
@@ -27,6 +29,7 @@ import numpy as np
 import torch
 
 from mvc.errors import InternalError
+from mvc.quant._kernels import moment_clamp
 
 #: ``meta.moment.sqrt`` of the correctly rounded form.
 IEEE_SQRT = "ieee"
@@ -71,12 +74,25 @@ def clamp_first_moment(m: torch.Tensor, v: torch.Tensor, meta: dict[str, Any]) -
     # float32(bound) times a float32: the product is exact in float64, so whether a kernel
     # multiplies in float32 or float64 the one rounding gives the same bits
     b32 = float(np.float32(bound))
+    if _native(mf) and _native(vf):
+        moment_clamp(mf, vf, b32)  # one pass in C, the same steps
+        return
+    torch_clamp(mf, vf, b32)
+
+
+def torch_clamp(mf: torch.Tensor, vf: torch.Tensor, b32: float) -> None:
+    """The IEEE form's clamp of flat `mf` by `vf` (any dtypes and devices) in torch ops, in
+    place, `b32` the bound rounded to float32: what the native pass computes."""
     step = _DEVICE_CHUNK if mf.is_cuda else LEGACY_CHUNK
     for a in range(0, mf.numel(), step):
         mc = mf[a:a + step]
         root = _ieee_sqrt(vf[a:a + step], mc.device)
-        limit = root.mul_(b32).to(m.dtype)
+        limit = root.mul_(b32).to(mf.dtype)
         torch.where(mc.abs() > limit, limit.copysign(mc), mc, out=mc)
+
+
+def _native(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
 
 
 def _ieee_sqrt(v: torch.Tensor, device: torch.device) -> torch.Tensor:

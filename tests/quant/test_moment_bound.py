@@ -8,11 +8,14 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mvc.quant.moment_bound as mb
 from mvc.errors import InternalError
+from mvc.quant._kernels import moment_clamp
 from mvc.quant.moment_bound import (IEEE_SQRT, SQRT_FORMS, bound_meta, clamp_first_moment,
-                                    float64_sqrt, host_sqrt, uses_host)
+                                    float64_sqrt, host_sqrt, torch_clamp, uses_host)
 from mvc.repo.objects import MOMENT_SQRT_FORMS
 
 
@@ -91,3 +94,52 @@ def test_forms_and_their_names():
     assert tuple(MOMENT_SQRT_FORMS) == SQRT_FORMS   # the record check's copy of the names
     with pytest.raises(InternalError):
         clamp_first_moment(torch.ones(3), torch.ones(3), dict(meta, sqrt="fast"))
+
+
+SPECIAL = [0.0, -0.0, 1e-45, -1e-45, 1.17549435e-38, 1e-30, 0.5, 1.0, 3.4e38, -2.0,
+           math.inf, -math.inf, math.nan]
+
+
+@settings(max_examples=150, deadline=None)
+@given(pairs=st.lists(st.tuples(
+    st.one_of(st.floats(width=32, allow_nan=True), st.sampled_from(SPECIAL)),
+    st.one_of(st.floats(width=32, allow_nan=True), st.sampled_from(SPECIAL))),
+    min_size=0, max_size=70),
+    bound=st.one_of(st.floats(0, 1e6, width=32), st.sampled_from([0.0, -0.0, math.inf])))
+def test_native_pass_is_the_torch_form(pairs, bound):
+    m = torch.tensor([p[0] for p in pairs], dtype=torch.float32)
+    v = torch.tensor([p[1] for p in pairs], dtype=torch.float32)
+    native, by_torch = m.clone(), m.clone()
+    moment_clamp(native, v, bound)
+    torch_clamp(by_torch, v, bound)
+    assert torch.equal(bits(native), bits(by_torch))
+
+
+def test_native_pass_splits_across_threads_with_the_same_bits():
+    g = torch.Generator().manual_seed(9)
+    n = (1 << 19) + 13    # parallel_chunks cuts it in two on a 2-core machine
+    v, m = torch.rand(n, generator=g) * 1e-6, torch.randn(n, generator=g) * 1e-3
+    a, b = m.clone(), m.clone()
+    moment_clamp(a, v, 3.7)
+    torch_clamp(b, v, 3.7)
+    assert torch.equal(bits(a), bits(b)) and not torch.equal(a, m)
+
+
+def test_native_pass_refuses_bad_arguments():
+    for bound in (-1.0, math.nan):
+        with pytest.raises(InternalError):
+            moment_clamp(torch.ones(4), torch.ones(4), bound)
+    with pytest.raises(InternalError):
+        moment_clamp(torch.ones(4), torch.ones(3), 1.0)
+
+
+def test_the_gpu_route_run_on_the_host_gives_the_native_bits(monkeypatch):
+    """A CUDA device takes the float64 sqrt (`float64_sqrt`): run here in its place."""
+    x = float32_samples()
+    m = torch.randn(x.numel(), generator=torch.Generator().manual_seed(1)) * 1e3
+    native = m.clone()
+    moment_clamp(native, x, 1.25)
+    monkeypatch.setattr(mb, "host_sqrt", float64_sqrt)
+    gpu_like = m.clone()
+    torch_clamp(gpu_like, x, 1.25)
+    assert torch.equal(bits(native), bits(gpu_like)) and not torch.equal(native, m)
