@@ -217,7 +217,7 @@ class GroupData:
         if self.domain == "linear":
             return raw, raw, drop
         tiny = torch.finfo(torch.float32).tiny
-        return raw, log32(raw.clamp_min(tiny) if drop is not None else raw), drop
+        return raw, log32(raw, floor=tiny if drop is not None else None), drop
 
     def sensitivity(self, c: Chunk, xs: torch.Tensor) -> torch.Tensor:
         """|g w| of the chunk's elements (0 where a job has no gradient: none of its rules

@@ -28,8 +28,9 @@ from mvc.quant.device_chunks import Chunk, chunks, flat_values, piece_reduce
 from mvc.quant.partition import thresholds
 from mvc.quant.sketch import LogSketch
 
-#: Moments per sketch count table (64 x 2 x 48k int64s at the log domain's alpha: 48 MiB).
-_BATCH = 64
+#: Moments per sketch count table (32 x 2 x 48k int64s at the log domain's alpha: 24 MiB: the
+#: table was the largest buffer of a commit's GPU peak at 64).
+_BATCH = 32
 
 
 def scan_many(tensors: Sequence[torch.Tensor], chunk: int | None = None) -> list[tuple[int, int]]:

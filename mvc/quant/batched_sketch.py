@@ -84,10 +84,12 @@ def count_sketches(sizes: list[int], device: torch.device, alpha: float,
     for a tensor with a NaN or +-Inf among its counted values."""
     width = 2 * bucket_count(alpha) + 2
     trash = len(sizes) * width
+    if trash >= 1 << 31:  # pragma: no cover - ~100,000 tensors in one pass
+        raise QuantConfigError(f"{len(sizes)} tensors in one sketch pass: int32 keys overflow")
     counts = torch.zeros(trash + 1, dtype=torch.int64, device=device)
     for c in chunks(sizes, device, chunk):
         x, skip = values(c)
-        key = bucket_keys(x, alpha).add_(c.seg * width)
+        key = bucket_keys(x, alpha).add_(c.seg, alpha=width)  # no int64 temporary
         if skip is not None:
             key.masked_fill_(skip, trash)
         count_into(counts, key)

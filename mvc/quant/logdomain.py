@@ -11,10 +11,15 @@ import numpy as np
 import torch
 
 
-def log32(v: torch.Tensor) -> torch.Tensor:
-    """float32(log(float64(v))), on v's device; v itself is left alone (a float64 v is not
-    copied by the cast, so the log must not be taken in place)."""
-    return v.to(torch.float64).log().to(torch.float32)
+def log32(v: torch.Tensor, floor: float | None = None) -> torch.Tensor:
+    """float32(log(float64(v))), on v's device; v itself is left alone. `floor` (a float32
+    value): log of max(v, floor), as if v were clamped first. The clamp and the log are taken
+    in place on a float64 copy that is always made (a float64 v is not copied by a plain
+    cast): one float64 temporary, not three (a chunk's largest, on a GPU)."""
+    d = v.to(torch.float64, copy=True)
+    if floor is not None:
+        d.clamp_min_(floor)
+    return d.log_().to(torch.float32)
 
 
 def exp_levels(cen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -88,7 +88,15 @@ def _table(alpha: float) -> _Table:
 
 @functools.lru_cache(maxsize=16)
 def _device_bounds(alpha: float, device: str) -> torch.Tensor:
-    return torch.from_numpy(_table(alpha).bounds.copy()).to(device)
+    """The buckets' bounds, each rounded down to float32, on `device`: for a float32 x,
+    b < x exactly when round_down(b) < x (x is a float32 and round_down(b) the largest one
+    not above b), so a float32 search finds the float64 bounds' buckets without a float64
+    copy of the values (8 bytes an element on a GPU)."""
+    b = _table(alpha).bounds
+    with np.errstate(over="ignore"):  # the last bound is past float32's range: inf, then down
+        b32 = b.astype(np.float32)
+    b32 = np.where(b32.astype(np.float64) > b, np.nextafter(b32, np.float32(-np.inf)), b32)
+    return torch.from_numpy(np.ascontiguousarray(b32, dtype=np.float32)).to(device)
 
 
 def _f32_down(v: float) -> float:
@@ -110,21 +118,23 @@ def _native_hist(x: torch.Tensor, tab: _Table, part: Partition | None = None) ->
     return np.concatenate([np.asarray(counts, dtype=np.int64), [zero, bad]])
 
 
-#: Elements per chunk of the torch sketch: its float64 and int64 temporaries (~30 bytes an
-#: element) stay a few hundred MiB whatever the tensor's size (issue 27: device memory).
+#: Elements per chunk of the torch sketch: its float32 and int32 temporaries (~13 bytes an
+#: element) stay ~100 MiB whatever the tensor's size (issue 27: device memory).
 _HIST_CHUNK = 1 << 23
 
 
 def bucket_keys(x: torch.Tensor, alpha: float) -> torch.Tensor:
-    """The histogram key of each element of flat float32 `x` (any device): its positive bucket
+    """The int32 histogram key of each element of flat float32 `x` (any device): its positive bucket
     j in [0, nb), nb + j for a negative one, 2 nb for a zero, 2 nb + 1 for NaN / +-Inf; nb is
     `bucket_count(alpha)`.  The torch sketch and the batched quantizer
     (`mvc.quant.batched`) count these, so both bin every value as the native kernel does."""
     tab = _table(alpha)
     nb = len(tab.bounds)
     ax = x.abs()
-    key = torch.searchsorted(_device_bounds(tab.alpha, str(x.device)), ax.to(torch.float64))
-    key += nb * (x < 0).to(key.dtype)
+    # int32 keys, float32 bounds (`_device_bounds`): a chunk's temporaries are 4 bytes an
+    # element each, not 8 (issue 27: the sketch passes held a commit's peak GPU memory)
+    key = torch.searchsorted(_device_bounds(tab.alpha, str(x.device)), ax, out_int32=True)
+    key.add_(x < 0, alpha=nb)
     key.masked_fill_(ax == 0, 2 * nb)
     key.masked_fill_(~torch.isfinite(x), 2 * nb + 1)  # NaN / +-Inf: counted, never binned
     return key

@@ -107,6 +107,27 @@ def test_native_buckets_exact_at_every_boundary(alpha):
     assert LogSketch.from_tensor(x, alpha) == LogSketch.from_tensor(x, alpha, backend="torch")
 
 
+@pytest.mark.parametrize("alpha", [0.001, 0.01, 0.5])
+def test_float32_bounds_find_the_float64_bounds_buckets(alpha):
+    """`bucket_keys` searches float32 bounds rounded down (no float64 copy of the values):
+    for every float32 the same bucket as a float64 search of the exact bounds, at each bound
+    and one ulp either side, over every exponent and among the subnormals."""
+    from mvc.quant.sketch import _table, bucket_keys
+
+    t = _table(alpha)
+    b = t.bounds[(t.bounds > 1e-45) & (t.bounds < 3.4e38)].astype(np.float32)
+    g = np.random.default_rng(3)
+    spread = (g.integers(1, 0x7F800000, 200_000, dtype=np.int64).astype(np.uint32)).view(np.float32)
+    vals = np.concatenate([b, np.nextafter(b, np.float32(np.inf)), np.nextafter(b, np.float32(0)),
+                           spread, np.array([1e-45, 3e-40, 3.4028235e38], dtype=np.float32)])
+    vals = vals[vals > 0]   # zeros have a key of their own
+    x = torch.from_numpy(np.concatenate([vals, -vals]))
+    want = torch.searchsorted(torch.from_numpy(t.bounds.copy()), x.abs().double())
+    want += len(t.bounds) * (x < 0).to(want.dtype)
+    got = bucket_keys(x, alpha)
+    assert got.dtype == torch.int32 and torch.equal(got.to(torch.int64), want)
+
+
 def test_subtract_and_abs():
     x = _data("normal", 10_000)
     a, b = LogSketch.from_tensor(x[:3000]), LogSketch.from_tensor(x[3000:])
