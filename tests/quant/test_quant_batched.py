@@ -250,5 +250,7 @@ def test_cuda_group_synchronises_a_fixed_number_of_times():  # pragma: no cover 
             lambda: sketch_many(ts, 0.01))
 
     few, many = count(4), count(64)
-    # counts + sums + one chunk's protected values; the sketches' counts
+    # counts + sums (the protected values are gathered after them by position, with
+    # `nonzero_static`: no wait per tensor, or 64 tensors would wait more than 4); the
+    # sketches' counts
     assert many == few and few <= 6, (few, many)

@@ -28,6 +28,7 @@ import torch
 from locations import HELPERS
 
 from mvc.quant import QuantConfig, QuantizedTensor, quantize
+from mvc.quant.moment_bound import bound_meta
 from mvc.quant.optimizer import quantize_optimizer_state
 from mvc.repo import lossy, pipeline
 from mvc.repo.levelcache import LevelCache
@@ -383,11 +384,34 @@ def test_cuda_warm_starts_and_moments_from_a_host_parent():  # pragma: no cover 
 def test_cuda_first_moment_bound_with_a_host_partner():  # pragma: no cover - no GPU in CI
     g = torch.Generator().manual_seed(3)
     m, v = torch.randn(3000, generator=g), torch.rand(3000, generator=g) * 1e-3
-    rec = type("Rec", (), {"meta": {"moment": {"partner": "v", "ratio_bound": 2.0}}, "name": "m"})()
-    host, dev = m.clone(), m.cuda()
-    _bound_first_moment(rec, host, {"v": v})  # type: ignore[arg-type]
-    _bound_first_moment(rec, dev, {"v": v})  # type: ignore[arg-type]
-    assert dev.is_cuda and torch.equal(dev.cpu(), host)
+    m[:4], v[:4] = torch.tensor([0.0, -0.0, -1.0, 2.0]), 0.0
+    for moment in ({"partner": "v", "ratio_bound": 2.0}, bound_meta("v", 2.0)):
+        rec = type("Rec", (), {"meta": {"moment": moment}, "name": "m"})()
+        host, dev, both = m.clone(), m.cuda(), m.cuda()
+        _bound_first_moment(rec, host, {"v": v})  # type: ignore[arg-type]
+        _bound_first_moment(rec, dev, {"v": v})  # type: ignore[arg-type]
+        _bound_first_moment(rec, both, {"v": v.cuda()})  # type: ignore[arg-type]
+        assert dev.is_cuda and same_bits(dev.cpu(), host) and same_bits(both.cpu(), host)
+
+
+@cuda
+def test_cuda_ieee_bound_is_the_hosts_over_every_float32():  # pragma: no cover - no GPU in CI
+    """The GPU's route (float64 sqrt rounded once) against the host's native pass, bit for bit,
+    over float32 patterns of every exponent, the subnormals and the edges, by four bounds."""
+    from mvc.quant._kernels import moment_clamp
+    from mvc.quant.moment_bound import torch_clamp
+
+    gen = torch.Generator().manual_seed(4)
+    exps = torch.arange(0, 256, dtype=torch.int64).repeat_interleave(1 << 14) << 23
+    x = (exps | torch.randint(0, 1 << 23, (exps.numel(),), generator=gen)).to(torch.int32)
+    v = torch.cat([x, torch.arange(0, 1 << 23, 13, dtype=torch.int32)]).view(torch.float32)
+    m = torch.randn(v.numel(), generator=gen) * 10.0 ** torch.randint(-30, 30, (v.numel(),),
+                                                                        generator=gen)
+    for b in (0.5, 1.0, 3.7, 1e10):
+        host, dev = m.clone(), m.cuda()
+        moment_clamp(host, v, b)
+        torch_clamp(dev, v.cuda(), b)
+        assert same_bits(dev.cpu(), host), b
 
 
 def commits_then_compaction(root: Path, device: str) -> None:
