@@ -43,9 +43,15 @@ def scan_many(tensors: Sequence[torch.Tensor], chunk: int | None = None) -> list
     acc = torch.zeros(len(flats), 2, dtype=torch.float64, device=device)
     for c in chunks([f.numel() for f in flats], device, chunk):
         xs = flat_values(flats, c)
-        parts = [(~torch.isfinite(xs)).to(torch.float64), (xs < 0).to(torch.float64)]
-        sums = torch.stack([piece_reduce(c, p) for p in parts], dim=1)
-        acc.index_add_(0, c.jobs, sums)  # one piece per tensor per chunk
+        # counts below 2^24 add exactly in float32: half the bytes of float64 0/1 arrays,
+        # which were a commit's largest device buffers at the moments' scan
+        dt = torch.float32 if c.size <= 1 << 24 else torch.float64
+        bad = (~torch.isfinite(xs)).to(dt)
+        neg = (xs < 0).to(dt)
+        del xs
+        sums = torch.stack([piece_reduce(c, bad), piece_reduce(c, neg)], dim=1)
+        del bad, neg
+        acc.index_add_(0, c.jobs, sums.to(torch.float64))  # one piece per tensor per chunk
     return [(int(a), int(b)) for a, b in acc.cpu().tolist()]
 
 
