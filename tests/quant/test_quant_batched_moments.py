@@ -189,3 +189,30 @@ def test_log32_leaves_its_input_alone():
         got = log32(v)
         assert torch.equal(v, before) and got.dtype == torch.float32
         assert torch.equal(got, v.double().log().float())
+
+
+def test_moments_in_passes_by_size_give_the_same_quantizations(monkeypatch):
+    """With their levels going to the host, moments are quantized in passes of at most
+    `_PASS_ELEMENTS` values (a larger moment alone): the device holds one pass's levels, not a
+    domain's; levels, centroids and protected values are those of one pass (and of the
+    per-moment path)."""
+    import mvc.quant.batched_moments as bm
+
+    state = _state()
+    wq = _weights(state)
+    pmap = {("opt/", i): f"model/w{i}" for i in range(4)}
+    host = quantize_optimizer_state(state, wq, param_map=pmap, protect=0.01)
+    passes: list[list[int]] = []
+    orig = bm.quantize_group
+
+    def counted(jobs, *a, **k):
+        passes.append([j.tensor.numel() for j in jobs])
+        return orig(jobs, *a, **k)
+
+    monkeypatch.setattr(bm, "quantize_group", counted)
+    monkeypatch.setattr(bm, "_PASS_ELEMENTS", 6000)
+    with device_path():
+        got = quantize_optimizer_state(state, wq, param_map=pmap, protect=0.01)
+    assert all(_same(got[n], host[n]) for n in state)
+    # per domain: (5000, 300), (70000), (4096)
+    assert passes == [[5000, 300], [70000], [4096]] * 2, passes
