@@ -16,10 +16,10 @@ Two forms, named by the record's ``meta.moment.sqrt``:
   float64 sqrt rounded to float32, which is the correctly rounded float32 sqrt
   (53 >= 2 * 24 + 2 bits).
 * absent (earlier commits): torch's own host float32 sqrt and `clamp`, as those commits always
-  restored. torch's CPU sqrt is not correctly rounded (MKL's vector sqrt: 0.6% of float32
-  inputs an ulp off on this project's CI machine) and its last bit was measured to vary across
-  machines (tests/repo/test_fixture_repo.py's two known divergent tensors), so it is taken on
-  the host only, and kept only so old commits restore as they did.
+  restored. torch's CPU float32 sqrt is not correctly rounded (measured: 0.6% of float32
+  inputs an ulp off on this project's CI machine; on a second intra-op thread it was once
+  measured ~3e-4 off, tests/repo/test_device_boundaries.py), so it is taken on the host only,
+  and kept only so old commits restore as they did.
 """
 from __future__ import annotations
 
@@ -113,6 +113,6 @@ def float64_sqrt(v: torch.Tensor) -> torch.Tensor:
 
 def host_sqrt(v: torch.Tensor) -> torch.Tensor:
     """The correctly rounded float32 sqrt of `v` (0 where v <= 0) as a host tensor: numpy's,
-    which is the processor's sqrt instruction (torch's CPU sqrt is MKL's, not exact)."""
+    which is the processor's sqrt instruction (torch's CPU float32 sqrt is not exact)."""
     x = v.detach().cpu().float().numpy()
     return torch.from_numpy(np.sqrt(np.where(x > 0, x, np.float32(0))))

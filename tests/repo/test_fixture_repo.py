@@ -40,8 +40,8 @@ def _digest(t: torch.Tensor) -> str:
 #: machine (Xeon, AVX-512, numpy 2.4.6) than where the fixture was made, on the tree that
 #: passed CI before this session too (4a621f3): pre-clamp levels, sqrt, clamp and signed zeros
 #: were each ruled out. Open, see the issue 25 note. (These records predate the correctly
-#: rounded bound, `mvc.quant.moment_bound`: torch's host sqrt, which is not correctly rounded,
-#: and neither it nor a correctly rounded sqrt reproduces the fixture's bits here.) Every other
+#: rounded bound, `mvc.quant.moment_bound`; a correctly rounded sqrt does not reproduce the
+#: fixture's bits here either.) Every other
 #: tensor, dtype, shape and skeleton is still checked bit-exactly, and a mismatch anywhere else
 #: fails.
 KNOWN_DIVERGENT = {("q0", "optimizer/state/0/exp_avg"), ("q1", "optimizer/state/3/exp_avg")}
