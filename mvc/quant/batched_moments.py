@@ -93,7 +93,7 @@ def quantize_moments(jobs: list[GroupJob], bins: int, *, domain: str, prune: flo
     # `_PASS_ELEMENTS` values the device holds a slice of a domain's levels, not all of them
     # (they were the largest buffer at a commit's peak: 124 MB of a 124M state's 350 MB).
     # Levels and counts do not depend on the split; the sums' float64 order may.
-    for part in (_by_size(list(range(len(ready))), ready) if to_host else [range(len(ready))]):
+    for part in (_by_size(ready) if to_host else [list(range(len(ready)))]):
         got = quantize_group([ready[k] for k in part], bins, seed=seed, sigma=sigma,
                              chunk=chunk, domain=domain, drop_zeros=True, to_host=to_host)
         for k, r in zip(part, got, strict=True):
@@ -106,13 +106,13 @@ def quantize_moments(jobs: list[GroupJob], bins: int, *, domain: str, prune: flo
 _PASS_ELEMENTS = 1 << 25
 
 
-def _by_size(idx: list[int], jobs: list[GroupJob]) -> list[list[int]]:
-    """`idx` cut into consecutive runs of at most `_PASS_ELEMENTS` values (a larger tensor
-    alone)."""
+def _by_size(jobs: list[GroupJob]) -> list[list[int]]:
+    """The jobs' indices cut into consecutive runs of at most `_PASS_ELEMENTS` values (a
+    larger tensor alone)."""
     runs: list[list[int]] = []
     size = 0
-    for k in idx:
-        n = jobs[k].tensor.numel()
+    for k, job in enumerate(jobs):
+        n = job.tensor.numel()
         if runs and size + n <= _PASS_ELEMENTS:
             runs[-1].append(k)
             size += n

@@ -151,7 +151,7 @@ def select_where(values: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Tens
     A torch build whose CUDA has no `nonzero_static` (before 2.6) takes `masked_select`."""
     try:
         where = torch.nonzero_static(mask, size=n).reshape(-1)
-    except (NotImplementedError, RuntimeError):  # no kernel for this device in this build
+    except NotImplementedError:  # no kernel for this device in this build (torch's dispatcher)
         return torch.masked_select(values, mask)
     return values.index_select(0, where)
 

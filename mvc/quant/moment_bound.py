@@ -12,9 +12,9 @@ Two forms, named by the record's ``meta.moment.sqrt``:
   entries of |m| above it become the limit with m's sign, the rest keep their bits (signed
   zeros and NaN included). Each step is exactly rounded, so every host and device gets the
   same bits: float32 moments on the host take one native pass (`mvc_moment_clamp_f32`, the
-  processor's sqrt instruction), other host moments numpy's sqrt, and a CUDA device the
-  float64 sqrt rounded to float32, which is the correctly rounded float32 sqrt
-  (53 >= 2 * 24 + 2 bits).
+  processor's sqrt instruction), other host moments numpy's sqrt, and an accelerator (or the
+  host under `device_path()`, as CI runs it) the float64 sqrt rounded to float32, which is
+  the correctly rounded float32 sqrt (53 >= 2 * 24 + 2 bits).
 * absent (earlier commits): torch's own host float32 sqrt and `clamp`, as those commits always
   restored. torch's CPU float32 sqrt is not correctly rounded (measured: 0.6% of float32
   inputs an ulp off on this project's CI machine; on a second intra-op thread it was once
@@ -30,6 +30,7 @@ import torch
 
 from mvc.errors import InternalError
 from mvc.quant._kernels import moment_clamp
+from mvc.quant.backend import on_host_kernels
 
 #: ``meta.moment.sqrt`` of the correctly rounded form.
 IEEE_SQRT = "ieee"
@@ -82,24 +83,21 @@ def clamp_first_moment(m: torch.Tensor, v: torch.Tensor, meta: dict[str, Any]) -
 
 def torch_clamp(mf: torch.Tensor, vf: torch.Tensor, b32: float) -> None:
     """The IEEE form's clamp of flat `mf` by `vf` (any dtypes and devices) in torch ops, in
-    place, `b32` the bound rounded to float32: what the native pass computes."""
-    step = _DEVICE_CHUNK if mf.is_cuda else LEGACY_CHUNK
+    place, `b32` the bound rounded to float32: what the native pass computes. Off the native
+    kernels (an accelerator, or `device_path()` on the host) the sqrt goes through float64 on
+    m's device; on them, numpy's."""
+    step = LEGACY_CHUNK if mf.device.type == "cpu" else _DEVICE_CHUNK
     for a in range(0, mf.numel(), step):
         mc = mf[a:a + step]
-        root = _ieee_sqrt(vf[a:a + step], mc.device)
+        vc = vf[a:a + step]
+        root = host_sqrt(vc).to(mc.device) if on_host_kernels(mc) else \
+            float64_sqrt(vc.to(mc.device))
         limit = root.mul_(b32).to(mf.dtype)
         torch.where(mc.abs() > limit, limit.copysign(mc), mc, out=mc)
 
 
 def _native(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
-
-
-def _ieee_sqrt(v: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """float32 correctly rounded sqrt of `v` where v > 0, else +0, on `device`."""
-    if device.type == "cuda":
-        return float64_sqrt(v.to(device))
-    return host_sqrt(v).to(device)
+    return on_host_kernels(t) and t.dtype == torch.float32 and t.is_contiguous()
 
 
 def float64_sqrt(v: torch.Tensor) -> torch.Tensor:

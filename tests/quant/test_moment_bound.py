@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import mvc.quant.moment_bound as mb
 from mvc.errors import InternalError
+from mvc.quant.backend import device_path
 from mvc.quant._kernels import moment_clamp
 from mvc.quant.moment_bound import (IEEE_SQRT, SQRT_FORMS, bound_meta, clamp_first_moment,
                                     float64_sqrt, host_sqrt, torch_clamp, uses_host)
@@ -134,12 +135,16 @@ def test_native_pass_refuses_bad_arguments():
 
 
 def test_the_gpu_route_run_on_the_host_gives_the_native_bits(monkeypatch):
-    """A CUDA device takes the float64 sqrt (`float64_sqrt`): run here in its place."""
+    """A CUDA device takes the float64 sqrt (`float64_sqrt`); `device_path()` runs that route
+    on host tensors, through `clamp_first_moment` as a restore calls it."""
     x = float32_samples()
     m = torch.randn(x.numel(), generator=torch.Generator().manual_seed(1)) * 1e3
     native = m.clone()
     moment_clamp(native, x, 1.25)
-    monkeypatch.setattr(mb, "host_sqrt", float64_sqrt)
     gpu_like = m.clone()
-    torch_clamp(gpu_like, x, 1.25)
+    calls: list[int] = []
+    monkeypatch.setattr(mb, "float64_sqrt", lambda v: (calls.append(v.numel()), float64_sqrt(v))[1])
+    with device_path():
+        clamp_first_moment(gpu_like, x, bound_meta("v", 1.25))
+    assert calls   # the float64 route ran
     assert torch.equal(bits(native), bits(gpu_like)) and not torch.equal(native, m)
