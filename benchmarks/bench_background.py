@@ -16,6 +16,14 @@ parameters by default, `--params` to scale) trained a few AdamW steps:
     python benchmarks/bench_background.py [--params 124e6] [--epsilon 0.05] [--json]
     python benchmarks/bench_background.py --device cuda     # the model and optimizer on the GPU
 
+`--worker process|thread` picks where the commit runs (the Tracker's `background_process`;
+default: its own choice, a child process where it can). `--probe` times, in place of the big
+model's steps, a small model's (12 blocks, d = 64, 256-word vocabulary, one sequence of 8
+tokens) on the CPU: a loop whose every step is Python and kernel dispatch, the work a GPU
+training loop's host thread does, and the part a commit on a thread of the same process
+competes with for the interpreter lock. The commits still commit the big model. The training
+process then uses one intra-op thread (a commit on its thread too).
+
 Without `--epsilon` the commit is lossless (the default without a quality function);
 with it, the proxy search runs in the background.
 """
@@ -52,6 +60,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--nice", type=int, default=None,
                     help="the Tracker's background_nice (default: its own, 10; 0: the training "
                          "loop's priority)")
+    ap.add_argument("--worker", choices=("auto", "process", "thread"), default="auto",
+                    help="where background commits run (the Tracker's background_process)")
+    ap.add_argument("--probe", action="store_true",
+                    help="time a small launch-bound CPU loop's steps instead of the model's")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.device.startswith("cuda") and not torch.cuda.is_available():
@@ -66,13 +78,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if a.device.startswith("cuda"):
             torch.cuda.synchronize()
 
+    timed_step = train_step
+    if a.probe:
+        # One intra-op thread, as a GPU loop's host thread uses: torch's idle OpenMP workers
+        # spin between the probe's small kernels and would hold a second CPU a GPU loop leaves.
+        torch.set_num_threads(1)
+        _, _, timed_step = trainer({"layers": 12, "d": 64, "vocab": 256, "ctx": 64}, "cpu", 1, 8)
+        for _ in range(10):
+            timed_step()
+
     def step() -> float:
         t0 = time.perf_counter()
-        train_step()
+        timed_step()
         sync()  # a step's time is the device's, not its launch's
         return time.perf_counter() - t0
 
-    quiet = [step() for _ in range(a.steps)]
+    def advance() -> list[float]:
+        """The model's steps to its next checkpoint, timed when they are what is measured."""
+        if a.probe:
+            for _ in range(a.steps):
+                train_step()
+            sync()
+            return [step() for _ in range(max(a.steps, 20))]
+        return [step() for _ in range(a.steps)]
+
+    quiet = advance()
     n_params = sum(p.numel() for p in model.parameters())
     state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
     nbytes = tensor_bytes(state)
@@ -88,6 +118,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         kw: dict[str, Any] = {} if a.epsilon is None else {"epsilon": a.epsilon}
         if a.nice is not None:
             kw["background_nice"] = a.nice
+        if a.worker != "auto":
+            kw["background_process"] = a.worker == "process"
         tracker = mvc.Tracker(repo, model, opt, **kw)
         blocking: list[float] = []
         jobs: list[float] = []
@@ -95,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cid = ""
         for i in range(max(1, a.commits)):
             if i:
-                quiet += [step() for _ in range(a.steps)]  # the next checkpoint's steps
+                quiet += advance()  # the next checkpoint's steps
             sync()
             t0 = time.perf_counter()
             fut = tracker.commit(f"background {i}", step=a.steps * (i + 1), background=True)
@@ -104,6 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 during.append(step())
             cid = fut.result()
             jobs.append(tracker.history[-1]["job_s"])
+        worker = "process" if tracker.background_in_process else "thread"
         tracker.close()
         c = repo.read_commit(cid)
         stored = sum(r.stored_bytes for r in repo.read_snapshot(c.snapshot).tensors)
@@ -118,14 +151,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "step_s_quiet": quiet_step,
         "step_s_during": sum(during) / len(during) if during else None,
         "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "device": a.device,
-        "background_nice": tracker.background_nice,
+        "background_nice": tracker.background_nice, "worker": worker, "probe": a.probe,
     }
     if a.json:
         print(json.dumps(rep, indent=1, default=str))
     else:
         print(f"{n_params / 1e6:.1f}M parameters on {a.device}, checkpoint {nbytes / 1e9:.2f} GB, "
               f"{'lossless' if a.epsilon is None else f'proxy epsilon {a.epsilon}'}, "
-              f"background commits {tracker.background_nice} nice steps below the loop")
+              f"background commits in a {worker}, {tracker.background_nice} nice steps below the loop"
+              + ("; steps timed: the CPU probe loop's" if a.probe else ""))
         print("| step | time | vs torch.save |\n|---|---|---|")
         print(f"| torch.save (incl. fsync) | {save_s:.2f} s | 1x |")
         for i, (b, j) in enumerate(zip(blocking, jobs)):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -46,16 +46,28 @@ def cut(lengths: Sequence[int], size: int) -> list[list[Piece]]:
     return out
 
 
-def clone_to_cpu(obj: Any, *, staging_bytes: int = STAGING_BYTES) -> Any:
+#: Host memory for one tensor's copy: allocate(shape, dtype) -> an empty contiguous tensor, or
+#: None for one the allocator cannot hold (it is then copied as torch copies it).
+Allocate = Callable[[torch.Size, torch.dtype], "torch.Tensor | None"]
+
+
+def _empty(shape: torch.Size, dtype: torch.dtype) -> torch.Tensor | None:
+    return None
+
+
+def clone_to_cpu(obj: Any, *, staging_bytes: int = STAGING_BYTES,
+                 allocate: Allocate = _empty) -> Any:
     """A deep copy of a (nested) state with every tensor copied to host memory.
 
     Tensors repeated in the state (tied weights) stay one object; OrderedDict `_metadata`
     (state_dict versions) is kept. Tensors on an accelerator are copied through pinned
-    staging (`copy_through_staging`); the copy is complete when this returns.
+    staging (`copy_through_staging`); the copy is complete when this returns. `allocate`
+    gives each copy its memory (default: plain pageable memory; a background commit process
+    passes shared memory it can map).
     """
     memo: dict[int, torch.Tensor] = {}
     pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-    result = _clone(obj, memo, pending)
+    result = _clone(obj, memo, pending, allocate)
     by_device: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
     for src, dst in pending:
         by_device.setdefault(src.device, []).append((src, dst))
@@ -65,30 +77,36 @@ def clone_to_cpu(obj: Any, *, staging_bytes: int = STAGING_BYTES) -> Any:
 
 
 def _clone(obj: Any, memo: dict[int, torch.Tensor],
-           pending: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+           pending: list[tuple[torch.Tensor, torch.Tensor]], allocate: Allocate) -> Any:
     if isinstance(obj, torch.Tensor):
         hit = memo.get(id(obj))
         if hit is not None:
             return hit
         t = obj.detach()
-        if t.device.type == "cpu":
+        dst = allocate(t.shape, t.dtype)
+        if dst is None and t.device.type == "cpu":
             out = t.clone()
+        elif dst is None and t.is_quantized:   # no bytes to stage: torch's own copy
+            out = t.cpu()
         else:
-            out = torch.empty(t.shape, dtype=t.dtype)
-            pending.append((t, out))
+            out = torch.empty(t.shape, dtype=t.dtype) if dst is None else dst
+            if t.device.type == "cpu":
+                out.copy_(t)
+            else:
+                pending.append((t, out))
         memo[id(obj)] = out
         return out
     if isinstance(obj, dict):
         result = obj.__class__()
         for k, v in obj.items():
-            result[k] = _clone(v, memo, pending)
+            result[k] = _clone(v, memo, pending, allocate)
         if hasattr(obj, "_metadata"):
             result._metadata = copy.deepcopy(obj._metadata)  # type: ignore[attr-defined]
         return result
     if isinstance(obj, list):
-        return [_clone(v, memo, pending) for v in obj]
+        return [_clone(v, memo, pending, allocate) for v in obj]
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_clone(v, memo, pending) for v in obj)
+        return tuple(_clone(v, memo, pending, allocate) for v in obj)
     return copy.deepcopy(obj)
 
 

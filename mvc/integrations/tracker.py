@@ -27,12 +27,18 @@ The search itself is `Repo.commit`'s (with `space=`, `policy=`, `epsilon=` passe
 through): the Tracker keeps only the training-loop parts.
 
 Background commits.  `commit(..., background=True)` blocks only while the state
-is copied to CPU memory; search, encoding and writing run in one worker thread, in
-order.  That thread and the native pool it uses run `background_nice` steps below the
-training loop (Linux; `mvc.native.parallel.lower_this_thread`): a commit's 16 encoding
-threads on a 16-CPU host had slowed a GPU training loop's steps 2.7x, its Python thread
-waiting for a core.  Where the training itself keeps every CPU busy, the background commit
-then gets what is left (`background_nice=0`: the same priority).  Each pending commit holds a
+is copied to CPU memory; search, encoding and writing run elsewhere, in order.  Where it
+can (`background_process`, default: Linux, a repository on disk, no `quality` callable
+and no distributed search), the commit runs in a child process
+(`mvc.integrations.commit_process`): the copy is made in shared memory the child maps, and
+the training loop's Python thread keeps its interpreter lock, which a commit on a thread of
+its own process takes between native calls (a GPU loop launching kernels needs it between
+every two, and ran 2.7x slower beside such a thread).  Otherwise (a `quality` callable
+evaluates on a copy of this process's model) it runs on one worker thread.  Either runs
+`background_nice` steps below the training loop (Linux; `mvc.native.parallel.
+lower_this_thread`), so a commit's encoding threads leave the loop its core; where the
+training itself keeps every CPU busy, the background commit then gets what is left
+(`background_nice=0`: the same priority).  Each pending commit holds a
 host copy of the state, so at most one waits behind the running one: a commit beyond that
 blocks until there is room.  `wait()` joins them.  An exception in the worker is re-raised by the next
 Tracker call (and by `wait()`), never lost; the returned Future carries it too.
@@ -50,6 +56,7 @@ interleave with the training loop's.
 from __future__ import annotations
 
 import copy
+import pickle
 import threading
 import time
 import warnings
@@ -62,16 +69,20 @@ import torch
 import torch.distributed as dist
 
 from mvc.errors import MvcError, MvcWarning, UsageError
+from mvc.integrations.commit_process import CommitProcess, SharedState
 from mvc.integrations.grad_ema import BETA, GradientEMA
 from mvc.integrations.host_copy import clone_to_cpu as clone_to_cpu
+from mvc.integrations.shared_copy import supported as processes_supported
 from mvc.native.parallel import lower_this_thread
 from mvc.quant import QuantConfig, QuantPolicy
+from mvc.repo.repository import Repo
 from mvc.search import SearchSpace, serve_trials
 from mvc.search.parallel import Ranks
 from mvc.search.parallel import ranks as search_ranks
 from mvc.search.record import QualityRecord
 from mvc.search.space import short
 from mvc.state import flatten, unflatten
+from mvc.store.lmdb_store import LmdbStore
 
 _RESERVED = ("model", "optimizer")
 #: Nice steps below the training loop at which background commits run (module docstring):
@@ -102,7 +113,8 @@ class Tracker:
                  epsilon: float | None = None, every: int | None = None, grad_window: int = 50,
                  extra_state: Callable[[], dict] | None = None, beta: float = BETA,
                  policy: QuantPolicy | None = None, space: SearchSpace | None = None,
-                 distributed: bool | None = None, background_nice: int = BACKGROUND_NICE) -> None:
+                 distributed: bool | None = None, background_nice: int = BACKGROUND_NICE,
+                 background_process: bool | None = None) -> None:
         """repo: an mvc `Repo`; quality(model) -> loss, or None (then commits are lossless
         unless `epsilon` is given: it opts in to the proxy metric and bounds it);
         epsilon: bound on the relative degradation (None: quality.epsilon with `quality`);
@@ -111,7 +123,9 @@ class Tracker:
         distributed: spread the search over the ranks of `torch.distributed` (None: when
         it is initialized with more than one rank; see the module docstring);
         background_nice: how many steps (0-19) below the training loop background commits
-        run (0: the same priority; Linux only)."""
+        run (0: the same priority; Linux only); background_process: run background commits
+        in a child process (None: wherever it can, see the module docstring; True: always,
+        a `TrackerError` where it cannot; False: on a thread)."""
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
             raise TrackerError(f"every must be a positive int or None, got {every!r}")
         if isinstance(grad_window, bool) or not isinstance(grad_window, int) or grad_window < 0:
@@ -123,11 +137,16 @@ class Tracker:
             raise TrackerError(f"background_nice must be an int in 0..19, got {background_nice!r}")
         if quality is not None and not callable(quality):
             raise TrackerError("quality must be a callable taking the model")
+        if background_process is not None and not isinstance(background_process, bool):
+            raise TrackerError(f"background_process must be True, False or None, "
+                               f"got {background_process!r}")
         self.repo, self.model, self.optimizer = repo, model, optimizer
         self.quality, self.epsilon, self.every = quality, epsilon, every
         self.grad_window, self.extra_state, self.beta = grad_window, extra_state, float(beta)
         self.policy, self.space = policy, space
         self.background_nice = background_nice
+        self.background_process = background_process
+        self._process: CommitProcess | None = None
         self.steps = 0
         self.history: list[dict[str, Any]] = []
         self.grad_ema = GradientEMA(model, beta=self.beta)
@@ -137,6 +156,8 @@ class Tracker:
         self._eval_model: torch.nn.Module | None = None
         self.previous = self._head_config()
         self._ranks = _search_ranks(distributed)
+        if background_process:
+            self._why_no_process(raising=True)
         #: The revision last restored, until the next lossless fallback names it.
         self._restored_from: str | None = None
 
@@ -180,7 +201,13 @@ class Tracker:
         state = self._state()
         step = step if step is not None else (self.steps or None)
         if background:
-            state = clone_to_cpu(state)
+            shared = None
+            proc = self._commit_process()
+            if proc is not None:
+                shared = proc.copy(state)
+                state = shared.obj
+            else:
+                state = clone_to_cpu(state)
             evaluate = None
             if self.quality is not None:
                 if self._eval_model is None:
@@ -193,7 +220,7 @@ class Tracker:
                     1, thread_name_prefix="mvc-tracker",
                     initializer=(lambda: lower_this_thread(nice)) if nice else None)
             fut = self._executor.submit(self._background_job, state, message, step, metrics, grads,
-                                        evaluate, blocking)
+                                        evaluate, blocking, shared)
             with self._lock:
                 self._futures.append(fut)
             return fut
@@ -201,6 +228,37 @@ class Tracker:
         cid = self._job(state, message, step, metrics, grads, evaluate, 0.0, False)
         self.history[-1]["blocking_s"] = time.perf_counter() - t0  # all of it, in the foreground
         return cid
+
+    def _why_no_process(self, raising: bool = False) -> str | None:
+        """Why a background commit cannot run in a child process now (None: it can)."""
+        if not processes_supported():
+            why = "this system cannot share a state's copy with a child process (Linux only)"
+        elif self.quality is not None:
+            why = "the quality callable evaluates on this process's model"
+        elif self._ranks is not None:
+            why = "the config search is spread over the training's ranks"
+        elif not isinstance(self.repo, Repo) or not isinstance(self.repo.store, LmdbStore):
+            why = "the repository is not one on disk that another process can open"
+        else:
+            return None
+        if raising:
+            raise TrackerError(f"background_process=True, but {why}")
+        return why
+
+    def _commit_process(self) -> CommitProcess | None:
+        """The child process background commits run in (started with the first), or None
+        where they run on a thread (`background_process`)."""
+        if self.background_process is False or self._why_no_process(
+                raising=bool(self.background_process)):
+            return None
+        if self._process is None:
+            self._process = CommitProcess(self.repo.path, nice=self.background_nice)
+        return self._process
+
+    @property
+    def background_in_process(self) -> bool:
+        """Whether background commits have run in a child process (`background_process`)."""
+        return self._process is not None
 
     def _wait_for_room(self) -> None:
         """Let at most `MAX_QUEUED` background commits wait behind the running one: each holds
@@ -228,23 +286,30 @@ class Tracker:
         return state
 
     def _background_job(self, state: dict, message: str, step: int | None, metrics: Mapping | None,
-                        grads: dict[str, torch.Tensor], evaluate: Callable | None, blocking: float) -> str:
+                        grads: dict[str, torch.Tensor], evaluate: Callable | None, blocking: float,
+                        shared: SharedState | None = None) -> str:
         try:
-            return self._job(state, message, step, metrics, grads, evaluate, blocking, True)
+            return self._job(state, message, step, metrics, grads, evaluate, blocking, True, shared)
         except BaseException as exc:
             # Re-raised later, from another call: say which commit it came from (the quality
             # function's own exception would otherwise arrive with no mvc context).
             exc.add_note(f"mvc: raised by the Tracker's background commit {message!r}"
                          f"{f' (step {step})' if step is not None else ''}; nothing was committed")
             raise
+        finally:
+            if shared is not None:
+                if self._process is not None:
+                    self._process.release(shared)   # kept for the next copy when it can be
+                else:
+                    shared.arena.release()
 
     def _job(self, state: dict, message: str, step: int | None, metrics: Mapping | None,
              grads: dict[str, torch.Tensor], evaluate: Callable | None, blocking: float,
-             background: bool) -> str:
+             background: bool, shared: SharedState | None = None) -> str:
         par = self._ranks
         if par is None:
             return self._commit_job(state, message, step, metrics, grads, evaluate, blocking,
-                                    background)
+                                    background, shared)
         if par.leader:
             try:
                 with search_ranks(par.group):
@@ -279,7 +344,7 @@ class Tracker:
 
     def _commit_job(self, state: dict, message: str, step: int | None, metrics: Mapping | None,
                     grads: dict[str, torch.Tensor], evaluate: Callable | None, blocking: float,
-                    background: bool) -> str:
+                    background: bool, shared: SharedState | None = None) -> str:
         t0 = time.perf_counter()
         flat = flatten(state).tensors
         grads = {k: g for k, g in grads.items()
@@ -293,7 +358,7 @@ class Tracker:
             kw["policy"] = self.policy
         if self.space is not None:
             kw["space"] = self.space
-        cid = self.repo.commit(state, message, step=step, metrics=metrics, **kw)
+        cid = self._commit_in(shared, state, message, step=step, metrics=metrics, **kw)
         c = self.repo.read_commit(cid)
         record = QualityRecord.from_json(c.quality or {})
         self.previous = QuantConfig.from_dict(c.quant) if c.quant else None
@@ -308,6 +373,24 @@ class Tracker:
             "quality": c.quality,
         })
         return cid
+
+    def _commit_in(self, shared: SharedState | None, state: dict, message: str,
+                   **kw: Any) -> str:
+        """`repo.commit(state, message, **kw)`, in the child process when `state` is its
+        shared copy; on this thread when an argument cannot cross to it (unless
+        background_process=True asked for the child)."""
+        if shared is None or self._process is None:
+            return self.repo.commit(state, message, **kw)
+        try:
+            if kw.get("grads"):  # the EMA's own host tensors: copied here, not in the loop's time
+                kw["grads"] = shared.add(kw["grads"])
+            payload = self._process.pack(shared, state, message, **kw)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            if self.background_process:
+                raise TrackerError(f"background_process=True, but this commit's arguments cannot "
+                                   f"be sent to a child process: {exc}") from exc
+            return self.repo.commit(state, message, **kw)
+        return self._process.commit(shared, payload)
 
     def _warn_lossless(self, cid: str, record: QualityRecord, restored: str | None) -> None:
         """Say so when the search found no configuration within the bound: the commit is
@@ -411,6 +494,9 @@ class Tracker:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
+            if self._process is not None:
+                self._process.close()
+                self._process = None
 
     def __enter__(self) -> Tracker:
         return self

@@ -1,0 +1,187 @@
+"""Background commits in a child process: the same commits as on a thread, errors and warnings
+brought back, a dead child survived, and the Tracker's choice of where a commit runs."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+import torch.nn.functional as F
+from digits_mlp import digits, mlp
+
+from mvc.integrations import CommitProcessError, Tracker, TrackerError
+from mvc.integrations import shared_copy
+from mvc.integrations.commit_process import CommitProcess
+from mvc.repo.repository import NotARepositoryError, Repo
+from mvc.search.space import SearchError
+from mvc.store.memory import MemoryStore
+
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
+              pytest.mark.skipif(not shared_copy.supported(), reason="Linux memfd and fd passing")]
+
+
+@pytest.fixture(scope="module")
+def data():
+    return digits()
+
+
+def _train(model, opt, data, steps, tracker=None, seed=0):
+    xtr, ytr, _, _ = data
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        i = torch.randint(0, len(ytr), (64,), generator=g)
+        loss = F.cross_entropy(model(xtr[i]), ytr[i])
+        opt.zero_grad()
+        loss.backward()
+        if tracker is not None:
+            tracker.after_backward()
+        opt.step()
+
+
+def _run(tmp_path, data, name, **kw):
+    """Two background commits of the same training run; (repo, ids, tracker)."""
+    repo = Repo.init(tmp_path / name)
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    tr = Tracker(repo, model, opt, epsilon=0.05, **kw)
+    ids = []
+    for k in range(2):
+        _train(model, opt, data, 20, tr, seed=k)
+        ids.append(tr.commit(f"bg {k}", background=True).result())
+    in_process = tr.background_in_process
+    tr.close()
+    return repo, ids, in_process
+
+
+def test_a_commit_in_the_child_stores_what_a_thread_stores(tmp_path, data):
+    proc_repo, proc_ids, in_process = _run(tmp_path, data, "p")
+    thread_repo, thread_ids, on_thread = _run(tmp_path, data, "t", background_process=False)
+    assert in_process and not on_thread
+    for a, b in zip(proc_ids, thread_ids):
+        ca, cb = proc_repo.read_commit(a), thread_repo.read_commit(b)
+        assert ca.snapshot == cb.snapshot and ca.quant == cb.quant and ca.quant   # lossy, same bytes
+        assert ca.parents == ([proc_ids[0]] if a == proc_ids[1] else [])
+    assert proc_repo.head() == proc_ids[1]
+    got, want = proc_repo.checkout(proc_ids[1]), thread_repo.checkout(thread_ids[1])
+    for k, t in want["model"].items():
+        assert torch.equal(got["model"][k], t)
+
+
+def test_the_childs_exception_comes_back_with_its_type_and_the_child_keeps_serving(tmp_path):
+    repo = Repo.init(tmp_path / "r")
+    proc = CommitProcess(repo.path)
+    try:
+        state = {"w": torch.randn(64, 64)}
+        shared = proc.copy(state)
+        with pytest.raises(SearchError, match="epsilon must be") as info:
+            proc.commit(shared, proc.pack(shared, shared.obj, "bad", epsilon=-1.0))
+        assert any("background commit process" in n for n in info.value.__notes__)
+        proc.release(shared)
+        shared = proc.copy(state)
+        cid = proc.commit(shared, proc.pack(shared, shared.obj, "ok", lossless=True))
+        assert repo.head() == cid
+        assert torch.equal(repo.checkout(cid)["w"], state["w"])
+        proc.release(shared)
+    finally:
+        proc.close()
+    assert proc.pid is None
+
+
+def test_a_child_that_dies_is_reported_and_the_next_commit_starts_another(tmp_path):
+    repo = Repo.init(tmp_path / "r")
+    proc = CommitProcess(repo.path)
+    try:
+        state = {"w": torch.randn(32)}
+        shared = proc.copy(state)
+        first = proc.commit(shared, proc.pack(shared, shared.obj, "one", lossless=True))
+        proc.release(shared)
+        pid = proc.pid
+        os.kill(pid, signal.SIGKILL)
+        shared = proc.copy(state)
+        with pytest.raises(CommitProcessError, match="exit code -9"):
+            proc.commit(shared, proc.pack(shared, shared.obj, "two", lossless=True))
+        assert repo.head() == first   # nothing half-written
+        second = proc.commit(shared, proc.pack(shared, shared.obj, "three", lossless=True))
+        assert proc.pid not in (None, pid) and repo.read_commit(second).parents == [first]
+        proc.release(shared)
+    finally:
+        proc.close()
+
+
+def test_the_childs_warnings_are_raised_here():
+    proc = CommitProcess("/nonexistent")
+    shared = proc.copy({"w": torch.ones(2)})
+    with pytest.warns(UserWarning, match="from the child"):
+        assert proc._answer(("done", "abc", [(UserWarning, "from the child"), (None, "x")], True),
+                            shared) == "abc"
+    assert shared.reusable
+    proc.release(shared)
+
+
+def test_a_copy_the_child_let_go_of_is_reused_and_one_it_kept_is_not(tmp_path):
+    proc = CommitProcess(tmp_path)
+    shared = proc.copy({"w": torch.ones(1000)})
+    ptr = shared.obj["w"].data_ptr()
+    shared.reusable = True
+    proc.release(shared)
+    again = proc.copy({"w": torch.zeros(1000)})
+    assert again.obj["w"].data_ptr() == ptr and torch.equal(again.obj["w"], torch.zeros(1000))
+    again.reusable = False   # the child still viewed it: written again, a commit would change
+    proc.release(again)
+    third = proc.copy({"w": torch.ones(1000)})
+    assert third.arena is not again.arena
+    proc.release(third)
+    proc.close()
+
+
+def test_a_repository_the_child_cannot_open_fails_the_commit_not_the_loop(tmp_path):
+    proc = CommitProcess(tmp_path / "no-repo")
+    try:
+        shared = proc.copy({"w": torch.ones(2)})
+        with pytest.raises(NotARepositoryError, match="not an mvc repository"):
+            proc.commit(shared, proc.pack(shared, shared.obj, "x", lossless=True))
+        proc.release(shared)
+    finally:
+        proc.close()
+
+
+def test_the_tracker_commits_on_a_thread_where_a_child_cannot(tmp_path, data):
+    model = mlp()
+    with_quality = Tracker(Repo.init(tmp_path / "q"), model, quality=lambda m: 0.0)
+    assert with_quality._why_no_process() == "the quality callable evaluates on this process's model"
+    in_memory = Repo(tmp_path / "m", store=MemoryStore())
+    with pytest.raises(TrackerError, match="not one on disk"):
+        Tracker(in_memory, model, background_process=True)
+    with pytest.raises(TrackerError, match="quality callable"):
+        Tracker(Repo.init(tmp_path / "q2"), model, quality=lambda m: 0.0, background_process=True)
+    with pytest.raises(TrackerError, match="True, False or None"):
+        Tracker(Repo.init(tmp_path / "q3"), model, background_process="yes")
+    # a lossless background commit of a plain model, and what it restores
+    repo = Repo.init(tmp_path / "plain")
+    tr = Tracker(repo, model)
+    cid = tr.commit("lossless", background=True).result()
+    assert tr.background_in_process
+    tr.close()
+    for k, t in model.state_dict().items():
+        assert torch.equal(repo.checkout(cid)["model"][k], t)
+
+
+def test_an_argument_that_cannot_cross_commits_on_the_thread(tmp_path, monkeypatch):
+    import pickle
+
+    def refuse(*a, **k):
+        raise pickle.PicklingError("a lambda cannot be pickled")
+
+    monkeypatch.setattr(CommitProcess, "pack", staticmethod(refuse))
+    model = mlp()
+    repo = Repo.init(tmp_path / "auto")
+    tr = Tracker(repo, model)
+    cid = tr.commit("on the thread", background=True).result()
+    assert repo.head() == cid and tr._process is not None and tr._process.pid is None  # never started
+    tr.close()
+    forced = Tracker(Repo.init(tmp_path / "forced"), model, background_process=True)
+    forced.commit("refused", background=True)
+    with pytest.raises(TrackerError, match="cannot be sent to a child process"):
+        forced.close()   # re-raises the background commit's failure
