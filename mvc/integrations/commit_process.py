@@ -116,6 +116,13 @@ class CommitProcess:
             arena.release()
             raise
 
+    def has_spare(self) -> bool:
+        """Whether the next `copy` writes into memory already faulted in (a copy the child let
+        go of); the first copy does not: fresh shared pages fault about twice as slowly as a
+        plain allocation's, so a caller in a hurry copies to plain memory first."""
+        with self._lock:
+            return self._spare is not None
+
     def release(self, shared: SharedState) -> None:
         """Done with `shared`: its memory is kept for the next copy when the child let go of
         it (one copy's worth, until `close`), else freed."""

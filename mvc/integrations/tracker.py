@@ -203,10 +203,12 @@ class Tracker:
         if background:
             shared = None
             proc = self._commit_process()
-            if proc is not None:
-                shared = proc.copy(state)
+            if proc is not None and proc.has_spare():
+                shared = proc.copy(state)   # into pages the last commit faulted in
                 state = shared.obj
             else:
+                # Plain pages fault in fastest; a child's commit moves them into shared memory
+                # on the worker thread, off the loop's time.
                 state = clone_to_cpu(state)
             evaluate = None
             if self.quality is not None:
@@ -219,8 +221,10 @@ class Tracker:
                 self._executor = ThreadPoolExecutor(
                     1, thread_name_prefix="mvc-tracker",
                     initializer=(lambda: lower_this_thread(nice)) if nice else None)
-            fut = self._executor.submit(self._background_job, state, message, step, metrics, grads,
-                                        evaluate, blocking, shared)
+            # The state in a box the job empties: a copy it moves into shared memory is freed
+            # then, not held by the executor's arguments until the job ends.
+            fut = self._executor.submit(self._background_job, [state], message, step, metrics,
+                                        grads, evaluate, blocking, shared, proc is not None)
             with self._lock:
                 self._futures.append(fut)
             return fut
@@ -285,10 +289,15 @@ class Tracker:
             state.update(extra)
         return state
 
-    def _background_job(self, state: dict, message: str, step: int | None, metrics: Mapping | None,
-                        grads: dict[str, torch.Tensor], evaluate: Callable | None, blocking: float,
-                        shared: SharedState | None = None) -> str:
+    def _background_job(self, box: list[dict], message: str, step: int | None,
+                        metrics: Mapping | None, grads: dict[str, torch.Tensor],
+                        evaluate: Callable | None, blocking: float,
+                        shared: SharedState | None = None, to_child: bool = False) -> str:
+        state = box.pop()
         try:
+            if to_child and shared is None and self._process is not None:
+                shared = self._process.copy(state)
+                state = shared.obj
             return self._job(state, message, step, metrics, grads, evaluate, blocking, True, shared)
         except BaseException as exc:
             # Re-raised later, from another call: say which commit it came from (the quality
