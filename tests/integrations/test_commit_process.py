@@ -7,8 +7,7 @@ import signal
 
 import pytest
 import torch
-import torch.nn.functional as F
-from digits_mlp import digits, mlp
+from digits_mlp import digits, mlp, train_step
 
 from mvc.integrations import CommitProcessError, Tracker, TrackerError
 from mvc.integrations import shared_copy
@@ -26,17 +25,10 @@ def data():
     return digits()
 
 
-def _train(model, opt, data, steps, tracker=None, seed=0):
-    xtr, ytr, _, _ = data
+def _train(model, opt, data, steps, tracker, seed=0):
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
-        i = torch.randint(0, len(ytr), (64,), generator=g)
-        loss = F.cross_entropy(model(xtr[i]), ytr[i])
-        opt.zero_grad()
-        loss.backward()
-        if tracker is not None:
-            tracker.after_backward()
-        opt.step()
+        train_step(model, opt, data, g, tracker.after_backward)
 
 
 def _run(tmp_path, data, name, **kw):

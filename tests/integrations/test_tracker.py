@@ -6,7 +6,7 @@ from concurrent.futures import Future
 import pytest
 import torch
 import torch.nn.functional as F
-from digits_mlp import digits, mlp
+from digits_mlp import digits, mlp, train_step
 
 from mvc.integrations import Tracker, TrackerError, clone_to_cpu
 from mvc.quant import QuantConfig
@@ -46,15 +46,9 @@ def make(tmp_path, data, **kw):
 
 
 def run(tracker, model, opt, data, steps, *, background=False, before_commit=None, seed=0):
-    xtr, ytr, _, _ = data
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
-        i = torch.randint(0, len(ytr), (64,), generator=g)
-        loss = F.cross_entropy(model(xtr[i]), ytr[i])
-        opt.zero_grad()
-        loss.backward()
-        tracker.after_backward()
-        opt.step()
+        train_step(model, opt, data, g, tracker.after_backward)
         if tracker.should_commit():
             if before_commit:
                 before_commit()
