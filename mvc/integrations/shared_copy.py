@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from mvc.errors import MvcError
+from mvc.dtypes import dtype_name, parse_dtype
+from mvc.errors import DataError, MvcError
 
 #: Smallest shared file the arena makes; later ones double, so a state takes O(log size) files
 #: (a descriptor each in one message: Linux passes at most 253).
@@ -92,7 +93,7 @@ class SharedArena:
         nbytes = numel * itemsize
         if nbytes == 0:   # no bytes to share (torch cannot unpickle every empty tensor either)
             out = torch.empty(shape, dtype=dtype)
-            self._slots[id(out)] = (out, ("mvc-empty", str(dtype).removeprefix("torch."),
+            self._slots[id(out)] = (out, ("mvc-empty", dtype_name(dtype),
                                           tuple(int(n) for n in shape)))
             return out
         at = -(-self._used // ALIGN) * ALIGN
@@ -104,7 +105,7 @@ class SharedArena:
         raw = torch.frombuffer(self._maps[seg], dtype=torch.uint8, count=nbytes, offset=at)
         out = raw.view(dtype).view(shape)
         self._used = at + nbytes
-        self._slots[id(out)] = (out, ("mvc-arena", seg, at, nbytes, str(dtype).removeprefix("torch."),
+        self._slots[id(out)] = (out, ("mvc-arena", seg, at, nbytes, dtype_name(dtype),
                                       tuple(int(n) for n in shape)))
         return out
 
@@ -206,8 +207,8 @@ class _ArenaUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         if isinstance(pid, tuple) and len(pid) == 3 and pid[0] == "mvc-empty":
-            dtype = getattr(torch, str(pid[1]), None)
-            if not isinstance(dtype, torch.dtype) or 0 not in tuple(pid[2]):
+            dtype = _dtype(pid)
+            if 0 not in tuple(pid[2]):
                 raise pickle.UnpicklingError(f"bad empty-tensor reference {pid!r}")
             return torch.empty(tuple(pid[2]), dtype=dtype)
         if not (isinstance(pid, tuple) and len(pid) == 6 and pid[0] == "mvc-arena"):
@@ -216,9 +217,9 @@ class _ArenaUnpickler(pickle.Unpickler):
         hit = self._memo.get(key)
         if hit is not None:
             return hit
-        seg, at, nbytes, dtype_name, shape = key
-        dtype = getattr(torch, dtype_name, None)
-        if not isinstance(dtype, torch.dtype) or not 0 <= seg < len(self._maps):
+        seg, at, nbytes, _, shape = key
+        dtype = _dtype(pid)
+        if not 0 <= seg < len(self._maps):
             raise pickle.UnpicklingError(f"bad arena reference {pid!r}")
         if at < 0 or nbytes <= 0 or at + nbytes > len(self._maps[seg]):
             raise pickle.UnpicklingError(f"arena reference {pid!r} outside its shared file")
@@ -226,6 +227,14 @@ class _ArenaUnpickler(pickle.Unpickler):
         out = raw.view(dtype).view(shape)
         self._memo[key] = out
         return out
+
+
+def _dtype(pid: tuple[Any, ...]) -> torch.dtype:
+    """The dtype a reference names (its last field but one)."""
+    try:
+        return parse_dtype(pid[-2], "a state copy's reference")
+    except DataError as exc:
+        raise pickle.UnpicklingError(f"bad reference {pid!r}: {exc}") from None
 
 
 _PLAIN_INTS = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,

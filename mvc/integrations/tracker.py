@@ -147,6 +147,7 @@ class Tracker:
         self.background_nice = background_nice
         self.background_process = background_process
         self._process: CommitProcess | None = None
+        self._in_child = False   # whether a background commit has run in the child
         self.steps = 0
         self.history: list[dict[str, Any]] = []
         self.grad_ema = GradientEMA(model, beta=self.beta)
@@ -261,8 +262,8 @@ class Tracker:
 
     @property
     def background_in_process(self) -> bool:
-        """Whether background commits have run in a child process (`background_process`)."""
-        return self._process is not None
+        """Whether a background commit has run in a child process (`background_process`)."""
+        return self._in_child
 
     def _wait_for_room(self) -> None:
         """Let at most `MAX_QUEUED` background commits wait behind the running one: each holds
@@ -399,7 +400,9 @@ class Tracker:
                 raise TrackerError(f"background_process=True, but this commit's arguments cannot "
                                    f"be sent to a child process: {exc}") from exc
             return self.repo.commit(state, message, **kw)
-        return self._process.commit(shared, payload)
+        cid = self._process.commit(shared, payload)
+        self._in_child = True
+        return cid
 
     def _warn_lossless(self, cid: str, record: QualityRecord, restored: str | None) -> None:
         """Say so when the search found no configuration within the bound: the commit is

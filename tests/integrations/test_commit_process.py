@@ -171,7 +171,8 @@ def test_an_argument_that_cannot_cross_commits_on_the_thread(tmp_path, monkeypat
     repo = Repo.init(tmp_path / "auto")
     tr = Tracker(repo, model)
     cid = tr.commit("on the thread", background=True).result()
-    assert repo.head() == cid and tr._process is not None and tr._process.pid is None  # never started
+    assert repo.head() == cid and not tr.background_in_process
+    assert tr._process is not None and tr._process.pid is None   # the child never started
     tr.close()
     forced = Tracker(Repo.init(tmp_path / "forced"), model, background_process=True)
     forced.commit("refused", background=True)
