@@ -178,3 +178,22 @@ def test_an_argument_that_cannot_cross_commits_on_the_thread(tmp_path, monkeypat
     forced.commit("refused", background=True)
     with pytest.raises(TrackerError, match="cannot be sent to a child process"):
         forced.close()   # re-raises the background commit's failure
+
+
+def test_the_child_commits_to_the_branch_the_training_process_switched_to(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 16)
+    repo = Repo.init(tmp_path / "r")
+    tr = Tracker(repo, model, background_process=True)
+    on_main = tr.commit("on main", background=True).result()
+    repo.switch("exp", create=True)
+    with torch.no_grad():
+        model.weight.add_(1)
+    on_exp = tr.commit("on exp", background=True).result()
+    repo.switch("main")
+    again = tr.commit("main again", background=True).result()
+    tr.close()
+    assert tr.background_in_process
+    assert repo.resolve("exp") == on_exp and repo.read_commit(on_exp).parents == [on_main]
+    assert repo.resolve("main") == again and repo.read_commit(again).parents == [on_main]
+    assert torch.equal(repo.checkout(on_exp)["model"]["weight"], model.weight.detach())
