@@ -46,11 +46,11 @@ from mvc.repo.repository import Repo
 #: between sessions, whatever their nice values, so a child in a session of its own took half
 #: of them from the loop. The terminal's ^C is the training loop's to handle: the child
 #: ignores it, finishes the commit it is writing and exits when its channel closes.
-_CHILD = ("import os, signal, sys\n"
+_CHILD = ("import signal, sys\n"
           "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-          "n = int(sys.argv[2])\n"
-          "if n and sys.platform.startswith('linux'):\n"
-          "    os.nice(n)\n"
+          "from mvc.native.parallel import lower_this_thread\n"   # imports no torch
+          "if int(sys.argv[2]):\n"
+          "    lower_this_thread(int(sys.argv[2]))\n"
           "from mvc.integrations.commit_process import serve\n"
           "serve(int(sys.argv[1]))\n")
 
@@ -100,12 +100,15 @@ class CommitProcess:
         """The running child's pid (None before the first commit or after it ended)."""
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
-    def copy(self, obj: Any) -> SharedState:
+    def copy(self, obj: Any, *, warm_only: bool = False) -> SharedState | None:
         """`obj` (a nested state) with every tensor copied into shared host memory: the memory
         of the last copy the child let go of, when there is one (its pages already faulted in),
-        else new."""
+        else new; with `warm_only`, None instead of new memory (fresh shared pages fault about
+        twice as slowly as a plain allocation's: a caller in a hurry copies to plain memory)."""
         with self._lock:
             arena, self._spare = self._spare, None
+        if arena is None and warm_only:
+            return None
         if arena is None:
             arena = SharedArena()
         else:
@@ -115,13 +118,6 @@ class CommitProcess:
         except BaseException:
             arena.release()
             raise
-
-    def has_spare(self) -> bool:
-        """Whether the next `copy` writes into memory already faulted in (a copy the child let
-        go of); the first copy does not: fresh shared pages fault about twice as slowly as a
-        plain allocation's, so a caller in a hurry copies to plain memory first."""
-        with self._lock:
-            return self._spare is not None
 
     def release(self, shared: SharedState) -> None:
         """Done with `shared`: its memory is kept for the next copy when the child let go of
@@ -193,7 +189,7 @@ class CommitProcess:
         env["CUDA_VISIBLE_DEVICES"] = ""
         # One CPU fewer than this process may use, so the loop's thread keeps one: a niced
         # thread sharing a CPU with it gets a tenth of that CPU, and every parallel pass of the
-        # commit waits for its slowest thread (a 30M commit beside a loop ran 60x longer).
+        # commit waits for its slowest thread.
         threads = max(1, worker_count() - 1)
         env.setdefault("MVC_THREADS", str(threads))
         try:

@@ -202,15 +202,11 @@ class Tracker:
         state = self._state()
         step = step if step is not None else (self.steps or None)
         if background:
-            shared = None
             proc = self._commit_process()
-            if proc is not None and proc.has_spare():
-                shared = proc.copy(state)   # into pages the last commit faulted in
-                state = shared.obj
-            else:
-                # Plain pages fault in fastest; a child's commit moves them into shared memory
-                # on the worker thread, off the loop's time.
-                state = clone_to_cpu(state)
+            # Into pages the last commit faulted in; else plain pages, which fault in fastest,
+            # and a child's commit moves them into shared memory on the worker thread.
+            shared = proc.copy(state, warm_only=True) if proc is not None else None
+            state = shared.obj if shared is not None else clone_to_cpu(state)
             evaluate = None
             if self.quality is not None:
                 if self._eval_model is None:
@@ -298,6 +294,7 @@ class Tracker:
         try:
             if to_child and shared is None and self._process is not None:
                 shared = self._process.copy(state)
+                assert shared is not None
                 state = shared.obj
             return self._job(state, message, step, metrics, grads, evaluate, blocking, True, shared)
         except BaseException as exc:
@@ -307,11 +304,8 @@ class Tracker:
                          f"{f' (step {step})' if step is not None else ''}; nothing was committed")
             raise
         finally:
-            if shared is not None:
-                if self._process is not None:
-                    self._process.release(shared)   # kept for the next copy when it can be
-                else:
-                    shared.arena.release()
+            if shared is not None and self._process is not None:   # close() waits for this job
+                self._process.release(shared)   # kept for the next copy when it can be
 
     def _job(self, state: dict, message: str, step: int | None, metrics: Mapping | None,
              grads: dict[str, torch.Tensor], evaluate: Callable | None, blocking: float,
