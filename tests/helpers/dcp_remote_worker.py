@@ -126,7 +126,8 @@ def job_race(job: dict, report: dict) -> None:
 
 
 def rank_main(job: dict, rank: int) -> None:
-    with tempfile.TemporaryDirectory(prefix=f"mvc-rank{rank}-") as cwd:
+    # under the test's own folder: a rank the test kills leaves it there, not in /tmp
+    with tempfile.TemporaryDirectory(prefix=f"mvc-rank{rank}-", dir=job["out"]) as cwd:
         os.chdir(cwd)   # a working directory of its own
         try:
             _rank_main(job, rank)

@@ -23,11 +23,15 @@ from mvc.store.objstore.refs import RemoteRefStore
 
 class _FileDir:
     def make_dir(self) -> str:
-        return tempfile.mkdtemp(prefix="mvc-remote-")
+        # every store a test made, not only the fixture's (the lifecycle tests make another)
+        self._dirs = getattr(self, "_dirs", [])
+        self._dirs.append(tempfile.mkdtemp(prefix="mvc-remote-"))
+        return self._dirs[-1]
 
     def cleanup_store(self, store) -> None:
         store.close()
-        shutil.rmtree(store.storage.root, ignore_errors=True)
+        for d in self._dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 class TestFileBlobs(_FileDir, BlobStoreTests):
