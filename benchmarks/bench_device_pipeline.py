@@ -21,7 +21,8 @@ measured:
 passes (and a tensor they leave still takes); "batched" is what a commit of CUDA tensors now
 runs.
 Synchronisations and launches are counted by tests/helpers/sync_counter.py (what would make the
-host wait for a CUDA stream, following the data that would live on the GPU). The counts are the
+host wait for a CUDA stream, following the data that would live on the GPU; "waits" are those
+that find launches queued since the last one, the rest return at once). The counts are the
 point on a machine without a GPU (`--device cpu` runs the device path on host tensors, in a
 GPU's chunk size); the times, and each stage's peak extra GPU memory against the state's bytes,
 mean something only on a GPU, where each synchronisation stalls the stream. On the host the
@@ -93,7 +94,8 @@ def measure(fn: Callable[[], Any], device: str, repeat: int, on_device: list[tor
         times.append(time.perf_counter() - t0)
     times.sort()
     return {"seconds": times[len(times) // 2], "launches": counter.ops,
-            "syncs": counter.syncs, "sync_kinds": dict(counter.kinds), "peak_extra_gpu": peak,
+            "syncs": counter.syncs, "waits": counter.waits, "sync_kinds": dict(counter.kinds),
+            "peak_extra_gpu": peak,
             # the counter's view of the peak (on the host, what `peak_extra_gpu` estimates):
             # the largest device buffers it held, with where each was made
             "held_at_peak": [[n, where] for n, where in counter.at_peak[:8]]}
@@ -125,14 +127,13 @@ def stages(state: dict[str, Any], device: str, repeat: int, hooks: bool = True
     def trial(batched: bool) -> Callable[[], Any]:
         def run() -> Any:
             pieces: dict = {}
-            for group in keys().values():
-                if batched:
-                    pieces.update(prep.quantize_group(group, seed=0, sigma=0.2, init={},
-                                                      weigh=True))
-                else:
-                    for key in group:
-                        pieces[key] = prep.quantize(key[0], key[1], key[2], seed=0, sigma=0.2,
-                                                    init=None, weigh=True)
+            every = [key for group in keys().values() for key in group]
+            if batched:  # every layer type's at once, as `quantize_config` asks a trial's
+                pieces.update(prep.quantize_group(every, seed=0, sigma=0.2, init={}, weigh=True))
+            else:
+                for key in every:
+                    pieces[key] = prep.quantize(key[0], key[1], key[2], seed=0, sigma=0.2,
+                                                init=None, weigh=True)
             qmap = {n: q for got in pieces.values() for n, q in got.items()}
             return prep.measure({**{n: None for n in tensors}, **qmap}, pieces, proxy=True), qmap
         return run
@@ -203,13 +204,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     else:
         print(f"device {args.device}, {n / 1e6:.1f}M parameters "
               f"({len(state['model'])} weights), {torch.get_num_threads()} threads")
-        print(f"{'stage':10s} {'path':11s} {'syncs':>6s} {'launches':>8s} {'seconds':>8s}  ratio")
+        print(f"{'stage':10s} {'path':11s} {'syncs':>6s} {'waits':>6s} {'launches':>8s} "
+              f"{'seconds':>8s}  ratio")
         for stage, paths in res.items():
             base = paths["one by one"]["seconds"]
             for path, m in paths.items():
                 what = "GPU peak" if args.device == "cuda" else "device peak (est.)"
                 gpu = f"  {what} {m['peak_extra_gpu'] / state_bytes:.3f}x the state"
-                print(f"{stage:10s} {path:11s} {m['syncs']:6d} {m['launches']:8d} "
+                print(f"{stage:10s} {path:11s} {m['syncs']:6d} {m['waits']:6d} {m['launches']:8d} "
                       f"{m['seconds']:8.3f}  {m['seconds'] / base:5.2f}x{gpu}")
     return report
 

@@ -21,7 +21,9 @@ tensor index selecting its thresholds, midpoints and level values from small tab
   its k + 1, gathered with the count known (`device_chunks.select_where`), so no chunk waits.
 
 What crosses to the host: the counts and sums once per group (the search's bits, proxy and
-guard rail read them); and,
+guard rail read them), read back when the caller asks for them: `start_group` enqueues a
+group's pass and returns, so a search trial starts every layer type's pass (the host's k-means
+of one running while the device assigns another) and then waits for the device once; and,
 where a threshold uses sensitivity, the dropped values' histograms once per group (the kept
 values' sketch feeds the k-means). The k-means itself runs in the native code on the host, as
 on every path, so every device chooses the same centroids. The levels stay on the device.
@@ -108,9 +110,51 @@ def quantize_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: flo
                    family: str = DEFAULT_FAMILY, chunk: int | None = None,
                    domain: str = "linear", drop_zeros: bool = False, to_host: bool = False
                    ) -> list[GroupResult | None]:
-    """Each job's tensor quantized as `quantize_prepared(tensor, x, sketch, sens, thr, bins,
-    seed=seed, sigma=sigma, init=init, family=family)` would, in one batched pass over the
-    group (module docstring). None for a job whose values have no more distinct buckets than
+    """`start_group(...).results()`: the group's pass, waited for."""
+    return start_group(jobs, bins, seed=seed, sigma=sigma, family=family, chunk=chunk,
+                       domain=domain, drop_zeros=drop_zeros, to_host=to_host).results()
+
+
+class PendingGroup:
+    """A group's pass enqueued on its device (`start_group`). `wait()` reads its counts and sums
+    back, the pass's one wait for the device; `results()` waits if that is not done and builds
+    the results (the first call; later ones return the same list). A caller with several
+    groups (a search trial's layer types) starts them all, waits for each, then takes their
+    results: one wait in all, and the device runs one group's pass while the host runs the
+    next one's k-means and launches."""
+
+    def __init__(self, n_jobs: int, live: list[int], launched: _Launched | None) -> None:
+        self._n, self._live, self._launched = n_jobs, live, launched
+        self._host: tuple[np.ndarray, np.ndarray] | None = None
+        self._out: list[GroupResult | None] | None = None
+
+    def wait(self) -> None:
+        """Read the pass's counts and sums back, once (nothing to do for a pass done)."""
+        if self._launched is not None and self._host is None:
+            self._host = _read_back(self._launched)
+
+    def results(self) -> list[GroupResult | None]:
+        """Each job's result (None where `quantize_group` leaves it), in the jobs' order."""
+        if self._out is None:
+            self.wait()
+            out: list[GroupResult | None] = [None] * self._n
+            if self._launched is not None and self._host is not None:
+                for i, r in zip(self._live, _collect(self._launched, *self._host), strict=True):
+                    out[i] = r
+            # the device buffers go with the launch
+            self._out, self._launched, self._host = out, None, None
+        return self._out
+
+
+def start_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: float = 0.2,
+                family: str = DEFAULT_FAMILY, chunk: int | None = None,
+                domain: str = "linear", drop_zeros: bool = False, to_host: bool = False
+                ) -> PendingGroup:
+    """The batched pass over the group enqueued (module docstring): its `results()` are each
+    job's tensor quantized as `quantize_prepared(tensor, x, sketch, sens, thr, bins,
+    seed=seed, sigma=sigma, init=init, family=family)` would. The host's part (the k-means;
+    with sensitivity rules, the dropped values' histograms, which it waits for) is done
+    here. None for a job whose values have no more distinct buckets than
     centroids: `quantize_prepared` replaces its centroids by exact means, a second pass that
     is left to it. `chunk`: elements per chunk (default: by device).
 
@@ -128,7 +172,7 @@ def quantize_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: flo
     if domain not in DOMAINS:
         raise QuantConfigError(f"unknown domain {domain!r}")
     if not jobs:
-        return []
+        return PendingGroup(0, [], None)
     device = jobs[0].tensor.device
     for job in jobs:
         if job.tensor.device != device or not batchable(job.tensor):
@@ -158,13 +202,9 @@ def quantize_group(jobs: list[GroupJob], bins: int, *, seed: int = 0, sigma: flo
                                   generator=seeded_generator(seed), init=p.init)
 
     pmap(kmeans, todo)  # the native k-means, one tensor per pool thread
-    out: list[GroupResult | None] = [None] * len(jobs)
-    if live:
-        got = _assign_group(GroupData([jobs[i] for i in live], device, domain, drop_zeros),
-                            [plans[i] for i in live], chunk, to_host)
-        for i, r in zip(live, got, strict=True):
-            out[i] = r
-    return out
+    launched = _launch(GroupData([jobs[i] for i in live], device, domain, drop_zeros),
+                       [plans[i] for i in live], chunk, to_host) if live else None
+    return PendingGroup(len(jobs), live, launched)
 
 
 def _plan(job: GroupJob, k: int, family: str, init: np.ndarray | None) -> _Plan:
@@ -326,8 +366,24 @@ def _measured(cen: torch.Tensor, dtype: torch.dtype, domain: str) -> torch.Tenso
     return exp_levels(cen, dtype).to(torch.float32).sqrt()
 
 
-def _assign_group(data: GroupData, plans: list[_Plan], step: int | None,
-                  to_host: bool = False) -> list[GroupResult]:
+@dataclass
+class _Launched:
+    """A group's assignment pass as enqueued: what `_collect` reads back and cuts into results."""
+
+    data: GroupData
+    ks: list[int]
+    cens: list[torch.Tensor]
+    starts: np.ndarray
+    arena: torch.Tensor
+    acc: torch.Tensor
+    counts: torch.Tensor
+    width: int
+    n_sums: int
+    to_host: bool
+
+
+def _launch(data: GroupData, plans: list[_Plan], step: int | None,
+            to_host: bool = False) -> _Launched:
     jobs, device, domain = data.jobs, data.device, data.domain
     n_jobs = len(jobs)
     ks = [p.k for p in plans]
@@ -406,9 +462,19 @@ def _assign_group(data: GroupData, plans: list[_Plan], step: int | None,
         del ax, dd, xx
         sums = torch.stack(parts, dim=1)
         acc.index_add_(0, c.jobs, sums)  # a job has one piece per chunk: no two adds meet
+    return _Launched(data, ks, cens, starts, arena, acc, counts, width, n_sums, to_host)
+
+
+def _read_back(launched: _Launched) -> tuple[np.ndarray, np.ndarray]:
     # the group's one synchronisation (the second copy finds nothing left to wait for)
-    counts_h = counts.cpu().reshape(n_jobs, width).numpy()
-    sums_h = acc.cpu().numpy()
+    counts_h = launched.counts.cpu().reshape(len(launched.ks), launched.width).numpy()
+    return counts_h, launched.acc.cpu().numpy()
+
+
+def _collect(launched: _Launched, counts_h: np.ndarray, sums_h: np.ndarray) -> list[GroupResult]:
+    data, ks, cens, starts = launched.data, launched.ks, launched.cens, launched.starts
+    jobs, device, arena, n_sums = data.jobs, data.device, launched.arena, launched.n_sums
+    ldt = arena.dtype
     n_prot = [int(counts_h[j, k + 1]) for j, k in enumerate(ks)]
     # A protected value's level is its tensor's k + 1: with the counts on the host, each
     # tensor's are gathered by position, no chunk waiting to learn how many it holds.
@@ -418,7 +484,7 @@ def _assign_group(data: GroupData, plans: list[_Plan], step: int | None,
     prot_all = (torch.cat(protected) if protected
                 else torch.empty(0, dtype=torch.float32, device=device))
     del protected
-    if to_host:  # (`.cpu()` also on the host, where it is the tensor itself: one code path)
+    if launched.to_host:  # (`.cpu()` also on the host, where it is the tensor itself: one code path)
         arena, prot_all = arena.cpu(), prot_all.cpu()
         cens_out = tuple(cens)
     else:

@@ -10,7 +10,7 @@ import torch
 
 from mvc.quant import (AssignStats, LogSketch, QuantConfig, QuantizedTensor, QuantPolicy,
                        quantize_prepared)
-from mvc.quant.batched import GroupJob, batchable, quantize_group
+from mvc.quant.batched import GroupJob, batchable, start_group
 from mvc.quant.batched_sketch import sketch_many
 from mvc.quant.error import cached_error_sums, level_histogram, relative_error, seed_error_stats
 from mvc.quant.errors import NonFiniteTensorError
@@ -128,10 +128,11 @@ class Prepared:
                        family: str = DEFAULT_FAMILY, feedback: bool = False
                        ) -> dict[PieceKey, Pieces]:
         """The quantizations of those of `keys` whose tensors take the torch path (CUDA
-        tensors), in one batched pass per bins count and device (`mvc.quant.batched`), by
-        key: what `quantize` gives each, with the same sums and counts left for the search.
-        Host tensors (the native kernels), float64 ones and those error feedback re-assigns
-        are left to `quantize` (`mvc.search.trials.GroupTrialSource`)."""
+        tensors), in one batched pass per bins count and device (`mvc.quant.batched`), all
+        enqueued before the first is waited for, by key: what `quantize` gives each, with the
+        same sums and counts left for the search. Host tensors (the native kernels), float64
+        ones and those error feedback re-assigns are left to `quantize`
+        (`mvc.search.trials.GroupTrialSource`)."""
         jobs: dict[tuple[int, torch.device], list[tuple[PieceKey, GroupJob]]] = {}
         for key in keys:
             name, bins, thr = key
@@ -145,11 +146,15 @@ class Prepared:
             jobs.setdefault((bins, t.device), []).append(
                 (key, GroupJob(t, self.sketches[name], thr, grad=grad, weight=g,
                                init=init.get(name))))
+        # every pass enqueued before any is waited for: one wait for the device per call
+        pending = [(group, start_group([job for _, job in group], bins, seed=seed, sigma=sigma,
+                                       family=family))
+                   for (bins, _), group in jobs.items()]
+        for _, passed in pending:
+            passed.wait()
         out: dict[PieceKey, Pieces] = {}
-        for (bins, _), group in jobs.items():
-            got = quantize_group([job for _, job in group], bins, seed=seed, sigma=sigma,
-                                 family=family)
-            for (key, job), r in zip(group, got, strict=True):
+        for group, passed in pending:
+            for (key, job), r in zip(group, passed.results(), strict=True):
                 if r is not None:  # None: a degenerate tensor, left to `quantize`
                     seed_error_stats(r.q, job.tensor, job.weight, r.sums, r.counts)
                     out[key] = {key[0]: r.q}

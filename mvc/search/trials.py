@@ -133,7 +133,7 @@ class GroupTrialSource(TrialSource, Protocol):
                        init: Mapping[str, torch.Tensor], weigh: bool,
                        family: str = DEFAULT_FAMILY, feedback: bool = False
                        ) -> dict[PieceKey, Pieces]:
-        """The quantizations of those of `keys` (one layer type's, one bins count) the source
+        """The quantizations of those of `keys` (a trial's, of every layer type) the source
         batches, by key, as `quantize` would give each; the keys it leaves out are asked of
         `quantize` one by one."""
         ...
@@ -162,7 +162,7 @@ def quantize_config(source: TrialSource, config: QuantConfig, *, seed: int,
     taken out of it before anything is quantized.  `init`: warm-start centroids by tensor name.  A family other
     than k-means is asked of the source as `quantize(..., family=...)`, error feedback as
     `feedback=True` (`FamilyTrialSource`).  A source with `quantize_group` (`GroupTrialSource`)
-    is first asked for each layer type's tensors together."""
+    is first asked for every layer type's tensors together."""
     qmap: dict[str, QuantizedTensor | None] = {n: None for n in source.tensors}
     keys: dict[PieceKey, Pieces] = {}
     batch = cast(GroupTrialSource, source).quantize_group if hasattr(
@@ -178,10 +178,12 @@ def quantize_config(source: TrialSource, config: QuantConfig, *, seed: int,
     wanted = {key for group in groups for key in group}
     for key in [k for k in reuse if k not in wanted]:
         del reuse[key]
+    # every layer type's batched passes asked for at once: the source waits for its device
+    # once per trial, not once per layer type
+    todo = [key for group in groups for key in group if key not in reuse]
+    batched = batch(todo, seed=seed, sigma=config.sigma, init=init, weigh=weigh,
+                    family=config.family, feedback=config.feedback) if batch and todo else {}
     for group in groups:
-        todo = [key for key in group if key not in reuse]
-        batched = batch(todo, seed=seed, sigma=config.sigma, init=init, weigh=weigh,
-                        family=config.family, feedback=config.feedback) if batch and todo else {}
         for key in group:
             name, bins, _ = key
             got = reuse.get(key)

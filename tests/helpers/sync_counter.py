@@ -22,7 +22,10 @@ device=)`) counts from the first op that writes device data into it.
 
     with SyncCounter(device=tensors) as c:
         run()
-    c.syncs, c.kinds, c.ops, c.peak_bytes
+    c.syncs, c.waits, c.kinds, c.ops, c.peak_bytes
+
+`waits` counts the synchronisations that find work queued: one that follows another with no
+launch between them finds the queue empty (on a GPU it returns without waiting).
 """
 from __future__ import annotations
 
@@ -70,11 +73,21 @@ class SyncCounter(TorchDispatchMode):
             self._baseline.add(t.untyped_storage().data_ptr())
         self.kinds: Counter[str] = Counter()
         self.ops = 0
+        # a synchronisation with no launch since the last one finds the queue empty: on a GPU
+        # it does not wait (`waits` counts those that do)
+        self.waits = 0
+        self._ops_at_wait = 0
         self._saved: dict[str, Any] = {}
 
     @property
     def syncs(self) -> int:
         return sum(self.kinds.values())
+
+    def _synced(self, kind: str) -> None:
+        self.kinds[kind] += 1
+        if self.ops > self._ops_at_wait:
+            self.waits += 1
+            self._ops_at_wait = self.ops
 
     def _mark(self, t: torch.Tensor, hold: bool = True, op: str = "") -> None:
         if hold:  # also when t is marked already: an in-place op may have resized it
@@ -148,10 +161,10 @@ class SyncCounter(TorchDispatchMode):
         if tainted and name == "histc" and _histc_range(args, kwargs)[0] != _histc_range(args, kwargs)[1]:
             pass  # CUDA's histc reads its input's range back only when none is given (min == max)
         elif tainted and name in _DATA_DEPENDENT:
-            self.kinds[name] += 1
+            self._synced(name)
         elif tainted and name == "index" and any(
                 isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]):
-            self.kinds["bool index"] += 1
+            self._synced("bool index")
         out = func(*args, **kwargs)
         if tainted:
             for o in tree_flatten(out)[0]:
@@ -166,7 +179,7 @@ class SyncCounter(TorchDispatchMode):
         def host(t: torch.Tensor, orig: Any, *a: Any, **k: Any) -> Any:
             # a device-to-host copy: counted, and its result is a host tensor (on the host the
             # copy may be `t` itself: a new tensor stands for it, outside the count)
-            counter.kinds["to host"] += 1
+            counter._synced("to host")
             with _disable_current_modes():
                 got = orig(t, *a, **k)
                 return got.clone() if got.untyped_storage().data_ptr() == \
@@ -183,7 +196,7 @@ class SyncCounter(TorchDispatchMode):
 
         def tolist_(t: torch.Tensor) -> Any:
             if counter.on_device(t):
-                counter.kinds["tolist"] += 1
+                counter._synced("tolist")
             return tolist(t)
 
         self._saved = {"cpu": cpu, "to": to, "tolist": tolist}
