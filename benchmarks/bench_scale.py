@@ -257,6 +257,7 @@ class _WritePhase:
         self.base = base_rss
         self.before = 0
         self.peak: int | None = None
+        self.seconds = 0.0   # the write phase's time: the rest of the commit is its plan
 
     def __enter__(self) -> _WritePhase:
         from unittest import mock
@@ -267,13 +268,17 @@ class _WritePhase:
 
         def measured(*a: Any, **k: Any) -> Any:
             before = _peak() - self.base
-            if not _reset_peak():   # no phase of its own to measure on this kernel
-                return write(*a, **k)
-            self.before = max(self.before, before)
+            t0 = time.perf_counter()
             try:
-                return write(*a, **k)
+                if not _reset_peak():   # no phase of its own to measure on this kernel
+                    return write(*a, **k)
+                self.before = max(self.before, before)
+                try:
+                    return write(*a, **k)
+                finally:
+                    self.peak = max(self.peak or 0, _peak() - self.base)
             finally:
-                self.peak = max(self.peak or 0, _peak() - self.base)
+                self.seconds += time.perf_counter() - t0
         self._patch = mock.patch.object(pipeline, "write", measured)
         self._patch.__enter__()
         return self
@@ -417,6 +422,8 @@ def child(task: dict) -> dict:
     if cleanup:   # the written file is measured, not kept: at 1.3B it is 16 GB of disk
         os.unlink(cleanup)
     out["peak_extra_rss"] = max(0, _peak() - max(setup_peak, base_rss))
+    if write_phase is not None and write_phase.seconds:
+        out["write_seconds"] = write_phase.seconds
     if write_phase is not None and write_phase.peak is not None:
         # the host side of a commit after its plan: the same for a state on any device
         out["write_extra_rss"] = write_phase.peak
@@ -600,6 +607,8 @@ def ratios(r: dict, nbytes: int) -> dict[str, float | None]:
         if k not in r:
             continue
         out[f"{k} peak extra RSS / checkpoint"] = r[k]["peak_extra_rss"] / nbytes
+        if "write_seconds" in r[k]:
+            out[f"{k} write-phase seconds"] = r[k]["write_seconds"]
         if "write_extra_rss" in r[k]:
             out[f"{k} write-phase extra RSS / checkpoint"] = r[k]["write_extra_rss"] / nbytes
         if "peak_extra_gpu" in r[k]:
@@ -668,6 +677,11 @@ def table(rep: dict) -> str:
         lines.append("peak extra anonymous RSS (no file pages: libraries, the store's map), x "
                      "checkpoint: " + ", ".join(anon))
     for k in ("first commit", "next commit"):
+        if "write_seconds" in r[k]:
+            w = r[k]["write_seconds"]
+            lines.append(f"{k}: write phase (encode and store, on the host) {w:.2f} s; the "
+                         f"rest (the quantization hook, reading the parent, publishing) "
+                         f"{r[k]['seconds'] - w:.2f} s")
         if "write_extra_rss" in r[k]:
             lines.append(f"{k}: peak extra RSS of the write phase (the host side of a commit "
                          f"after its plan, on any device) {r[k]['write_extra_rss'] / 1e9:.2f} GB "

@@ -43,7 +43,8 @@ TESTS=${MVC_GPU_TESTS:-"tests/repo/test_device_boundaries.py tests/repo/test_dev
   tests/state/test_io_remainder.py tests/integrations/test_grad_ema.py tests/native/test_native_simd.py \
   tests/native/test_native_rans.py tests/native/test_native_rans_legacy.py \
   tests/quant/test_quant_batched.py tests/quant/test_quant_batched_moments.py \
-  tests/quant/test_quant_optimizer.py tests/integrations/test_host_copy.py"}
+  tests/quant/test_quant_optimizer.py tests/integrations/test_host_copy.py \
+  tests/search/test_trial_waits.py"}
 echo "== CUDA tests"
 # shellcheck disable=SC2086
 XDIST=""
@@ -63,7 +64,7 @@ if [ "${MVC_GPU_BENCH:-1}" != 0 ]; then
   echo "bench rc $BENCH_RC at ${SECONDS}s"
   sed -n '/^bench_scale:/,/^{/p' "$OUT/bench.log"
   grep -E "^  [a-z_]+: " "$OUT/bench.log" | cut -c1-160
-  grep -E '/ torch\.(save|load)"|peak extra GPU memory' "$OUT/bench.log"
+  grep -E '/ torch\.(save|load)"|peak extra GPU memory|write-phase seconds' "$OUT/bench.log"
 fi
 if [ "${MVC_GPU_PIPELINE:-1}" != 0 ]; then
   echo "== bench_device_pipeline --device $DEV --params 124e6"
@@ -73,7 +74,7 @@ if [ "${MVC_GPU_PIPELINE:-1}" != 0 ]; then
   "$PY" -c "import json,sys; r=json.load(open(sys.argv[1]))
 for s, p in r['stages'].items():
     b = p['one by one']['seconds']
-    for k, m in p.items(): print(s, k, m['syncs'], m['launches'], round(m['seconds'], 4), round(m['seconds'] / b, 2),
+    for k, m in p.items(): print(s, k, m['syncs'], m.get('waits'), m['launches'], round(m['seconds'], 4), round(m['seconds'] / b, 2),
                                  'gpu peak', round((m['peak_extra_gpu'] or 0) / r['state_bytes'], 3))" \
     "$OUT/pipeline.json" 2>/dev/null || tail -5 "$OUT/pipeline.log"
 fi
