@@ -47,6 +47,7 @@ from mvc.repo.pruned import check_not_pruned
 from mvc.repo.shards import assemble, expand_names
 from mvc.repo.tensors import parse_dtype, read_payload, read_payload_head, read_tensor
 from mvc.state import prune, unflatten
+from mvc.state.devices import target_device
 
 
 class TensorReader:
@@ -77,6 +78,7 @@ class TensorReader:
         second moment (its bound). Raises `UsageError` when nothing is selected.
         `progress` hears of each tensor restored (see `read_all`). `cache_levels`: see `read_all`.
         """
+        device = target_device(map_location)   # a device it cannot use: before any read
         check_not_pruned(self.odb.refs, cid)
         sid = self.odb.read_commit(cid).snapshot
         snap = self.odb.read_snapshot(sid)
@@ -85,7 +87,7 @@ class TensorReader:
             skeleton = prune(skeleton, only=only, weights_only=weights_only)
             records = _needed(snap.tensors, skeleton["entries"])
         tensors = self.read_all(sid, records, progress=progress, cache_levels=cache_levels,
-                                device=torch.device(map_location) if map_location is not None else None)
+                                device=device)
         # Shards of a sharded save (mvc.dcp) come back as the full tensors the skeleton names.
         return unflatten(skeleton, assemble(records, tensors), map_location=map_location or "cpu")
 

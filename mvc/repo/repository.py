@@ -386,6 +386,10 @@ class Repo:
                    progress: Progress | None = None, cache_levels: bool = True) -> Any:
         """The checkpoint stored at `rev`, rebuilt with its original structure; HEAD does not move.
 
+        `map_location`: the device its tensors go to (a name or a `torch.device`; default the
+        CPU). One that names no device, or a CUDA device this process cannot use, raises
+        `UsageError` before anything is read.
+
         `only` (name patterns like ``model.*``) and `weights_only` (drop optimizer state)
         restore part of it, reading only the payloads that part needs (`mvc.state.prune`).
         `progress`: hears of each tensor restored (default: none). `cache_levels=False`: keep

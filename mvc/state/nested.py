@@ -35,7 +35,8 @@ from typing import Any, Mapping
 import torch
 
 from mvc.dtypes import bits_view, dtype_name, parse_dtype
-from mvc.errors import DataError, MvcError, UsageError
+from mvc.errors import DataError, MvcError
+from mvc.state.devices import check_usable, target_device
 from mvc.state.leaves import decode_leaf, encode_leaf, unsupported
 from mvc.state.skeleton import MAX_SKELETON_DEPTH
 
@@ -331,7 +332,7 @@ class _Builder:
         self.records: list[dict] = skeleton["objects"]
         self.entries: dict[str, dict] = skeleton["entries"]
         self.tensors = tensors
-        self.location = None if map_location is None else torch.device(map_location)
+        self.location = target_device(map_location)
         self.built: dict[int, torch.Tensor] = {}
         self.bases: dict[str, torch.Tensor] = {}  # entry name -> prepared tensor on target device
 
@@ -361,9 +362,10 @@ class _Builder:
         return decode_leaf(node)
 
     def _device(self, recorded: str) -> torch.device:
-        device = self.location if self.location is not None else torch.device(recorded)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise UsageError(f"the state was saved on {recorded} but CUDA is not available; pass map_location='cpu'")
+        if self.location is not None:
+            return self.location
+        device = torch.device(recorded)
+        check_usable(device, f"the state was saved on {recorded}")
         return device
 
     def _base(self, name: str) -> torch.Tensor:

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from checkpoints import assert_same, realistic_state
+from mvc.errors import UsageError
 from mvc.repo.refs import CurrentBranchError, NoSuchRefError, RefExistsError, RefNameError
 from mvc.repo.repository import NotARepositoryError, Repo
 from mvc.repo.revparse import AmbiguousRevisionError, UnknownRevisionError
@@ -164,8 +165,6 @@ def test_stats_names_the_bytes_no_ref_reaches_and_gc_frees_them(repo, tmp_path):
 
 
 def test_bad_commit_arguments(repo):
-    from mvc.errors import UsageError
-
     with pytest.raises(UsageError):
         repo.commit({"w": torch.zeros(1)}, "")
     with pytest.raises(UsageError):
@@ -183,3 +182,17 @@ def test_other_realistic_seeds_roundtrip(repo):
     for seed in range(3):
         s = realistic_state(seed)
         assert_same(s, repo.checkout(repo.commit(s, f"seed {seed}")))
+
+
+@pytest.mark.parametrize("bad", ["bogus", f"cuda:{torch.cuda.device_count()}"])
+def test_a_checkout_to_a_device_it_cannot_use_moves_nothing(repo, state, bad):
+    """A `map_location` naming no device, or a CUDA device this host does not have, is a
+    `UsageError` before anything is read: HEAD stays where it was."""
+    first = repo.commit(state, "a")
+    repo.commit(state, "b")
+    head = repo.head()
+    with pytest.raises(UsageError, match="map_location"):
+        repo.read_state(first, map_location=bad)
+    with pytest.raises(UsageError, match="map_location"):
+        repo.checkout(first, map_location=bad)
+    assert repo.head() == head

@@ -1,0 +1,41 @@
+"""Where a restore puts its tensors: a `map_location` checked before anything is read.
+
+torch takes a device string it cannot parse, or a CUDA device this process cannot use, with an
+`AssertionError` or a `RuntimeError` from deep inside the first copy; a checkout asked for one
+says so up front, as a `UsageError` naming the argument.
+"""
+from __future__ import annotations
+
+import torch
+
+from mvc.errors import UsageError
+
+
+def target_device(map_location: str | torch.device | None) -> torch.device | None:
+    """`map_location` as a device (None stays None: each tensor goes back to the device it was
+    committed from). Raises `UsageError` for what names no device, a CUDA device where CUDA
+    is not available, or a device index this host does not have."""
+    if map_location is None:
+        return None
+    if not isinstance(map_location, (str, torch.device)):
+        raise UsageError(f"map_location must be a device name or a torch.device (e.g. 'cpu', "
+                         f"'cuda:0'), got {type(map_location).__name__}")
+    try:
+        device = torch.device(map_location)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"map_location {map_location!r} is not a device "
+                         "(e.g. 'cpu', 'cuda', 'cuda:1')") from None
+    check_usable(device, f"map_location {str(map_location)!r}")
+    return device
+
+
+def check_usable(device: torch.device, what: str) -> None:
+    """Raise `UsageError` (naming `what`) when `device` is a CUDA device this process cannot
+    put tensors on."""
+    if device.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise UsageError(f"{what}: CUDA is not available here; pass map_location='cpu'")
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise UsageError(f"{what}: this host has {torch.cuda.device_count()} CUDA device(s), "
+                         f"no index {device.index}; pass map_location='cuda:0' or 'cpu'")
