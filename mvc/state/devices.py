@@ -30,9 +30,16 @@ def target_device(map_location: str | torch.device | None) -> torch.device | Non
 
 
 def check_usable(device: torch.device, what: str) -> None:
-    """Raise `UsageError` (naming `what`) when `device` is a CUDA device this process cannot
-    put tensors on."""
+    """Raise `UsageError` (naming `what`) when `device` is one this process cannot put tensors
+    on: CUDA with no CUDA or too few devices, or another accelerator its torch lacks."""
+    if device.type in ("cpu", "meta"):
+        return
     if device.type != "cuda":
+        try:   # each backend refuses in its own way (an AssertionError, a RuntimeError)
+            torch.empty(0, device=device)
+        except Exception as exc:  # noqa: BLE001 - whatever the backend raises, the device is unusable
+            raise UsageError(f"{what}: {device.type} is not available here ({exc}); pass "
+                             "map_location='cpu'") from None
         return
     if not torch.cuda.is_available():
         raise UsageError(f"{what}: CUDA is not available here; pass map_location='cpu'")

@@ -364,7 +364,11 @@ class _Builder:
     def _device(self, recorded: str) -> torch.device:
         if self.location is not None:
             return self.location
-        device = torch.device(recorded)
+        try:
+            device = torch.device(recorded)
+        except (RuntimeError, ValueError, TypeError):
+            raise DataError(f"malformed state skeleton: recorded device {recorded!r} is no "
+                            "device") from None
         check_usable(device, f"the state was saved on {recorded}")
         return device
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mvc.errors import UsageError
+from mvc.errors import DataError, UsageError
 from mvc.state import flatten, unflatten
 from mvc.state.devices import check_usable, target_device
 
@@ -45,3 +45,25 @@ def test_unflatten_checks_its_map_location():
     flat = flatten({"t": torch.randn(3)})
     with pytest.raises(UsageError, match="'bogus'"):
         unflatten(flat.skeleton, flat.tensors, map_location="bogus")
+
+
+@pytest.mark.parametrize("recorded", ["bogus", 5, None, ""])
+def test_a_recorded_device_that_is_none_is_a_malformed_skeleton(recorded):
+    """`map_location=None` restores each tensor where it was saved: a skeleton whose recorded
+    device names none is corrupt data, not torch's RuntimeError."""
+    flat = flatten({"t": torch.randn(3)})
+    skeleton = {**flat.skeleton, "entries": {"t": {**flat.skeleton["entries"]["t"],
+                                                   "device": recorded}}}
+    with pytest.raises(DataError, match="malformed state skeleton"):
+        unflatten(skeleton, flat.tensors, map_location=None)
+
+
+@pytest.mark.skipif(hasattr(torch, "xpu") and torch.xpu.is_available(), reason="has an XPU")
+def test_a_recorded_accelerator_this_torch_lacks_is_named():
+    flat = flatten({"t": torch.randn(3)})
+    skeleton = {**flat.skeleton, "entries": {"t": {**flat.skeleton["entries"]["t"],
+                                                   "device": "xpu:0"}}}
+    with pytest.raises(UsageError, match="saved on xpu:0: xpu is not available here"):
+        unflatten(skeleton, flat.tensors, map_location=None)
+    with pytest.raises(UsageError, match="map_location 'xpu'"):
+        target_device("xpu")
