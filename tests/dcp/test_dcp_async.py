@@ -21,7 +21,10 @@ from mvc.repo.transaction import NothingToCommitError
 
 
 def run_ranks(root: Path, world: int) -> list[dict]:
-    env = dict(os.environ, OMP_NUM_THREADS="1",
+    # The ranks end with os._exit (a peer may be gone): the temporary folders DCP's
+    # process-based executor makes through multiprocessing (pymp-*) go under the test's folder.
+    (root / "tmp").mkdir(exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(root / "tmp"),
                PYTHONPATH=os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")]))
     procs = [subprocess.Popen([sys.executable, str(HELPERS / "dcp_async_worker.py"), str(r),
                                str(world), str(root)], env=env, stdout=subprocess.PIPE,
