@@ -21,20 +21,29 @@
 
 size_t mvc_rans_bound(size_t n) { return 1 + 2 + 256 * 3 + 4 * NL + n + n / 2 + 64; }
 
-typedef struct { uint32_t x_max, rcp, bias, cmpl, shift; } encsym;
+typedef struct { uint64_t m; uint32_t x_max, start, cmpl, one; } encsym;
 
-/* ryg_rans's RansEncSymbolInit for 16-bit words: x_max is the largest state
- * that stays below L << 16 after encoding; freq 1 takes the exact path
- * (rcp = 2^32 - 1 makes the quotient x - 1). */
+/* x / freq for a state x < 2^32, exactly. ryg_rans's 32-bit reciprocal (rcp and shift) is exact
+ * only for x < 2^31, and these states reach 2^20 * freq: a frequency above 2896 with an
+ * unlucky rounding of its reciprocal then wrote a step the decoder cannot invert (a block that
+ * never decodes). Lemire's M = 2^64 / freq rounded up gives the exact quotient of every 32-bit
+ * x as the high half of M * x (freq 1: M would wrap, the quotient is x itself). */
+static inline uint32_t enc_quot(const encsym *e, uint32_t x) {
+#ifdef __SIZEOF_INT128__
+    return (uint32_t)(((unsigned __int128)e->m * x) >> 64) + x * e->one;
+#else
+    return e->one ? x : (uint32_t)(x / (uint32_t)(TOTAL - e->cmpl));
+#endif
+}
+
+/* ryg_rans's RansEncSymbolInit for 16-bit words: x_max is the largest state that stays below
+ * L << 16 after encoding. */
 static void encsym_init(encsym *s, uint32_t start, uint32_t freq) {
     s->x_max = ((R32_L >> SCALE) << 16) * freq;
     s->cmpl = TOTAL - freq;
-    if (freq < 2) { s->rcp = ~0u; s->shift = 32; s->bias = start + TOTAL - 1; return; }
-    uint32_t shift = 0;
-    while (freq > (1u << shift)) shift++;
-    s->rcp = (uint32_t)(((1ull << (shift + 31)) + freq - 1) / freq);
-    s->shift = shift - 1 + 32;
-    s->bias = start;
+    s->start = start;
+    s->one = freq == 1;
+    s->m = freq == 1 ? 0 : UINT64_MAX / freq + 1;
 }
 
 /* Byte counts, four tables fed in turn (runs of one value do not serialize). */
@@ -88,7 +97,7 @@ static size_t table_size(const uint32_t *freq, int *k_out) {
  * caller guarantees room), and kept only if the state renormalizes. */
 #define EPUT(x, sym) do { const encsym *e_ = &es[sym]; const int c_ = (x) >= e_->x_max; \
     st16(ptr - 2, (uint16_t)(x)); ptr -= 2 * c_; (x) = c_ ? (x) >> 16 : (x); \
-    (x) = (x) + e_->bias + (uint32_t)(((uint64_t)(x) * e_->rcp) >> e_->shift) * e_->cmpl; } while (0)
+    (x) = (x) + e_->start + enc_quot(e_, (x)) * e_->cmpl; } while (0)
 
 int64_t rans_encode_counts(const uint8_t *src, size_t n, const uint64_t *cnt, uint8_t *dst, size_t cap) {
     uint32_t freq[256];
