@@ -112,15 +112,19 @@ def gc(dry_run: bool, shrink: bool, max_chain: int | None, keep_last: int | None
 @click.command()
 @click.option("--prune-cache", is_flag=True,
               help="Delete the level-cache files fsck warns about (the cache is disposable).")
+@click.option("--decode", is_flag=True,
+              help="Also decode every tensor of every commit, as a checkout would: finds "
+                   "payloads whose ids check but that do not decode (slow: a checkout per commit).")
 @quiet_option
-def fsck(prune_cache: bool, quiet: bool) -> None:
+def fsck(prune_cache: bool, decode: bool, quiet: bool) -> None:
     """Verify every object against its id and every reference; exit non-zero on problems.
 
     Unusable level-cache entries and a recounted store counter are warnings: they never
-    reach a checkout and do not change the exit status."""
+    reach a checkout and do not change the exit status. --decode also decodes every tensor
+    of every commit, as a checkout would (a checkout's time per commit)."""
     repo = Repo.discover()
     with terminal_progress(quiet=quiet) as progress:
-        r = repo.fsck(progress=progress)
+        r = repo.fsck(progress=progress, decode=decode)
     for p in r.problems:
         echo(p)
     for w in r.warnings:

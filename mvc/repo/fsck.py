@@ -36,6 +36,8 @@ class FsckReport:
     #: Disposable or derived data found wrong (level-cache entries that reads skip, an object
     #: byte counter fsck recounted): reported, but the repository itself is intact.
     warnings: list[str] = field(default_factory=list)
+    #: The snapshots reachable commits name (what `mvc.repo.fsck_decode` decodes).
+    snapshots: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -110,7 +112,8 @@ def check_repository(odb: ObjectDB, maintenance: StoreMaintenance,
     warnings = unread + maintenance.check_meta(repair=True) + check_level_cache(level_cache, odb.read_snapshot)
     # One line per problem object, however many commits share it.
     return FsckReport(objects_checked=n_objects, commits_checked=commits,
-                      problems=list(dict.fromkeys(problems)), warnings=warnings)
+                      problems=list(dict.fromkeys(problems)), warnings=warnings,
+                      snapshots=sorted(named & present))
 
 
 class _RecordChecks:

@@ -485,11 +485,19 @@ class Repo:
                                          "`mvc fsck --prune-cache` deletes them"), stacklevel=2)
         return report
 
-    def fsck(self, *, progress: Progress | None = None) -> FsckReport:
-        """Verify every object and every reference; warn about unusable level-cache entries."""
+    def fsck(self, *, progress: Progress | None = None, decode: bool = False) -> FsckReport:
+        """Verify every object and every reference; warn about unusable level-cache entries.
+        `decode`: also decode every tensor of every reachable snapshot, as a checkout would
+        (`mvc.repo.fsck_decode`: a payload can pass its id check and still not decode)."""
         from mvc.repo.fsck import check_repository
 
-        return check_repository(self.odb, self.store.maintenance, self._level_files(), progress)
+        report = check_repository(self.odb, self.store.maintenance, self._level_files(), progress)
+        if decode:
+            from mvc.repo.fsck_decode import undecodable
+
+            with self.safe_globals():
+                report.problems.extend(undecodable(self.odb, report.snapshots, progress))
+        return report
 
     def prune_level_cache(self) -> list[str]:
         """Delete the level-cache files fsck warns about (the cache is disposable); returns the
