@@ -375,10 +375,8 @@ class _Launched:
     cens: list[torch.Tensor]
     starts: np.ndarray
     arena: torch.Tensor
-    acc: torch.Tensor
-    counts: torch.Tensor
-    width: int
-    n_sums: int
+    acc: torch.Tensor      # (jobs, sums): 6 sums with error-sum weights, else 4
+    counts: torch.Tensor   # jobs x (largest k + 2) level counts, flat
     to_host: bool
 
 
@@ -462,18 +460,18 @@ def _launch(data: GroupData, plans: list[_Plan], step: int | None,
         del ax, dd, xx
         sums = torch.stack(parts, dim=1)
         acc.index_add_(0, c.jobs, sums)  # a job has one piece per chunk: no two adds meet
-    return _Launched(data, ks, cens, starts, arena, acc, counts, width, n_sums, to_host)
+    return _Launched(data, ks, cens, starts, arena, acc, counts, to_host)
 
 
 def _read_back(launched: _Launched) -> tuple[np.ndarray, np.ndarray]:
     # the group's one synchronisation (the second copy finds nothing left to wait for)
-    counts_h = launched.counts.cpu().reshape(len(launched.ks), launched.width).numpy()
+    counts_h = launched.counts.cpu().reshape(len(launched.ks), -1).numpy()
     return counts_h, launched.acc.cpu().numpy()
 
 
 def _collect(launched: _Launched, counts_h: np.ndarray, sums_h: np.ndarray) -> list[GroupResult]:
     data, ks, cens, starts = launched.data, launched.ks, launched.cens, launched.starts
-    jobs, device, arena, n_sums = data.jobs, data.device, launched.arena, launched.n_sums
+    jobs, device, arena, n_sums = data.jobs, data.device, launched.arena, sums_h.shape[1]
     ldt = arena.dtype
     n_prot = [int(counts_h[j, k + 1]) for j, k in enumerate(ks)]
     # A protected value's level is its tensor's k + 1: with the counts on the host, each
