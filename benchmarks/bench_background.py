@@ -25,7 +25,9 @@ competes with for the interpreter lock. The commits still commit the big model. 
 process then uses one intra-op thread (a commit on its thread too).
 
 Without `--epsilon` the commit is lossless (the default without a quality function);
-with it, the proxy search runs in the background.
+with it, the proxy search runs in the background. `--quality` judges the search by the
+model's loss on a held-out batch instead (a Tracker `quality` callable, evaluated in the
+training process on the Tracker's copy of the model, wherever the commit runs).
 """
 from __future__ import annotations
 
@@ -64,8 +66,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="where background commits run (the Tracker's background_process)")
     ap.add_argument("--probe", action="store_true",
                     help="time a small launch-bound CPU loop's steps instead of the model's")
+    ap.add_argument("--quality", action="store_true",
+                    help="judge the search by a quality callable, the model's loss on a held-out "
+                         "batch (evaluated in the training process, on the Tracker's model copy)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    if a.quality and a.epsilon is None:
+        a.epsilon = 0.05   # a quality callable is a lossy search's judge
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device here")
 
@@ -120,6 +127,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             kw["background_nice"] = a.nice
         if a.worker != "auto":
             kw["background_process"] = a.worker == "process"
+        if a.quality:
+            kw["quality"] = held_out_loss(shape, a.device, a.batch, a.seq)
         tracker = mvc.Tracker(repo, model, opt, **kw)
         blocking: list[float] = []
         jobs: list[float] = []
@@ -152,12 +161,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "step_s_during": sum(during) / len(during) if during else None,
         "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "device": a.device,
         "background_nice": tracker.background_nice, "worker": worker, "probe": a.probe,
+        "quality": a.quality, "evaluations": [h.get("evaluations") for h in tracker.history],
     }
     if a.json:
         print(json.dumps(rep, indent=1, default=str))
     else:
         print(f"{n_params / 1e6:.1f}M parameters on {a.device}, checkpoint {nbytes / 1e9:.2f} GB, "
-              f"{'lossless' if a.epsilon is None else f'proxy epsilon {a.epsilon}'}, "
+              f"{'lossless' if a.epsilon is None else f'epsilon {a.epsilon}'}, "
+              f"{'held-out loss' if a.quality else 'proxy'} judge, "
               f"background commits in a {worker}, {tracker.background_nice} nice steps below the loop"
               + ("; steps timed: the CPU probe loop's" if a.probe else ""))
         print("| step | time | vs torch.save |\n|---|---|---|")
@@ -172,6 +183,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  f"({sd / quiet_step:.2f}x; {os.cpu_count()} CPUs shared by both)" if sd else "none"))
         print(f"last commit stored {stored / 1e9:.3f} GB ({rep['ratio']:.2f}x)")
     return rep
+
+
+def held_out_loss(shape: dict[str, int], device: str, batch: int, seq: int) -> Any:
+    """quality(model): the model's loss on one held-out batch of the corpus's last tokens
+    (the training batches are drawn from all of it: a stand-in for a validation set)."""
+    from benchmarks.bench_scale import corpus_tokens
+
+    data = corpus_tokens(shape["vocab"])[-(batch * (seq + 1)):].reshape(batch, seq + 1)
+    x, y = data[:, :-1].to(device), data[:, 1:].to(device)
+
+    def eval_loss(model: torch.nn.Module) -> float:
+        with torch.no_grad():
+            logits = model(x)
+            return float(torch.nn.functional.cross_entropy(logits.reshape(-1, shape["vocab"]),
+                                                           y.reshape(-1)))
+    return eval_loss
 
 
 if __name__ == "__main__":

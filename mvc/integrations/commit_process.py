@@ -13,7 +13,10 @@ the next delta, as a thread would). Each commit's state copy is written by the t
 process straight into shared memory the child maps (`mvc.integrations.shared_copy`); only the
 state's structure and the commit's arguments are pickled. The child runs ``Repo.commit`` with
 them, ``nice`` steps below the training loop, with no CUDA device (it commits the host copy),
-and answers with the commit id, or the exception it raised, and the warnings it caught.
+and answers with the commit id, or the exception it raised, and the warnings it caught. A
+function only the training process can run (a Tracker's quality callable, on its model) goes
+as a stand-in the child calls back through the channel (`mvc.integrations.parent_calls`): the
+thread waiting for the commit runs it and answers.
 
 A child that dies mid-commit leaves the repository as any interrupted commit does (nothing, or
 the whole commit): the call raises `CommitProcessError` and the next commit starts a new child.
@@ -30,11 +33,13 @@ import sys
 import threading
 import traceback
 import warnings
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from mvc.errors import MvcError
 from mvc.integrations.host_copy import clone_to_cpu
+from mvc.integrations.parent_calls import ChildChannel, close_channel, open_channel, serve_call
 from mvc.integrations.shared_copy import (ChannelClosedError, MappedSegments, SharedArena,
                                           recv_frame, send_frame, supported)
 from mvc.native.parallel import worker_count
@@ -136,24 +141,48 @@ class CommitProcess:
         an argument that cannot cross (a lambda in a policy, say)."""
         return shared.arena.dumps((state, message, kwargs))
 
-    def commit(self, shared: SharedState, payload: bytes) -> str:
+    def commit(self, shared: SharedState, payload: bytes,
+               calls: Mapping[str, Callable[..., Any]] | None = None) -> str:
         """Have the child run the commit `payload` (`pack`) over `shared`'s memory; its id.
+
+        `calls`: the functions the payload's `ParentCall` stand-ins name (`mvc.integrations.
+        parent_calls`), run here, on this thread, when the child's commit calls them.
         Raises what the child's commit raised (re-made here when it unpickles, else a
-        `CommitProcessError` naming it), with a note that it came from the child."""
+        `CommitProcessError` naming it), with a note that it came from the child; an
+        exception one of `calls` raised that failed the commit is raised as itself."""
+        raised: BaseException | None = None
         with self._lock:
             sock = self._started()
             try:
                 send_frame(sock, pickle.dumps(("commit", shared.arena.sizes, payload)),
                            shared.arena.fds)
-                data, fds = recv_frame(sock)
-                for fd in fds:
-                    os.close(fd)
-                reply = pickle.loads(data)
+                while True:
+                    data, fds = recv_frame(sock)
+                    try:
+                        reply = pickle.loads(data)
+                    except BaseException:
+                        for fd in fds:
+                            os.close(fd)
+                        raise
+                    if not (isinstance(reply, tuple) and reply and reply[0] == "call"):
+                        for fd in fds:
+                            os.close(fd)
+                        break
+                    answer, out_fds, exc, arena = serve_call(reply, fds, calls or {})
+                    raised = exc if exc is not None else raised
+                    try:
+                        send_frame(sock, answer, out_fds)
+                    finally:
+                        if arena is not None:
+                            arena.release()
             except (ChannelClosedError, OSError, pickle.UnpicklingError, EOFError) as exc:
                 raise self._died(exc) from None
-        return self._answer(reply, shared)
+            except BaseException:
+                self._stop()   # the channel is out of step: no later commit may read its rest
+                raise
+        return self._answer(reply, shared, raised)
 
-    def _answer(self, reply: Any, shared: SharedState) -> str:
+    def _answer(self, reply: Any, shared: SharedState, raised: BaseException | None = None) -> str:
         kind = reply[0] if isinstance(reply, tuple) and reply else None
         if kind == "done":
             _, cid, caught, clean = reply
@@ -161,9 +190,13 @@ class CommitProcess:
             _rewarn(caught)
             return str(cid)
         if kind == "failed":
-            _, blob, summary, tb, caught, clean = reply
+            _, blob, summary, tb, caught, from_call, clean = reply
             shared.reusable = clean is True
             _rewarn(caught)
+            if from_call is True and raised is not None:
+                raised.add_note(f"mvc: it failed the commit in the background commit process "
+                                f"(pid {self.pid}), which called it here")
+                raise raised
             exc: BaseException | None = None
             if blob is not None:
                 try:
@@ -295,17 +328,25 @@ def serve(fd: int) -> None:
                     repo = exc
                 continue
             if msg[0] == "commit":
-                send_frame(sock, pickle.dumps(_commit(repo, msg[1], msg[2], fds)))
+                channel = open_channel(sock)
+                try:
+                    answer = _commit(repo, msg[1], msg[2], fds, channel)
+                finally:
+                    close_channel()
+                send_frame(sock, pickle.dumps(answer))
     finally:
         if repo is not None and not isinstance(repo, BaseException):
             repo.close()
         sock.close()
 
 
-def _commit(repo: Any, sizes: list[int], payload: bytes, fds: list[int]) -> tuple[Any, ...]:
+def _commit(repo: Any, sizes: list[int], payload: bytes, fds: list[int],
+            channel: ChildChannel | None = None) -> tuple[Any, ...]:
     """One commit's answer: ("done", id, warnings, clean) or ("failed", pickled exception or
-    None, its text, traceback, warnings, clean); clean: the shared memory is unmapped (no
-    tensor over it survived the commit), so the training process may write there again."""
+    None, its text, traceback, warnings, from_call, clean); from_call: the exception is the one
+    a call into the training process raised (`channel`'s), which that process still holds;
+    clean: the shared memory is unmapped (no tensor over it survived the commit), so the
+    training process may write there again."""
     caught: list[warnings.WarningMessage] = []
     maps: MappedSegments | None = None
     answer: tuple[Any, ...]
@@ -325,9 +366,12 @@ def _commit(repo: Any, sizes: list[int], payload: bytes, fds: list[int]) -> tupl
             blob: bytes | None = pickle.dumps(exc)
         except Exception:
             blob = None
+        from_call = channel is not None and exc is channel.raised
         answer = ("failed", blob, f"{type(exc).__name__}: {exc}", traceback.format_exc(),
-                  _warnings_out(caught))
+                  _warnings_out(caught), from_call)
         del exc   # its traceback's frames view the state
+    if channel is not None:
+        channel.raised = None
     for fd in fds:
         os.close(fd)
     clean = maps.close() if maps is not None else True

@@ -28,13 +28,15 @@ through): the Tracker keeps only the training-loop parts.
 
 Background commits.  `commit(..., background=True)` blocks only while the state
 is copied to CPU memory; search, encoding and writing run elsewhere, in order.  Where it
-can (`background_process`, default: Linux, a repository on disk, no `quality` callable
-and no distributed search), the commit runs in a child process
-(`mvc.integrations.commit_process`): the copy is made in shared memory the child maps, and
-the training loop's Python thread keeps its interpreter lock, which a commit on a thread of
-its own process takes between native calls (a GPU loop launching kernels needs it between
-every two, and ran 2.7x slower beside such a thread).  Otherwise (a `quality` callable
-evaluates on a copy of this process's model) it runs on one worker thread.  Either runs
+can (`background_process`, default: Linux, a repository on disk and no distributed
+search), the commit runs in a child process (`mvc.integrations.commit_process`): the copy is
+made in shared memory the child maps, and the training loop's Python thread keeps its
+interpreter lock, which a commit on a thread of its own process takes between native calls (a
+GPU loop launching kernels needs it between every two, and ran 2.7x slower beside such a
+thread).  A `quality` callable still evaluates here, on the model's copy: the child's search
+sends each candidate's model tensors back through shared memory, and the worker thread that
+waits for the commit evaluates them and answers (`mvc.integrations.parent_calls`); the rest
+of the search runs in the child.  Otherwise the commit runs on one worker thread.  Either runs
 `background_nice` steps below the training loop (Linux; `mvc.native.parallel.
 lower_this_thread`), so a commit's encoding threads leave the loop its core; where the
 training itself keeps every CPU busy, the background commit then gets what is left
@@ -70,6 +72,7 @@ import torch.distributed as dist
 
 from mvc.errors import MvcError, MvcWarning, UsageError
 from mvc.integrations.commit_process import CommitProcess, SharedState
+from mvc.integrations.parent_calls import ParentCall
 from mvc.integrations.grad_ema import BETA, GradientEMA
 from mvc.integrations.host_copy import clone_to_cpu as clone_to_cpu
 from mvc.integrations.shared_copy import supported as processes_supported
@@ -234,8 +237,6 @@ class Tracker:
         """Why a background commit cannot run in a child process now (None: it can)."""
         if not processes_supported():
             why = "this system cannot share a state's copy with a child process (Linux only)"
-        elif self.quality is not None:
-            why = "the quality callable evaluates on this process's model"
         elif self._ranks is not None:
             why = "the config search is spread over the training's ranks"
         elif not isinstance(self.repo, Repo) or not isinstance(self.repo.store, LmdbStore):
@@ -385,16 +386,26 @@ class Tracker:
         background_process=True asked for the child)."""
         if shared is None or self._process is None:
             return self.repo.commit(state, message, **kw)
+        # The quality function and the gate's Hessians run here, on this process's model: the
+        # child gets stand-ins that call back (only the candidate's model tensors cross).
+        sent, calls = dict(kw), {}
+        if kw.get("quality") is not None:
+            calls["evaluate"] = kw["quality"]
+            sent["quality"] = ParentCall("evaluate", getattr(kw["quality"], "__name__", None),
+                                         keep=("model",))
+        if kw.get("hessians") is not None:
+            calls["hessians"] = kw["hessians"]
+            sent["hessians"] = ParentCall("hessians")
         try:
             if kw.get("grads"):  # the EMA's own host tensors: copied here, not in the loop's time
-                kw["grads"] = shared.add(kw["grads"])
-            payload = self._process.pack(shared, state, message, **kw)
+                kw["grads"] = sent["grads"] = shared.add(kw["grads"])
+            payload = self._process.pack(shared, state, message, **sent)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             if self.background_process:
                 raise TrackerError(f"background_process=True, but this commit's arguments cannot "
                                    f"be sent to a child process: {exc}") from exc
             return self.repo.commit(state, message, **kw)
-        cid = self._process.commit(shared, payload)
+        cid = self._process.commit(shared, payload, calls)
         self._in_child = True
         return cid
 

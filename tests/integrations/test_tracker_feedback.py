@@ -43,6 +43,8 @@ def test_tracker_commits_with_error_feedback(tmp_path, background):
     cid = got.result() if background else got
     c = repo.read_commit(cid)
     assert c.quant["feedback"] is True
+    # in the background, the search ran in a child process and the Hessians crossed back from here
+    assert tracker.background_in_process == background
     assert model.training and all(torch.equal(v, live[k]) for k, v in model.state_dict().items())
     # the stored levels are the config's plus GPTQ on the committed weights' Hessians
     flat = flatten({"model": live}).tensors
