@@ -268,6 +268,183 @@ static int decode_mode5(const uint8_t *p, const uint8_t *end, const uint32_t *ta
 
 unsigned mvc_rans_kernels(void) { return r32_supported(); }
 
+/* ---- mode-5 blocks of the encoder before the exact quotient ------------
+ * That encoder divided by ryg_rans's 32-bit reciprocal (rcp, shift), exact only for states below
+ * 2^31. For a symbol d of frequency f > 2896 (at most one per block) a state x = Q f - 1 whose
+ * quotient came out as Q instead of Q - 1 (a "bad" Q) was written as Q M + start_d - 1: the slot
+ * just below d's range, where the exact decoder reads the symbol before d. Such a block never
+ * decodes, but the data is there: at a slot start_d - 1 whose Q is bad, the step is either that
+ * symbol's (remainder f_p - 1) or d's bad one. The search below takes the first and comes back for
+ * the second; a path dies where it meets a step the old encoder could not have written (d's last
+ * slot with a bad Q + 1) or a stream that does not end exactly where every state is L. What it
+ * finds is accepted only if the old encoder, run again on it, writes the block byte for byte, and
+only if it is the one input that does: that encoder could write two inputs as one block. */
+
+static uint64_t recovery_counts[2];   /* recovered, ambiguous */
+
+void mvc_rans_recovery_counts(uint64_t *out) {
+    out[0] = __atomic_load_n(&recovery_counts[0], __ATOMIC_RELAXED);
+    out[1] = __atomic_load_n(&recovery_counts[1], __ATOMIC_RELAXED);
+}
+
+typedef struct { uint64_t rcp; uint32_t shift; } oldrcp;
+
+static oldrcp old_reciprocal(uint32_t freq) {
+    uint32_t shift = 0;
+    while (freq > (1u << shift)) shift++;
+    oldrcp o = { ((1ull << (shift + 31)) + freq - 1) / freq, shift - 1 + 32 };
+    return o;
+}
+
+/* The old encoder's quotient for state x (< 2^32) and a frequency >= 2. */
+static inline uint32_t old_quot(oldrcp o, uint32_t x) { return (uint32_t)(((uint64_t)x * o.rcp) >> o.shift); }
+
+/* Whether the old encoder wrote x = q f - 1 (q < 2^20) with quotient q, one too high. */
+static inline int bad_q(oldrcp o, uint32_t f, uint64_t q) {
+    if (q == 0 || q >= (1u << 20)) return 0;
+    return old_quot(o, (uint32_t)(q * f - 1)) == q;
+}
+
+/* The old encoder's block for src, compared with blk: 1 when identical. */
+static int old_encoder_wrote(const uint8_t *src, size_t n, const uint8_t *blk, size_t len) {
+    uint64_t cnt[256];
+    uint32_t freq[256], start[256];
+    rans_count(src, n, cnt);
+    normalize(cnt, n, freq);
+    int k;
+    size_t tsize = table_size(freq, &k);
+    size_t hdr = 1 + tsize + 4 * NL;
+    if (k < 2 || len < hdr || (len - hdr) % 2) return 0;
+    oldrcp o[256];
+    for (uint32_t v = 0, acc = 0; v < 256; v++) {
+        start[v] = acc;
+        if (freq[v] >= 2) o[v] = old_reciprocal(freq[v]);
+        acc += freq[v];
+    }
+    size_t wlen = len - hdr;
+    const uint8_t *words = blk + hdr;   /* the old block's words: compared as they are written */
+    size_t wpos = wlen;
+    uint32_t x[NL];
+    for (int s = 0; s < NL; s++) x[s] = R32_L;
+    for (size_t i = n; i-- > 0;) {
+        uint32_t *xs = &x[i % NL];
+        const uint32_t v = src[i], f = freq[v];
+        if (*xs >= ((R32_L >> SCALE) << 16) * f) {
+            if (wpos < 2 || ld16(words + wpos - 2) != (uint16_t)*xs) return 0;
+            wpos -= 2;
+            *xs >>= 16;
+        }
+        const uint32_t q = f >= 2 ? old_quot(o[v], *xs) : *xs;
+        *xs = *xs + start[v] + q * (TOTAL - f);
+    }
+    if (wpos != 0 || blk[0] != MODE_RANS32) return 0;
+    uint8_t head[1 + 2 + 256 * 3], *h = head;   /* the table as the encoder writes it */
+    h = varint_put(h, (uint32_t)k);
+    for (int v = 0, prev = 0; v < 256; v++)
+        if (freq[v]) { h = varint_put(h, (uint32_t)(v - prev)); h = varint_put(h, freq[v] - 1); prev = v + 1; }
+    if ((size_t)(h - head) != tsize || memcmp(head, blk + 1, tsize)) return 0;
+    for (int s = 0; s < NL; s++) if (ld32(blk + 1 + tsize + 4 * s) != x[s]) return 0;
+    return 1;
+}
+
+typedef struct { size_t i; const uint8_t *w; uint32_t x[NL]; uint32_t alt; } branch;
+
+/* Search for the data the old encoder wrote as this mode-5 block (see above). */
+static int recover_mode5(const uint8_t *blk, const uint8_t *p, const uint8_t *end, const uint32_t *tab,
+                         uint8_t *dst, size_t n) {
+    if ((size_t)(end - p) < 4 * NL || ((size_t)(end - p - 4 * NL)) % 2) return MVC_ERR_CORRUPT;
+    uint32_t d = 256, fd = 0, sd = 0;
+    for (uint32_t slot = 0; slot < TOTAL;) {
+        const uint32_t t = tab[slot], f = (t >> 8) & 0xfff;
+        if (f > 2896) { d = t & 0xff; fd = f; sd = slot; }
+        slot += f;
+    }
+    if (d == 256) return MVC_ERR_CORRUPT;   /* no symbol the old encoder got wrong */
+    const oldrcp od = old_reciprocal(fd);
+    const uint32_t below = (sd + TOTAL - 1) & (TOTAL - 1), last = sd + fd - 1;
+    uint32_t x[NL];
+    for (int s = 0; s < NL; s++) if ((x[s] = ld32(p + 4 * s)) < R32_L) return MVC_ERR_CORRUPT;
+    const uint8_t *w = p + 4 * NL;
+    size_t cap = 64, top = 0, i = 0;
+    branch *stack = malloc(cap * sizeof *stack);
+    if (!stack) return MVC_ERR_NOMEM;
+    uint8_t *first = malloc(n ? n : 1);
+    if (!first) { free(stack); return MVC_ERR_NOMEM; }
+    uint64_t budget = 64 * (uint64_t)n + (1u << 20);
+    int found = 0, complete = 0, r = MVC_ERR_CORRUPT;
+    for (;;) {
+        int dead = 0;
+        if (i == n) {
+            uint32_t bad = 0;
+            for (int s = 0; s < NL; s++) bad |= x[s] ^ R32_L;
+            if (!bad && w == end && old_encoder_wrote(dst, n, blk, (size_t)(end - blk))) {
+                /* Keep searching: that encoder could write two inputs as one block (a bad step
+                 * of d and the step of the symbol below it meet in one state), and then the
+                 * block does not say which it was. */
+                if (++found > 1) break;
+                memcpy(first, dst, n);
+            }
+            dead = 1;
+        } else if (budget-- == 0) {
+            break;
+        } else {
+            uint32_t *xs = &x[i % NL];
+            const uint32_t s = *xs, slot = s & (TOTAL - 1), t = tab[slot];
+            if ((t & 0xff) == d && slot == last && bad_q(od, fd, (uint64_t)(s >> SCALE) + 1)) {
+                dead = 1;   /* the old encoder never wrote this state for d */
+            } else {
+                if (slot == below && (t & 0xff) != d) {
+                    const uint64_t q = ((uint64_t)s + 1 - sd) >> SCALE;
+                    if (bad_q(od, fd, q)) {   /* or d's bad step: come back for it */
+                        if (top == cap) {
+                            branch *more = cap > SIZE_MAX / 2 / sizeof *stack ? NULL
+                                         : realloc(stack, 2 * cap * sizeof *stack);
+                            if (!more) { r = MVC_ERR_NOMEM; break; }
+                            stack = more; cap *= 2;
+                        }
+                        branch *b = &stack[top++];
+                        b->i = i; b->w = w; b->alt = (uint32_t)(q * fd - 1);
+                        memcpy(b->x, x, sizeof x);
+                    }
+                }
+                dst[i] = (uint8_t)t;
+                uint32_t y = ((t >> 8) & 0xfff) * (s >> SCALE) + (t >> 20);
+                if (y < R32_L) {
+                    if ((size_t)(end - w) < 2) dead = 1;
+                    else { y = (y << 16) | ld16(w); w += 2; }
+                }
+                *xs = y;
+                i++;
+            }
+        }
+        if (!dead) continue;
+        if (top == 0) { complete = 1; break; }
+        branch *b = &stack[--top];   /* the latest step not yet tried as d's */
+        i = b->i; w = b->w;
+        memcpy(x, b->x, sizeof x);
+        dst[i] = (uint8_t)d;
+        uint32_t y = b->alt;
+        if (y < R32_L) {
+            if ((size_t)(end - w) < 2) { x[i % NL] = 0; i = n; continue; }   /* dies at the end check */
+            y = (y << 16) | ld16(w); w += 2;
+        }
+        x[i % NL] = y;
+        i++;
+    }
+    /* Only a whole search that found exactly one input is an answer. */
+    if (r == MVC_ERR_CORRUPT && found == 1 && complete) {
+        memcpy(dst, first, n);
+        r = MVC_OK;
+        __atomic_fetch_add(&recovery_counts[0], 1, __ATOMIC_RELAXED);
+    } else if (found > 1) {
+        __atomic_fetch_add(&recovery_counts[1], 1, __ATOMIC_RELAXED);
+        r = MVC_ERR_AMBIGUOUS;
+    }
+    free(first);
+    free(stack);
+    return r;
+}
+
 int mvc_rans_decode_with(const uint8_t *src, size_t len, uint8_t *dst, size_t n, int kernel) {
     if (n > MAX_BLOCK || kernel < R32_AUTO || kernel > R32_AVX512) return MVC_ERR_ARG;
     if (kernel != R32_AUTO && !((r32_supported() >> kernel) & 1)) return MVC_ERR_ARG;
@@ -278,6 +455,10 @@ int mvc_rans_decode_with(const uint8_t *src, size_t len, uint8_t *dst, size_t n,
     int r = read_table(&p, end, &tab);
     if (r) return r;
     r = src[0] == MODE_RANS ? decode_mode4(p, end, tab, dst, n) : decode_mode5(p, end, tab, dst, n, kernel);
+    if (r && r != MVC_ERR_NOMEM && src[0] == MODE_RANS32) {
+        int rr = recover_mode5(src, p, end, tab, dst, n);
+        if (rr == MVC_OK || rr == MVC_ERR_NOMEM || rr == MVC_ERR_AMBIGUOUS) r = rr;
+    }
     free(tab);
     return r;
 }

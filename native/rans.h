@@ -21,7 +21,10 @@ int64_t mvc_rans_encode(const uint8_t *src, size_t n, uint8_t *dst, size_t cap);
 int64_t mvc_rans_estimate(const uint8_t *src, size_t n);
 
 /* Decode a block of exactly len bytes into n bytes; also accepts every
- * 8-bit block mode of huffman.h.  Returns 0 or < 0. */
+ * 8-bit block mode of huffman.h.  Returns 0 or < 0.  A mode-5 block written by
+ * the encoder before its exact quotient (one that never decoded) is recovered
+ * when the old encoder, run on what the search finds, writes it byte for byte
+ * and no other input gives the same block. */
 int mvc_rans_decode(const uint8_t *src, size_t len, uint8_t *dst, size_t n);
 
 /* Bit (1 << k) for each mode-5 decode kernel k this CPU runs: 1 scalar,
@@ -31,4 +34,8 @@ unsigned mvc_rans_kernels(void);
 /* mvc_rans_decode with mode-5 groups decoded by kernel k (as above); every
  * kernel gives the same result.  MVC_ERR_ARG for a kernel this CPU lacks. */
 int mvc_rans_decode_with(const uint8_t *src, size_t len, uint8_t *dst, size_t n, int kernel);
+
+/* out[0]: mode-5 blocks of the old encoder this process recovered so far (see
+ * mvc_rans_decode); out[1]: those it could not, because two inputs give that block. */
+void mvc_rans_recovery_counts(uint64_t *out);
 #endif

@@ -12,6 +12,7 @@ enum mvc_status {
     MVC_ERR_NOMEM = -4,     /* an internal allocation failed */
     MVC_ERR_CAPACITY = -5,  /* output buffer too small */
     MVC_ERR_RANGE = -6,     /* a value does not fit the requested type */
-    MVC_ERR_INTERNAL = -7   /* an invariant of the coder broke (a bug) */
+    MVC_ERR_INTERNAL = -7,  /* an invariant of the coder broke (a bug) */
+    MVC_ERR_AMBIGUOUS = -8  /* a block an old encoder wrote the same for two inputs */
 };
 #endif

@@ -62,6 +62,16 @@ def encode(data: np.ndarray) -> bytes:
     return block.tobytes()
 
 
+def recovery_counts() -> tuple[int, int]:
+    """Mode-5 blocks of the encoder before its exact quotient (blocks that never decoded) this
+    process met: (recovered, ambiguous). `mvc_rans_decode` recovers one when exactly one input
+    gives it; two inputs can (that encoder wrote a bad step of one symbol and a step of the
+    symbol below it as one state), and such a block stays an error."""
+    out = ffi.new("uint64_t[2]")
+    lib.mvc_rans_recovery_counts(out)
+    return int(out[0]), int(out[1])
+
+
 def decode(data: BytesLike, n: int) -> np.ndarray:
     """Inverse of `encode`: n bytes; `NativeDecodeError` if the block is corrupt."""
     out = np.empty(n, dtype=np.uint8)

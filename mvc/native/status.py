@@ -20,6 +20,7 @@ ERR_NOMEM = -4
 ERR_CAPACITY = -5
 ERR_RANGE = -6
 ERR_INTERNAL = -7
+ERR_AMBIGUOUS = -8
 
 _NAMES = {
     ERR_CORRUPT: "corrupt input",
@@ -29,6 +30,8 @@ _NAMES = {
     ERR_CAPACITY: "output buffer too small",
     ERR_RANGE: "value out of range",
     ERR_INTERNAL: "internal invariant broken",
+    ERR_AMBIGUOUS: ("a rANS block written by mvc's encoder before its exact division (Nov 2026), "
+                    "which wrote two different inputs as this block: it cannot be recovered"),
 }
 
 

@@ -496,7 +496,8 @@ class Repo:
             from mvc.repo.fsck_decode import undecodable
 
             with self.safe_globals():
-                report.problems.extend(undecodable(self.odb, report.snapshots, progress))
+                report.problems.extend(undecodable(self.odb, report.snapshots, progress,
+                                                   warnings=report.warnings))
         return report
 
     def prune_level_cache(self) -> list[str]:

@@ -380,6 +380,83 @@ def rans_decode_block(block: bytes, n: int) -> np.ndarray:
     return np.array(out, dtype=np.uint8)
 
 
+def rans_normalize(counts: list[int]) -> list[int]:
+    """native/rans.c's `normalize`: frequencies summing to 4096, every present symbol >= 1."""
+    n = sum(counts)
+    freq = [0 if not c else max(1, (c * 4096 + n // 2) // n) for c in counts]
+    total = sum(freq)
+    while total != 4096:
+        best = -1
+        for v in range(256):
+            if not freq[v] or (total > 4096 and freq[v] == 1):
+                continue
+            if best < 0 or freq[v] > freq[best]:
+                best = v
+        d = 4096 - total
+        step = max(d, -(freq[best] - 1)) if total > 4096 else d
+        freq[best] += step
+        total += step
+    return freq
+
+
+def _put_varint(v: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        out.append(b | (0x80 if v else 0))
+        if not v:
+            return bytes(out)
+
+
+def rans_encode_legacy(data: np.ndarray) -> bytes:
+    """A mode-5 block as the encoder before the exact quotient wrote it: x / f by ryg_rans's
+    32-bit reciprocal, one too high for some states of frequencies above 2896 (then the block
+    does not decode exactly; `mvc_rans_decode` recovers it). The lanes run as numpy vectors."""
+    data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
+    n = data.size
+    freq = rans_normalize(np.bincount(data, minlength=256).tolist())
+    start = np.concatenate([[0], np.cumsum(freq)[:-1]]).astype(np.uint64)
+    f = np.array(freq, dtype=np.uint64)
+    rcp = np.zeros(256, np.uint64)
+    shift = np.zeros(256, np.uint64)
+    bias = start.copy()
+    for v, fv in enumerate(freq):
+        if fv == 1:
+            rcp[v], shift[v], bias[v] = 0xFFFFFFFF, 32, start[v] + 4095
+        elif fv:
+            sh = (fv - 1).bit_length()
+            rcp[v], shift[v] = ((1 << (sh + 31)) + fv - 1) // fv, sh - 1 + 32
+    x_max = (np.uint64(16) << np.uint64(16)) * f
+    lanes = 32
+    x = np.full(lanes, 1 << 16, np.uint64)
+    words: list[np.ndarray] = []   # emitted backwards, per step: the lanes that renormalized
+    padded = np.concatenate([data, np.zeros((-n) % lanes, np.uint8)])
+    for g in range(padded.size // lanes - 1, -1, -1):
+        syms = padded[g * lanes:(g + 1) * lanes]
+        live = np.arange(lanes) + g * lanes < n
+        for s in range(lanes - 1, -1, -1):   # lanes backwards, as the encoder visits them
+            if not live[s]:
+                continue
+            v = syms[s]
+            xs = x[s]
+            if xs >= x_max[v]:
+                words.append(np.array([xs & np.uint64(0xFFFF)], np.uint16))
+                xs >>= np.uint64(16)
+            q = (int(xs) * int(rcp[v])) >> int(shift[v])
+            x[s] = np.uint64((int(xs) + int(bias[v]) + q * (4096 - freq[v])) & 0xFFFFFFFF)
+    k = sum(1 for fv in freq if fv)
+    head = bytearray([5]) + _put_varint(k)
+    prev = 0
+    for v, fv in enumerate(freq):
+        if fv:
+            head += _put_varint(v - prev) + _put_varint(fv - 1)
+            prev = v + 1
+    head += x.astype("<u4").tobytes()
+    body = np.concatenate(words[::-1]).astype("<u2").tobytes() if words else b""
+    return bytes(head) + body
+
+
 def ctx_decode_block(block: bytes, ctx: np.ndarray) -> np.ndarray:
     """Decode a context-conditional block (mode 3, or any plain 8-bit block) given its context bytes."""
     n = ctx.size
