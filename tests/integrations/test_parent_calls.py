@@ -184,3 +184,30 @@ def test_a_value_that_cannot_cross_fails_the_commit_by_name(tmp_path):
 def test_a_stand_in_called_outside_a_commit_process_is_a_bug():
     with pytest.raises(InternalError, match="outside a background commit"):
         ParentCall("evaluate")({"model": {}})
+
+
+def test_a_child_that_dies_during_an_evaluation_fails_that_commit_only(tmp_path, data):
+    import signal
+
+    from mvc.integrations import CommitProcessError
+
+    repo = Repo.init(tmp_path / "r")
+    model = mlp()
+    good = EvalLoss(data)
+    kill = {"now": True}
+
+    def quality(m):
+        if kill["now"]:
+            kill["now"] = False
+            os.kill(tr._process.pid, signal.SIGKILL)   # the commit process dies mid-search
+        return good(m)
+
+    tr = Tracker(repo, model, quality=quality, epsilon=0.05, background_process=True)
+    with pytest.raises(CommitProcessError, match="ended with exit code -9"):
+        tr.commit("dies", background=True).result()
+    with pytest.raises(CommitProcessError):
+        tr.wait()
+    assert repo.head() is None
+    cid = tr.commit("next", background=True).result()   # a new child
+    assert repo.head() == cid and repo.read_commit(cid).quant
+    tr.close()
