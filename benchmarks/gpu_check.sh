@@ -44,7 +44,7 @@ TESTS=${MVC_GPU_TESTS:-"tests/repo/test_device_boundaries.py tests/repo/test_dev
   tests/native/test_native_rans.py tests/native/test_native_rans_legacy.py \
   tests/quant/test_quant_batched.py tests/quant/test_quant_batched_moments.py \
   tests/quant/test_quant_optimizer.py tests/integrations/test_host_copy.py \
-  tests/search/test_trial_waits.py"}
+  tests/search/test_trial_waits.py tests/integrations/test_parent_calls.py"}
 echo "== CUDA tests"
 # shellcheck disable=SC2086
 XDIST=""

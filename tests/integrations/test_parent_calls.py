@@ -211,3 +211,27 @@ def test_a_child_that_dies_during_an_evaluation_fails_that_commit_only(tmp_path,
     cid = tr.commit("next", background=True).result()   # a new child
     assert repo.head() == cid and repo.read_commit(cid).quant
     tr.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_model_evaluates_here_while_the_child_commits_its_host_copy(tmp_path, data):
+    """The child has no CUDA device: its candidates cross as host tensors, and the evaluation
+    loads them into the Tracker's copy of the model on the GPU."""
+    repo = Repo.init(tmp_path / "r")
+    model = mlp().cuda()
+    x, y = data[2].cuda(), data[3].cuda()
+    devices = []
+
+    def quality(m):
+        devices.append(next(m.parameters()).device.type)
+        with torch.no_grad():
+            return float(F.cross_entropy(m(x), y))
+
+    tr = Tracker(repo, model, quality=quality, epsilon=0.05, background_process=True)
+    cid = tr.commit("cuda", background=True).result()
+    tr.close()
+    assert tr.background_in_process and devices and set(devices) == {"cuda"}
+    c = repo.read_commit(cid)
+    assert c.quant and c.quality["metric"].endswith("quality")
+    got = repo.read_state(cid, map_location="cuda")
+    assert all(t.device.type == "cuda" for t in got["model"].values())
