@@ -22,14 +22,24 @@ INLINE void stv(uint8_t *p, int w, uint32_t v) {
     else memcpy(p, &v, 4);
 }
 
-/* First index after i whose value differs from src[i] (or n). */
+/* First index after i whose value differs from src[i] (or n).  Eight bytes at a time, and
+ * where they differ the first differing element is found from the lowest set bit of their
+ * XOR: most runs of a delta stream are short, and an element-by-element tail loop would
+ * mispredict its exit on nearly every one. */
 INLINE size_t run_end(const uint8_t *src, size_t n, int w, size_t i) {
     const uint32_t v = ldv(src + i * (size_t)w, w);
     const uint64_t pat = w == 1 ? v * 0x0101010101010101ull
                        : w == 2 ? v * 0x0001000100010001ull : (uint64_t)v * 0x0000000100000001ull;
     const size_t per = 8 / (size_t)w;
     size_t j = i + 1;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    for (; j + per <= n; j += per) {
+        const uint64_t x = ld64(src + j * (size_t)w) ^ pat;
+        if (x) return j + (size_t)__builtin_ctzll(x) / (8u * (unsigned)w);
+    }
+#else
     while (j + per <= n && ld64(src + j * (size_t)w) == pat) j += per;
+#endif
     while (j < n && ldv(src + j * (size_t)w, w) == v) j++;
     return j;
 }

@@ -7,6 +7,8 @@ split).  A deliberate change of an encoder"s choices updates these constants and
 rANS mode 5 (32 states of 32 bits, 16-bit words, decoded with SIMD gathers) replaced mode 4
 on 2026-11-27, which changed every case with rANS exponent blocks ("f32", "f32 sq", "bf16",
 "f16", "f64", "rans", "rans ragged"); mode-4 blocks still decode (test_native_rans_legacy.py).
+The RLE+Huffman cases (a quantized delta's streams) were pinned before the run scan found a run's
+end from the XOR of eight bytes (2026-11-28), and did not move.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pytest
 import torch
 
 from mvc.codecs.lossless import LosslessCodec
-from mvc.native import ffi, huffman, lib, rans
+from mvc.native import ffi, huffman, lib, rans, rle
 
 
 def _floats(n: int, seed: int) -> torch.Tensor:
@@ -50,6 +52,19 @@ def _fallback_input() -> tuple[np.ndarray, np.ndarray]:
     return ctx, rng.integers(0, 200, 6000).astype(np.uint8)
 
 
+def _delta_streams() -> dict[str, np.ndarray]:
+    """Inputs of `rle.encode_huffman` as a quantized delta's grouped streams are: mostly zero,
+    short runs of small cyclic deltas, each width the encoder takes; and long runs."""
+    rng = np.random.default_rng(3)
+    u8 = np.where(rng.random(300_001) < 0.7, 0, rng.integers(0, 256, 300_001)).astype(np.uint8)
+    small = np.where(rng.random(200_003) < 0.75, 0, rng.choice([1, 17], 200_003)).astype(np.uint8)
+    u16 = np.where(rng.random(200_003) < 0.6, 0, rng.integers(0, 65536, 200_003)).astype(np.uint16)
+    i32 = np.where(rng.random(100_007) < 0.5, 7, rng.integers(0, 2**31 - 1, 100_007)).astype(np.int32)
+    runs = np.repeat(rng.integers(0, 5, 3000), rng.integers(1, 200, 3000)).astype(np.uint8)
+    return {"u8": u8, "small deltas": small, "u16": u16, "i32": i32, "runs": runs,
+            "runs u16": runs.astype(np.uint16), "runs i32": runs.astype(np.int32)}
+
+
 def _cases() -> dict[str, bytes]:
     f = _floats(300_001, 0)
     sq = f * f  # an Adam second moment"s shape of distribution
@@ -73,6 +88,8 @@ def _cases() -> dict[str, bytes]:
         "huffman u16": huffman.encode(u16),
         "ctx coded": _ctx_block(ex[:70_001], (ex[:70_001] * 7 + (mant & 3)).astype(np.uint8), 1000),
         "ctx falls back": _ctx_block(*_fallback_input(), 980),
+        **{f"rle {k}": rle.encode_huffman(v) for k, v in _delta_streams().items()},
+        **{f"rle tokens {k}": rle.encode(v).tobytes() for k, v in _delta_streams().items()},
     }
 
 
@@ -91,6 +108,20 @@ PINNED = {
     "huffman u16": "2a2606819648e446373e5495d68799801ef8640d9077929a042e56393e276244",
     "ctx coded": "96c9f02c0a9efc40bc4d5cd1d4b372ca217a8208e3824f5b64cf207607faaf63",
     "ctx falls back": "0ab4f3296132bda0c685e325e64e22ffb639e96b0c99090bfc8519b6161d16ba",
+    "rle u8": "c6eac55595e3dc4cba10280171cf607aab744f7a037288758a2834afb383e020",
+    "rle small deltas": "2248a56de0a9326b2809ae59ef225c3fe8e41d1a2f511b1347a75fe1a12158d4",
+    "rle u16": "fa9aefd30ee20ec64d7f2a59f48e433c06e3622e10445e23da8726a4c2af4e62",
+    "rle i32": "13389d18b1e421cb33f31c7ec4b5a82d251a6587fbbfde9da8a4b0378b39817d",
+    "rle runs": "e9e5c68ff248215052eb793bceaf79f409483fcbd573f1f3f298538733c1171f",
+    "rle runs u16": "e9e5c68ff248215052eb793bceaf79f409483fcbd573f1f3f298538733c1171f",
+    "rle runs i32": "e9e5c68ff248215052eb793bceaf79f409483fcbd573f1f3f298538733c1171f",
+    "rle tokens u8": "cf3b056e95d272531c894ed78936112681853bfa3dae63b1951085dd72bda75d",
+    "rle tokens small deltas": "5a6c42d034f1c39e10fed98a37c4bfefc519878a215a7dc825eaee85946ab6a7",
+    "rle tokens u16": "df918815c2a4c044e823a851f955076b03dc6be0d686ed779164303360479ac5",
+    "rle tokens i32": "41b1448da0b69a04dedee5d872c50efe8fb701b2226a5212e1923687db5315f6",
+    "rle tokens runs": "92fa66098feb795b47e14c0b2fec2d1ac1bbf3c09ae8804e455cbab7881954d2",
+    "rle tokens runs u16": "92fa66098feb795b47e14c0b2fec2d1ac1bbf3c09ae8804e455cbab7881954d2",
+    "rle tokens runs i32": "92fa66098feb795b47e14c0b2fec2d1ac1bbf3c09ae8804e455cbab7881954d2",
 }
 
 
