@@ -41,7 +41,7 @@ from mvc.errors import MvcError
 from mvc.integrations.host_copy import clone_to_cpu
 from mvc.integrations.parent_calls import ChildChannel, close_channel, open_channel, serve_call
 from mvc.integrations.shared_copy import (ChannelClosedError, MappedSegments, SharedArena,
-                                          recv_frame, send_frame, supported)
+                                          rebuilt_exception, recv_frame, send_frame, supported)
 from mvc.native.parallel import worker_count
 from mvc.repo.repository import Repo
 
@@ -197,14 +197,8 @@ class CommitProcess:
                 raised.add_note(f"mvc: it failed the commit in the background commit process "
                                 f"(pid {self.pid}), which called it here")
                 raise raised
-            exc: BaseException | None = None
-            if blob is not None:
-                try:
-                    exc = pickle.loads(blob)
-                except Exception:  # a class this process cannot rebuild: its text still says it
-                    exc = None
-            if not isinstance(exc, BaseException):
-                exc = CommitProcessError(f"the background commit process raised {summary}")
+            exc = rebuilt_exception(blob, f"the background commit process raised {summary}",
+                                    CommitProcessError)
             exc.add_note(f"mvc: raised in the background commit process (pid {self.pid}); "
                          f"its traceback:\n{tb.rstrip()}")
             raise exc

@@ -26,7 +26,8 @@ from typing import Any
 
 from mvc.errors import InternalError, MvcError
 from mvc.integrations.host_copy import clone_to_cpu
-from mvc.integrations.shared_copy import MappedSegments, SharedArena, recv_frame, send_frame
+from mvc.integrations.shared_copy import (MappedSegments, SharedArena, rebuilt_exception,
+                                          recv_frame, send_frame)
 from mvc.search.fidelity import Fidelity, FidelityError, FidelityOutputs
 
 
@@ -110,14 +111,8 @@ class ChildChannel:
         for fd in fds:
             os.close(fd)
         _, blob, summary, _tb, _clean = reply
-        exc: Any = None
-        if blob is not None:
-            try:
-                exc = pickle.loads(blob)
-            except Exception:   # a class this process cannot rebuild: its text still says it
-                exc = None
-        if not isinstance(exc, BaseException):
-            exc = ParentCallError(f"the training process's {kind} function raised {summary}")
+        exc = rebuilt_exception(blob, f"the training process's {kind} function raised {summary}",
+                                ParentCallError)
         self.raised = exc
         raise exc
 

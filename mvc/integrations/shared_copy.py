@@ -250,6 +250,19 @@ def _itemsize(dtype: torch.dtype) -> int:
     return 0
 
 
+def rebuilt_exception(blob: bytes | None, summary: str,
+                      fallback: type[BaseException]) -> BaseException:
+    """An exception the other process pickled (`blob`), rebuilt here; `fallback(summary)`
+    when there is none or its class cannot be rebuilt here (its text still says what it was)."""
+    exc: Any = None
+    if blob is not None:
+        try:
+            exc = pickle.loads(blob)
+        except Exception:
+            exc = None
+    return exc if isinstance(exc, BaseException) else fallback(summary)
+
+
 # ---------------------------------------------------------------------- frames
 def send_frame(sock: socket.socket, payload: bytes, fds: list[int] | tuple[int, ...] = ()) -> None:
     """Send one frame: the header (with `fds` attached), then `payload`."""
