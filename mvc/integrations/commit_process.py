@@ -31,7 +31,6 @@ import socket
 import subprocess
 import sys
 import threading
-import traceback
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -41,7 +40,8 @@ from mvc.errors import MvcError
 from mvc.integrations.host_copy import clone_to_cpu
 from mvc.integrations.parent_calls import ChildChannel, close_channel, open_channel, serve_call
 from mvc.integrations.shared_copy import (ChannelClosedError, MappedSegments, SharedArena,
-                                          rebuilt_exception, recv_frame, send_frame, supported)
+                                          close_all, pickled_exception, rebuilt_exception,
+                                          recv_frame, send_frame, supported)
 from mvc.native.parallel import worker_count
 from mvc.repo.repository import Repo
 
@@ -161,12 +161,10 @@ class CommitProcess:
                     try:
                         reply = pickle.loads(data)
                     except BaseException:
-                        for fd in fds:
-                            os.close(fd)
+                        close_all(fds)
                         raise
                     if not (isinstance(reply, tuple) and reply and reply[0] == "call"):
-                        for fd in fds:
-                            os.close(fd)
+                        close_all(fds)
                         break
                     answer, out_fds, exc, arena = serve_call(reply, fds, calls or {})
                     raised = exc if exc is not None else raised
@@ -356,18 +354,12 @@ def _commit(repo: Any, sizes: list[int], payload: bytes, fds: list[int],
             del state, kwargs
         answer = ("done", cid, _warnings_out(caught))
     except BaseException as exc:  # everything goes back to the training process
-        try:
-            blob: bytes | None = pickle.dumps(exc)
-        except Exception:
-            blob = None
         from_call = channel is not None and exc is channel.raised
-        answer = ("failed", blob, f"{type(exc).__name__}: {exc}", traceback.format_exc(),
-                  _warnings_out(caught), from_call)
+        answer = ("failed", *pickled_exception(exc), _warnings_out(caught), from_call)
         del exc   # its traceback's frames view the state
     if channel is not None:
         channel.raised = None
-    for fd in fds:
-        os.close(fd)
+    close_all(fds)
     clean = maps.close() if maps is not None else True
     return (*answer, clean)
 

@@ -16,18 +16,17 @@ writing -- runs in the child, off the training loop's interpreter lock.
 """
 from __future__ import annotations
 
-import os
 import pickle
 import socket
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from mvc.errors import InternalError, MvcError
 from mvc.integrations.host_copy import clone_to_cpu
-from mvc.integrations.shared_copy import (MappedSegments, SharedArena, rebuilt_exception,
-                                          recv_frame, send_frame)
+from mvc.integrations.shared_copy import (MappedSegments, SharedArena, close_all,
+                                          pickled_exception, rebuilt_exception, recv_frame,
+                                          send_frame)
 from mvc.search.fidelity import Fidelity, FidelityError, FidelityOutputs
 
 
@@ -50,7 +49,7 @@ class ParentCall:
     def __init__(self, kind: str, name: str | None = None,
                  keep: tuple[str, ...] | None = None) -> None:
         self.kind, self.keep = kind, keep
-        self.__name__ = self.__qualname__ = name or kind
+        self.__name__ = name or kind
 
     def __call__(self, *args: Any) -> Any:
         channel = _CHANNEL
@@ -98,8 +97,7 @@ class ChildChannel:
             if not ok:
                 raise InternalError(f"the training process answered a call with {reply!r:.80}")
         except BaseException:
-            for fd in fds:
-                os.close(fd)
+            close_all(fds)
             arena.release()
             raise
         if reply[-1] is True:   # it let go of every view of the arguments: written again next call
@@ -108,8 +106,7 @@ class ChildChannel:
             arena.release()
         if reply[0] == "value":
             return self._local(MappedSegments(fds, reply[1]).loads(reply[2]))
-        for fd in fds:
-            os.close(fd)
+        close_all(fds)
         _, blob, summary, _tb, _clean = reply
         exc = rebuilt_exception(blob, f"the training process's {kind} function raised {summary}",
                                 ParentCallError)
@@ -163,8 +160,7 @@ def serve_call(msg: tuple[Any, ...], fds: list[int], calls: Mapping[str, Callabl
     try:
         _, kind, sizes, payload = msg
     except (TypeError, ValueError):
-        for fd in fds:
-            os.close(fd)
+        close_all(fds)
         raise InternalError(f"a malformed call from the commit process: {msg!r:.80}") from None
     maps = MappedSegments(fds, sizes)
     args: Any = None
@@ -217,9 +213,4 @@ def _judges_only(subject: Any, inputs: Any) -> Any:
 
 
 def _raised(exc: BaseException, clean: bool) -> bytes:
-    try:
-        blob: bytes | None = pickle.dumps(exc)
-    except Exception:
-        blob = None
-    return pickle.dumps(("raised", blob, f"{type(exc).__name__}: {exc}",
-                         "".join(traceback.format_exception(exc)), clean))
+    return pickle.dumps(("raised", *pickled_exception(exc), clean))

@@ -25,6 +25,7 @@ import os
 import pickle
 import socket
 import struct
+import traceback
 import weakref
 from typing import Any
 
@@ -142,8 +143,7 @@ class SharedArena:
         is referenced any more. Never unmapped explicitly: a tensor from ``torch.frombuffer``
         holds its mapping by reference, not by a buffer export, so an explicit close would
         pull the pages from under a tensor still in use."""
-        for fd in self._fds:
-            os.close(fd)
+        close_all(self._fds)
         self._fds = []
         self._slots.clear()
         self._maps = []
@@ -182,8 +182,7 @@ class MappedSegments:
                                              f"not the {size} announced")
                 self._maps.append(mmap.mmap(fd, size))
         finally:
-            for fd in fds:
-                os.close(fd)
+            close_all(fds)
 
     def loads(self, data: bytes) -> Any:
         """Unpickle `data` made by `SharedArena.dumps`, its references as tensors over the maps."""
@@ -250,6 +249,22 @@ def _itemsize(dtype: torch.dtype) -> int:
     return 0
 
 
+def close_all(fds: list[int]) -> None:
+    """Close each descriptor (those a frame brought and nothing took over)."""
+    for fd in fds:
+        os.close(fd)
+
+
+def pickled_exception(exc: BaseException) -> tuple[bytes | None, str, str]:
+    """What crosses for an exception: (its pickle, or None where it does not pickle; its
+    one-line text; its traceback). `rebuilt_exception` is the other side."""
+    try:
+        blob: bytes | None = pickle.dumps(exc)
+    except Exception:
+        blob = None
+    return blob, f"{type(exc).__name__}: {exc}", "".join(traceback.format_exception(exc))
+
+
 def rebuilt_exception(blob: bytes | None, summary: str,
                       fallback: type[BaseException]) -> BaseException:
     """An exception the other process pickled (`blob`), rebuilt here; `fallback(summary)`
@@ -298,6 +313,5 @@ def recv_frame(sock: socket.socket) -> tuple[bytes, list[int]]:
             got += n
         return bytes(payload), list(fds)
     except BaseException:
-        for fd in fds:
-            os.close(fd)
+        close_all(fds)
         raise
