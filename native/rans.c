@@ -349,6 +349,17 @@ static int old_encoder_wrote(const uint8_t *src, size_t n, const uint8_t *blk, s
 
 typedef struct { size_t i; const uint8_t *w; uint32_t x[NL]; uint32_t alt; } branch;
 
+/* A decoded state y into *x, pulling the next word when y < L; 0 when none is left. */
+static inline int renorm(uint32_t y, const uint8_t **w, const uint8_t *end, uint32_t *x) {
+    if (y < R32_L) {
+        if ((size_t)(end - *w) < 2) return 0;
+        y = (y << 16) | ld16(*w);
+        *w += 2;
+    }
+    *x = y;
+    return 1;
+}
+
 /* Search for the data the old encoder wrote as this mode-5 block (see above). */
 static int recover_mode5(const uint8_t *blk, const uint8_t *p, const uint8_t *end, const uint32_t *tab,
                          uint8_t *dst, size_t n) {
@@ -408,29 +419,21 @@ static int recover_mode5(const uint8_t *blk, const uint8_t *p, const uint8_t *en
                     }
                 }
                 dst[i] = (uint8_t)t;
-                uint32_t y = ((t >> 8) & 0xfff) * (s >> SCALE) + (t >> 20);
-                if (y < R32_L) {
-                    if ((size_t)(end - w) < 2) dead = 1;
-                    else { y = (y << 16) | ld16(w); w += 2; }
-                }
-                *xs = y;
+                dead = !renorm(((t >> 8) & 0xfff) * (s >> SCALE) + (t >> 20), &w, end, xs);
                 i++;
             }
         }
         if (!dead) continue;
-        if (top == 0) { complete = 1; break; }
-        branch *b = &stack[--top];   /* the latest step not yet tried as d's */
-        i = b->i; w = b->w;
-        memcpy(x, b->x, sizeof x);
-        dst[i] = (uint8_t)d;
-        uint32_t y = b->alt;
-        if (y < R32_L) {
-            if ((size_t)(end - w) < 2) { x[i % NL] = 0; i = n; continue; }   /* dies at the end check */
-            y = (y << 16) | ld16(w); w += 2;
+        for (;;) {   /* back to the latest step not yet tried as d's (dead too if words run out) */
+            if (top == 0) { complete = 1; goto done; }
+            const branch *b = &stack[--top];
+            i = b->i; w = b->w;
+            memcpy(x, b->x, sizeof x);
+            dst[i] = (uint8_t)d;
+            if (renorm(b->alt, &w, end, &x[i % NL])) { i++; break; }
         }
-        x[i % NL] = y;
-        i++;
     }
+done:
     /* Only a whole search that found exactly one input is an answer. */
     if (r == MVC_ERR_CORRUPT && found == 1 && complete) {
         memcpy(dst, first, n);

@@ -412,39 +412,36 @@ def _put_varint(v: int) -> bytes:
 def rans_encode_legacy(data: np.ndarray) -> bytes:
     """A mode-5 block as the encoder before the exact quotient wrote it: x / f by ryg_rans's
     32-bit reciprocal, one too high for some states of frequencies above 2896 (then the block
-    does not decode exactly; `mvc_rans_decode` recovers it). The lanes run as numpy vectors."""
+    does not decode exactly; `mvc_rans_decode` recovers it). A group's 32 lanes step together
+    as numpy vectors; its renormalization words go out in the encoder's lane order."""
     data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
-    n = data.size
+    n, lanes = data.size, 32
     freq = rans_normalize(np.bincount(data, minlength=256).tolist())
-    start = np.concatenate([[0], np.cumsum(freq)[:-1]]).astype(np.uint64)
     f = np.array(freq, dtype=np.uint64)
+    start = np.concatenate([[0], np.cumsum(freq)[:-1]]).astype(np.uint64)
     rcp = np.zeros(256, np.uint64)
     shift = np.zeros(256, np.uint64)
     bias = start.copy()
     for v, fv in enumerate(freq):
-        if fv == 1:
+        if fv == 1:   # quotient x - 1, and the bias makes up for it
             rcp[v], shift[v], bias[v] = 0xFFFFFFFF, 32, start[v] + 4095
         elif fv:
             sh = (fv - 1).bit_length()
             rcp[v], shift[v] = ((1 << (sh + 31)) + fv - 1) // fv, sh - 1 + 32
     x_max = (np.uint64(16) << np.uint64(16)) * f
-    lanes = 32
     x = np.full(lanes, 1 << 16, np.uint64)
-    words: list[np.ndarray] = []   # emitted backwards, per step: the lanes that renormalized
-    padded = np.concatenate([data, np.zeros((-n) % lanes, np.uint8)])
-    for g in range(padded.size // lanes - 1, -1, -1):
-        syms = padded[g * lanes:(g + 1) * lanes]
-        live = np.arange(lanes) + g * lanes < n
-        for s in range(lanes - 1, -1, -1):   # lanes backwards, as the encoder visits them
-            if not live[s]:
-                continue
-            v = syms[s]
-            xs = x[s]
-            if xs >= x_max[v]:
-                words.append(np.array([xs & np.uint64(0xFFFF)], np.uint16))
-                xs >>= np.uint64(16)
-            q = (int(xs) * int(rcp[v])) >> int(shift[v])
-            x[s] = np.uint64((int(xs) + int(bias[v]) + q * (4096 - freq[v])) & 0xFFFFFFFF)
+    # The encoder emits a group's words lanes high to low, writing backwards from the end of its
+    # buffer: read forwards, each group's words are in lane order, the groups in data order.
+    words: list[np.ndarray] = []
+    for g in range(-(-n // lanes) - 1, -1, -1):
+        syms = data[g * lanes:(g + 1) * lanes]
+        live = slice(0, syms.size)   # the last group may be short
+        xs, v = x[live], syms
+        out = xs >= x_max[v]
+        words.append((xs[out] & np.uint64(0xFFFF)).astype(np.uint16))
+        xs = np.where(out, xs >> np.uint64(16), xs)
+        q = (xs * rcp[v]) >> shift[v]   # xs < 2^32, rcp < 2^32: no overflow
+        x[live] = (xs + bias[v] + q * (np.uint64(4096) - f[v])) & np.uint64(0xFFFFFFFF)
     k = sum(1 for fv in freq if fv)
     head = bytearray([5]) + _put_varint(k)
     prev = 0
@@ -453,8 +450,7 @@ def rans_encode_legacy(data: np.ndarray) -> bytes:
             head += _put_varint(v - prev) + _put_varint(fv - 1)
             prev = v + 1
     head += x.astype("<u4").tobytes()
-    body = np.concatenate(words[::-1]).astype("<u2").tobytes() if words else b""
-    return bytes(head) + body
+    return bytes(head) + np.concatenate(words[::-1]).astype("<u2").tobytes()
 
 
 def ctx_decode_block(block: bytes, ctx: np.ndarray) -> np.ndarray:

@@ -23,19 +23,19 @@ from mvc.native.status import NativeDecodeError
 
 
 def _poisoned() -> list[int]:
-    """The frequencies whose old reciprocal rounds some quotient up (383 of them, >= 2964)."""
+    """The frequencies whose old reciprocal rounds some quotient up (383 of them, >= 2964).
+
+    The old quotient of x = q f - 1 is (x rcp) >> s with rcp = ceil(2^s / f), s = 31 +
+    ceil(log2 f). Writing rcp f = 2^s + e (0 <= e < f), x rcp = q 2^s + q e - rcp, so the
+    quotient comes out q (one too high) exactly when q e >= rcp: for some state q < 2^20 when
+    (2^20 - 1) e >= rcp."""
     out = []
-    for f in range(2897, 4096):
-        shift = (f - 1).bit_length()
-        rcp, sh = ((1 << (shift + 31)) + f - 1) // f, shift - 1 + 32
-        q = np.arange(1, 1 << 20, dtype=np.uint64)
-        x = q * np.uint64(f) - np.uint64(1)
-        if np.any(((x * np.uint64(rcp)) >> np.uint64(sh)) == q):
+    for f in range(2, 4096):
+        s = (f - 1).bit_length() + 31
+        rcp = ((1 << s) + f - 1) // f
+        if ((1 << 20) - 1) * (rcp * f - (1 << s)) >= rcp:
             out.append(f)
     return out
-
-
-POISONED = _poisoned()
 
 
 def _block_data(f: int, seed: int, n: int = 4096 * 32, minor: int = 9) -> np.ndarray:
@@ -75,17 +75,19 @@ def _decoded_or_ambiguous(old: bytes, data: np.ndarray, broken: bool) -> bool:
 
 
 def test_blocks_that_never_decoded_are_recovered():
-    assert len(POISONED) == 383 and min(POISONED) == 2964
+    poisoned = _poisoned()
+    assert len(poisoned) == 383 and min(poisoned) == 2964
     broken, recovered = 0, 0
-    for f in POISONED[::12] + [4086, 4088, 4092, 4094, 4095]:
+    for f in poisoned[::12] + [4086, 4088, 4092, 4094, 4095]:
         for seed in range(2):
             data = _block_data(f, seed * 7919 + f)
             old = ref.rans_encode_legacy(data)
             if old == rans.encode(data):
                 continue   # no step of this block hit the rounding
             broken += 1
-            with pytest.raises(ref.RefError):   # an exact decoder cannot read it
-                ref.rans_decode_block(old, data.size)
+            if broken == 1:   # an exact decoder cannot read it (pure Python: once is enough)
+                with pytest.raises(ref.RefError):
+                    ref.rans_decode_block(old, data.size)
             recovered += _decoded_or_ambiguous(old, data, broken=True)
     assert broken >= 10 and recovered >= broken - 2   # enough broken blocks to mean something
 
@@ -101,7 +103,7 @@ def test_a_block_two_inputs_give_is_refused_not_guessed():
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(f=st.sampled_from(POISONED), n_groups=st.integers(1, 1024), extra=st.integers(0, 31),
+@given(f=st.integers(2897, 4095), n_groups=st.integers(1, 1024), extra=st.integers(0, 31),
        minor=st.integers(1, 40), seed=st.integers(0, 2**32 - 1))
 def test_whatever_the_old_encoder_wrote_decodes(f, n_groups, extra, minor, seed):
     rng = np.random.default_rng(seed)
