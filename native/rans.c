@@ -370,8 +370,11 @@ static int recover_mode5(const uint8_t *blk, const uint8_t *p, const uint8_t *en
         if (f > 2896) { d = t & 0xff; fd = f; sd = slot; }
         slot += f;
     }
-    if (d == 256) return MVC_ERR_CORRUPT;   /* no symbol the old encoder got wrong */
+    if (d == 256) return MVC_ERR_CORRUPT;
     const oldrcp od = old_reciprocal(fd);
+    /* rcp f = 2^s + e: the quotient of q f - 1 comes out q when q e >= rcp, for some q < 2^20
+     * only at 383 frequencies (the lowest 2964); any other block is simply corrupt. */
+    if (((1ull << 20) - 1) * (od.rcp * fd - (1ull << od.shift)) < od.rcp) return MVC_ERR_CORRUPT;
     const uint32_t below = (sd + TOTAL - 1) & (TOTAL - 1), last = sd + fd - 1;
     uint32_t x[NL];
     for (int s = 0; s < NL; s++) if ((x[s] = ld32(p + 4 * s)) < R32_L) return MVC_ERR_CORRUPT;
