@@ -49,6 +49,7 @@ if [ $# -eq 0 ]; then
         tests/quant/test_quant_error.py tests/native/test_native_kmeans.py tests/quant/test_quant_kmeans.py \
         tests/quant/test_moment_bound.py \
         tests/native/test_native_rans_legacy.py tests/native/test_native_rans_recover.py tests/native/test_native_simd.py \
+        tests/native/test_native_log.py tests/quant/test_quant_sketch.py \
         tests/native/test_native_heap.py::test_release_mapped_checks_its_range \
         tests/native/test_native_heap.py::test_native_heap_bound_checks_its_arguments \
         tests/native/test_native_heap.py::test_release_mapped_unmaps_a_file_mapping_and_keeps_its_contents \
