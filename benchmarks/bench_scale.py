@@ -516,6 +516,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device here")
     shape = GPT2_SMALL if args.params == 124e6 and not args.layers else shape_for(args.params, args.layers)
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="mvc-bench-scale-", dir=args.dir) as work:
         t0 = time.perf_counter()
         cks = train(shape, [args.steps, args.steps + args.gap], args.device, args.batch, args.seq)
