@@ -32,6 +32,7 @@ run.  Timings on a shared machine are noisy: compare ratios, not seconds.
 
     python benchmarks/bench_scale.py                  # 124M parameters
     python benchmarks/bench_scale.py --params 30e6    # d scaled down (CI: --params 2e6)
+    python benchmarks/bench_scale.py --repeat 3       # medians of 3 alternated rounds
     python benchmarks/bench_scale.py --device cuda --json
 """
 from __future__ import annotations
@@ -505,6 +506,11 @@ def main(argv: list[str] | None = None) -> dict:
                     help="the steps to run, comma-separated, from: " + ", ".join(STEPS)
                     + " (save, load, first and next always run; a 1.3B state's every step "
                       "is minutes and 16 GB of disk)")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="rounds of torch.save, torch.load, first and next commit (each commit "
+                         "pair in a repository of its own), alternated; each step reports the "
+                         "round with its median time and lists every round's (this host's "
+                         "torch.save with fsync swings 2x between runs)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     only = set(args.only.split(",")) | {"save", "load", "first", "next"}
@@ -532,12 +538,18 @@ def main(argv: list[str] | None = None) -> dict:
         dev = args.device
         r: dict[str, Any] = {}
         common = {"device": dev, "dir": work}
-        r["torch.save"] = run_child({"kind": "save", "ckpt": paths[0], **common})
-        r["torch.load"] = run_child({"kind": "load", "ckpt": paths[0], **common})
-        r["first commit"] = run_child({"kind": "commit_first", "ckpt": paths[0], "repo": "repo",
-                                       "step": args.steps, **common})
-        r["next commit"] = run_child({"kind": "commit_next", "ckpt": paths[1], "repo": "repo",
-                                      "step": args.steps + args.gap, **common})
+        rounds: dict[str, list[dict]] = {}
+        for i in range(max(1, args.repeat)):
+            repo = "repo" if i == 0 else f"repo-{i + 1}"   # the later steps read round 1's
+            for step, task in (
+                    ("torch.save", {"kind": "save", "ckpt": paths[0]}),
+                    ("torch.load", {"kind": "load", "ckpt": paths[0]}),
+                    ("first commit", {"kind": "commit_first", "ckpt": paths[0], "repo": repo,
+                                      "step": args.steps}),
+                    ("next commit", {"kind": "commit_next", "ckpt": paths[1], "repo": repo,
+                                     "step": args.steps + args.gap})):
+                rounds.setdefault(step, []).append(run_child({**task, **common}))
+        r.update({step: median_round(runs) for step, runs in rounds.items()})
         if "lossless" in only:
             r["lossless commit"] = run_child({"kind": "commit_lossless", "ckpt": paths[0],
                                               "repo": "repo-lossless", **common})
@@ -579,6 +591,16 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     return report
+
+
+def median_round(runs: list[dict]) -> dict:
+    """The round with the median time (the lower middle one of an even count), with every
+    round's time under "rounds" when there were several."""
+    ranked = sorted(runs, key=lambda m: m["seconds"])
+    out = dict(ranked[(len(ranked) - 1) // 2])
+    if len(runs) > 1:
+        out["rounds"] = [m["seconds"] for m in runs]
+    return out
 
 
 def ratios(r: dict, nbytes: int) -> dict[str, float | None]:
@@ -673,6 +695,10 @@ def table(rep: dict) -> str:
                      f"{m['peak_extra_rss'] / 1e9:.2f} GB ({m['peak_extra_rss'] / nb:.2f}x) | {ratio} |"
                      + extra)
     lines.append("")
+    rounds = [f"{step} {', '.join(f'{t:.2f}' for t in r[step]['rounds'])} s" for _, step, _ in rows
+              if step in r and "rounds" in r[step]]
+    if rounds:
+        lines.append("each round's time (the table: the median round): " + "; ".join(rounds))
     anon = [f"{step} {r[step]['peak_extra_anon'] / nb:.2f}x" for _, step, _ in rows
             if step in r and "peak_extra_anon" in r[step]]
     if anon:
