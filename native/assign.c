@@ -106,8 +106,8 @@ static void count_search_avx512(const float *x, size_t n, const float *tab, unsi
     if (i < n) count_search(x + i, n - i, tab, pad, acc + i);
 }
 
-/* count_linear and count_search, 8 elements at a time (AVX2 has no mask registers: a
- * comparison's all-ones lanes are -1 or, masked, the step): the same counts. */
+/* count_linear, 8 elements at a time (a comparison's all-ones lanes are -1): the same counts
+ * (a comparison with a NaN is false in both forms). */
 __attribute__((target("avx2")))
 static void count_linear_avx2(const float *x, size_t n, const float *mids, int n_mids,
                               uint32_t *acc)
