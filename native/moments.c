@@ -72,8 +72,6 @@ int64_t mvc_log_positive_f32(const float *v, size_t n, float *out, size_t cap)
     if (cap > 0 && out == NULL) return -1;
 #if MVC_X86
     const int fast = cpu_avx2();
-#else
-    const int fast = 0;
 #endif
     float block[LOG_BLOCK];
     size_t j = 0;
@@ -87,11 +85,12 @@ int64_t mvc_log_positive_f32(const float *v, size_t n, float *out, size_t cap)
         if (k > cap - j) return -1;
 #if MVC_X86
         if (!fast || log_block_avx2(block, out + j, k))
-#endif
             log_exact(block, out + j, k);
+#else
+        log_exact(block, out + j, k);
+#endif
         j += k;
     }
-    (void)fast;
     return (int64_t)j;
 }
 

@@ -1,7 +1,7 @@
 """The second moment's log values (native/moments.c `mvc_log_positive_f32`): where AVX2 runs,
 a polynomial gives them and a block near a float32 rounding midpoint is redone by libm; either
 way every value must be float32(libm log(float64 x)), the bits the plain form writes.  (Checked
-once for every positive float32, both forms: docs/native-formats.md.)"""
+once for every positive float32, both forms: docs/development.md, SIMD code paths.)"""
 from __future__ import annotations
 
 import math
