@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -30,14 +31,25 @@ _HISTC_BINS = 1 << 16
 @dataclass(frozen=True)
 class Chunk:
     pieces: list[tuple[int, int, int]]  # (job, start, stop) in the job's flat values
-    seg: torch.Tensor                   # int64 job index of each element, on the device
     jobs: torch.Tensor                  # int64 piece job indices, on the device
     runs: torch.Tensor                  # int64 lengths of the pieces cut in runs of <= _RUN
     runs_per_piece: torch.Tensor        # int64 number of those runs in each piece
+    starts: torch.Tensor                # int64 offset of each piece in the chunk, on the device
+    steps: torch.Tensor                 # int64 job index step at each piece's start
 
     @property
     def size(self) -> int:
         return sum(b - a for _, a, b in self.pieces)
+
+    @cached_property
+    def seg(self) -> torch.Tensor:
+        """int64 job index of each element, on the device: made on first use (8 bytes an
+        element; the Triton kernel, `mvc.quant.triton_assign`, reads its blocks' jobs instead)."""
+        # the steps at the pieces' starts, summed along the chunk (`repeat_interleave` writes a
+        # segment per thread: 0.55 ms a chunk of few long pieces)
+        seg = torch.zeros(self.size, dtype=torch.int64, device=self.jobs.device)
+        seg.index_copy_(0, self.starts, self.steps)
+        return seg.cumsum_(0)
 
 
 def chunks(sizes: list[int], device: torch.device, step: int | None = None) -> Iterator[Chunk]:
@@ -77,11 +89,7 @@ def _chunk(pieces: list[tuple[int, int, int]], device: torch.device) -> Chunk:
     small = upload(torch.tensor(np.concatenate([jobs, per_piece, starts, steps, runs]),
                                 dtype=torch.int64), device)
     t_jobs, t_per, t_starts, t_steps = small[:4 * k].view(4, k).unbind(0)
-    # each element's job index: the steps at the pieces' starts, summed along the chunk
-    # (`repeat_interleave` writes a segment per thread: 0.55 ms a chunk of few long pieces)
-    seg = torch.zeros(sum(lengths), dtype=torch.int64, device=device)
-    seg.index_copy_(0, t_starts, t_steps)
-    return Chunk(pieces, seg.cumsum_(0), t_jobs, small[4 * k:], t_per)
+    return Chunk(pieces, t_jobs, small[4 * k:], t_per, t_starts, t_steps)
 
 
 def piece_reduce(c: Chunk, t: torch.Tensor, reduce: str = "sum") -> torch.Tensor:
