@@ -29,7 +29,7 @@ $(VENV)/.installed: pyproject.toml setup.py $(wildcard native/*.c native/*.h nat
 		echo "torch: $(TORCH_SPEC) from the default index$(if $(TORCH_INDEX), ($(TORCH_INDEX) cannot be reached))"; \
 		$(PIP) install "$(TORCH_SPEC)"; \
 	fi
-	$(PIP) install -e ".[test,bench,s3,lightning,hf,plot]"
+	$(PIP) install -e ".[test,bench,s3,lightning,hf,plot,triton]"
 	touch $@
 
 install: $(VENV)/.installed

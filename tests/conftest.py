@@ -1,11 +1,17 @@
 """Shared fixtures: repositories and realistic checkpoints."""
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
 import pytest
 import torch
+
+# Without CUDA, Triton kernels (mvc.quant.triton_assign) run on host tensors in Triton's
+# interpreter, which Triton turns on only if this is set before it is first imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # tests/helpers is on sys.path (pyproject.toml: [tool.pytest.ini_options] pythonpath).
 from checkpoints import realistic_state

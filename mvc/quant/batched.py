@@ -33,12 +33,14 @@ counts equal and the sums agree to float64 summation order (tests/quant/test_qua
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from mvc.native.parallel import pmap
+from mvc.quant import triton_assign
 from mvc.quant.assign import level_dtype, midpoints
 from mvc.quant.backend import on_host_kernels
 from mvc.quant.config import check_bins
@@ -410,8 +412,17 @@ def _launch(data: GroupData, plans: list[_Plan], step: int | None,
     n_sums = 6 if weighted else 4
     acc = torch.zeros(n_jobs, n_sums, dtype=torch.float64, device=device)
     counts = torch.zeros(n_jobs * width, dtype=torch.int64, device=device)
+    tri = (triton_assign.Tables(mids, ks, rules.prune, rules.protect_mag, table, width, device,
+                                upload)
+           if triton_assign.wanted(device) and not rules.needs_sens else None)
     pos = 0
     for c in chunks(data.sizes, device, step):
+        n = c.size
+        if tri is not None:
+            if _triton_chunk(tri, data, c, arena[pos:pos + n], acc, counts):
+                pos += n
+                continue
+            tri = None  # the kernel failed (warned): the torch path from here on
         raw, xs, drop = data.values(c)
         sens = data.sensitivity(c, xs) if rules.needs_sens else None
         prune, protect = _masks(rules, xs, sens, c.seg) if rules.active else (None, None)
@@ -428,7 +439,6 @@ def _launch(data: GroupData, plans: list[_Plan], step: int | None,
         if protect is not None:
             lv = torch.where(protect, kvec.index_select(0, c.seg) + 1, lv)
         del prune
-        n = c.size
         arena[pos:pos + n].copy_(lv)
         pos += n
         idx = lv.add_(c.seg, alpha=width)
@@ -461,6 +471,23 @@ def _launch(data: GroupData, plans: list[_Plan], step: int | None,
         sums = torch.stack(parts, dim=1)
         acc.index_add_(0, c.jobs, sums)  # a job has one piece per chunk: no two adds meet
     return _Launched(data, ks, cens, starts, arena, acc, counts, to_host)
+
+
+def _triton_chunk(tri: triton_assign.Tables, data: GroupData, c: Chunk, out: torch.Tensor,
+                  acc: torch.Tensor, counts: torch.Tensor) -> bool:
+    """Chunk `c` by the Triton kernel (`mvc.quant.triton_assign`); False, with a warning and
+    nothing written, where it fails to compile or launch (the caller takes the torch path)."""
+    raw, xs, drop = data.values(c)
+    w = flat_values(data.weights, c) if data.weighted else None
+    try:
+        triton_assign.assign_chunk(tri, c.pieces, c.jobs, raw, xs, drop, w,
+                                   data.domain == "log", out, acc, counts)
+    except Exception as e:  # noqa: BLE001 - any compiler or driver error: the torch path serves
+        triton_assign.mark_failed()
+        warnings.warn(f"the Triton assignment kernel failed ({type(e).__name__}: {e}); "
+                      "the torch path serves from here on", RuntimeWarning, stacklevel=2)
+        return False
+    return True
 
 
 def _read_back(launched: _Launched) -> tuple[np.ndarray, np.ndarray]:

@@ -59,9 +59,13 @@ def _bits(state: Any) -> dict[str, bytes]:
             for k, t in flatten(state).tensors.items()}
 
 
-def _history(root: Path, device: bool) -> dict[str, Any]:
+def _history(root: Path, device: bool, triton: bool = False) -> dict[str, Any]:
     states = _states()
-    with (device_path() if device else nullcontext()), Repo.init(root) as repo:
+    kernel = nullcontext()
+    if triton:
+        from mvc.quant.triton_assign import triton_path
+        kernel = triton_path()
+    with (device_path() if device else nullcontext()), kernel, Repo.init(root) as repo:
         ids = [repo.commit(s, f"c{i}", epsilon=PROXY_EPSILON) for i, s in enumerate(states)]
         commits = [repo.read_commit(c) for c in ids]
         recs = [{r.name: (r.codec, r.chunks, r.stored_bytes, r.meta)
@@ -95,6 +99,26 @@ def test_a_lossy_history_is_the_same_on_the_device_path(tmp_path):
         assert [t["value"] for t in a] == pytest.approx([t["value"] for t in b], rel=1e-9)
     assert device["records"] == native["records"]      # the same chunks, byte for byte
     assert device["restored"] == native["restored"]
+
+
+@pytest.mark.slow
+def test_a_lossy_history_is_the_same_with_the_triton_kernel(tmp_path):
+    """The device path with each chunk's assignment in the Triton kernel (here in Triton's
+    interpreter): the same search, the same chunks, the same restores as the native path."""
+    pytest.importorskip("triton")
+    import mvc.quant.triton_assign as ta
+
+    native = _history(tmp_path / "native", device=False)
+    before = ta.launches
+    kernel = _history(tmp_path / "triton", device=True, triton=True)
+    assert ta.launches > before and not ta._failed  # the kernel ran, not its fallback
+    assert kernel["quant"] == native["quant"]
+    for a, b in zip(kernel["trials"], native["trials"], strict=True):
+        assert [(t["config"], t["feasible"], t["bits"]) for t in a] == \
+            [(t["config"], t["feasible"], t["bits"]) for t in b]
+        assert [t["value"] for t in a] == pytest.approx([t["value"] for t in b], rel=1e-9)
+    assert kernel["records"] == native["records"]
+    assert kernel["restored"] == native["restored"]
 
 
 def test_reading_on_the_device_path_restores_the_same_bits(tmp_path):
