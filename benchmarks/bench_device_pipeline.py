@@ -19,7 +19,8 @@ measured:
 
 "one by one" is the per-tensor torch path, which every device tensor took before the batched
 passes (and a tensor they leave still takes); "batched" is what a commit of CUDA tensors now
-runs.
+runs; "triton" (`--triton`) is the batched path with each chunk's assignment, level counts and
+error sums in one Triton kernel (`mvc.quant.triton_assign`, `MVC_TRITON=1` in a commit).
 Synchronisations and launches are counted by tests/helpers/sync_counter.py (what would make the
 host wait for a CUDA stream, following the data that would live on the GPU; "waits" are those
 that find launches queued since the last one, the rest return at once). The counts are the
@@ -56,6 +57,7 @@ from bench_scale import shape_for, train  # noqa: E402
 
 import mvc.quant.device_chunks as device_chunks  # noqa: E402
 import mvc.quant.optimizer as opt  # noqa: E402
+import mvc.quant.triton_assign as triton_assign  # noqa: E402
 import mvc.search.prepared as prepared  # noqa: E402
 from mvc.quant import QuantConfig  # noqa: E402
 from mvc.quant.backend import device_path  # noqa: E402
@@ -74,9 +76,11 @@ def measure(fn: Callable[[], Any], device: str, repeat: int, on_device: list[tor
     time of `repeat` plain runs; `peak_extra_gpu`: the stage's peak GPU memory above what was
     allocated before it on CUDA, the counter's estimate of it on the host."""
     # inline, not on the pool's threads: the counter sees this thread's ops only
+    kernels = triton_assign.launches
     with mock.patch.dict(os.environ, {"MVC_THREADS": "1"}), \
             SyncCounter(device=on_device, trace_bytes=1 << 20) as counter:
         fn()
+    kernels = triton_assign.launches - kernels
     peak = None if device == "cuda" else counter.peak_bytes
     if device == "cuda":  # the stage's peak GPU memory above what was allocated before it
         torch.cuda.synchronize()
@@ -93,7 +97,9 @@ def measure(fn: Callable[[], Any], device: str, repeat: int, on_device: list[tor
         _sync(device)
         times.append(time.perf_counter() - t0)
     times.sort()
-    return {"seconds": times[len(times) // 2], "launches": counter.ops,
+    # a Triton kernel is a launch the counter (aten ops) does not see
+    return {"seconds": times[len(times) // 2], "launches": counter.ops + kernels,
+            "triton_launches": kernels,
             "syncs": counter.syncs, "waits": counter.waits, "sync_kinds": dict(counter.kinds),
             "peak_extra_gpu": peak,
             # the counter's view of the peak (on the host, what `peak_extra_gpu` estimates):
@@ -101,8 +107,8 @@ def measure(fn: Callable[[], Any], device: str, repeat: int, on_device: list[tor
             "held_at_peak": [[n, where] for n, where in counter.at_peak[:8]]}
 
 
-def stages(state: dict[str, Any], device: str, repeat: int, hooks: bool = True
-           ) -> dict[str, dict[str, Any]]:
+def stages(state: dict[str, Any], device: str, repeat: int, hooks: bool = True,
+           triton: bool = False) -> dict[str, dict[str, Any]]:
     whole = flatten({"model": state["model"], "optimizer": state["optimizer"]})
     flat = whole.tensors
     everything = {n: t for n, t in flat.items() if isinstance(t, torch.Tensor)}
@@ -156,11 +162,17 @@ def stages(state: dict[str, Any], device: str, repeat: int, hooks: bool = True
         with off:
             out["trial"] = {"one by one": measure(trial(False), device, repeat, live)}
         out["trial"]["batched"] = measure(trial(True), device, repeat, live)
+        if triton:
+            with triton_assign.triton_path():
+                out["trial"]["triton"] = measure(trial(True), device, repeat, live)
         with moment_off:
             out["moments"] = {"one by one": measure(moment_run, device, repeat, live)}
             out["bounds"] = {"one by one": measure(
                 lambda: [opt.moment_ratio_bound(m, v) for m, v in pairs], device, repeat, live)}
         out["moments"]["batched"] = measure(moment_run, device, repeat, live)
+        if triton:
+            with triton_assign.triton_path():
+                out["moments"]["triton"] = measure(moment_run, device, repeat, live)
         out["bounds"]["batched"] = measure(lambda: opt.moment_ratio_bounds(pairs), device, repeat, live)
         if hooks:
             how = Quantization("search", epsilon=0.05, policy=default_policy(), optimizer="compressed")
@@ -177,6 +189,9 @@ def stages(state: dict[str, Any], device: str, repeat: int, hooks: bool = True
                 with off, moment_off:
                     out[name] = {"one by one": measure(run, device, 1, live)}
                 out[name]["batched"] = measure(run, device, 1, live)
+                if triton:
+                    with triton_assign.triton_path():
+                        out[name]["triton"] = measure(run, device, 1, live)
     return out
 
 
@@ -188,12 +203,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-hooks", action="store_true", help="skip the whole-hook stages")
+    ap.add_argument("--triton", action="store_true",
+                    help="also run the trial, moments and hooks with the Triton assignment kernel "
+                         "(mvc.quant.triton_assign; on the host in Triton's interpreter, which "
+                         "needs TRITON_INTERPRET=1: its times mean nothing there, its counts do)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     shape = shape_for(args.params)
     state = train(shape, [args.steps], args.device, batch=4, seq=64)[0]
     n = sum(p.numel() for p in state["model"].values())
-    res = stages(state, args.device, args.repeat, hooks=not args.no_hooks)
+    res = stages(state, args.device, args.repeat, hooks=not args.no_hooks, triton=args.triton)
     state_bytes = sum(t.numel() * t.element_size() for t in flatten(state).tensors.values()
                       if isinstance(t, torch.Tensor))
     report = {"device": args.device, "params": n, "shape": shape, "state_bytes": state_bytes,

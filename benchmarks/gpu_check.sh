@@ -5,6 +5,8 @@
 #   bash benchmarks/gpu_check.sh [bench_scale args...]      (results under $OUT)
 # MVC_GPU_TESTS: test paths (default: the device tests); MVC_GPU_BENCH=0 skips the benchmark;
 # MVC_GPU_BACKGROUND=1 adds bench_background --device cuda (issue 27's background commit);
+# MVC_GPU_TRITON=1 adds bench_scale --only first,next again with MVC_TRITON=1 (the batched
+# assignment as one Triton kernel, mvc.quant.triton_assign), right after the first bench_scale;
 # MVC_GPU_WRITE=1 adds bench_write --threads 16 (the write phase on the host's 16 CPUs);
 # MVC_GPU_PIPELINE=0 skips bench_device_pipeline (the batched device passes and whole commit
 # hooks at 124M: syncs, launches, time and peak extra GPU memory against the state).
@@ -44,7 +46,8 @@ TESTS=${MVC_GPU_TESTS:-"tests/repo/test_device_boundaries.py tests/repo/test_dev
   tests/native/test_native_rans.py tests/native/test_native_rans_legacy.py \
   tests/quant/test_quant_batched.py tests/quant/test_quant_batched_moments.py \
   tests/quant/test_quant_optimizer.py tests/integrations/test_host_copy.py \
-  tests/search/test_trial_waits.py tests/integrations/test_parent_calls.py"}
+  tests/search/test_trial_waits.py tests/integrations/test_parent_calls.py \
+  tests/quant/test_triton_assign.py"}
 echo "== CUDA tests"
 # shellcheck disable=SC2086
 XDIST=""
@@ -65,6 +68,15 @@ if [ "${MVC_GPU_BENCH:-1}" != 0 ]; then
   sed -n '/^bench_scale:/,/^{/p' "$OUT/bench.log"
   grep -E "^  [a-z_]+: " "$OUT/bench.log" | cut -c1-160
   grep -E '/ torch\.(save|load)"|peak extra GPU memory|write-phase seconds' "$OUT/bench.log"
+fi
+if [ "${MVC_GPU_TRITON:-0}" != 0 ] && [ "${BENCH_RC:-1}" = 0 ]; then
+  echo "== MVC_TRITON=1 bench_scale --device $DEV --only first,next $*"
+  MVC_TRITON=1 timeout "$(left "${MVC_GPU_BENCH_TIMEOUT:-330}")" "$PY" benchmarks/bench_scale.py \
+    --device "$DEV" --json --only first,next "$@" > "$OUT/triton.log" 2>&1
+  echo "triton bench rc $? at ${SECONDS}s"
+  grep -iE "triton.*fail" "$OUT/triton.log" | head -3
+  sed -n '/^bench_scale:/,/^{/p' "$OUT/triton.log"
+  grep -E '/ torch\.(save|load)"|peak extra GPU memory' "$OUT/triton.log"
 fi
 if [ "${MVC_GPU_PIPELINE:-1}" != 0 ]; then
   echo "== bench_device_pipeline --device $DEV --params 124e6"
