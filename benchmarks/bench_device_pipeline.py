@@ -97,8 +97,8 @@ def measure(fn: Callable[[], Any], device: str, repeat: int, on_device: list[tor
         _sync(device)
         times.append(time.perf_counter() - t0)
     times.sort()
-    # a Triton kernel is a launch the counter (aten ops) does not see
-    return {"seconds": times[len(times) // 2], "launches": counter.ops + kernels,
+    # (the counter counts a Triton kernel's launches among its ops)
+    return {"seconds": times[len(times) // 2], "launches": counter.ops,
             "triton_launches": kernels,
             "syncs": counter.syncs, "waits": counter.waits, "sync_kinds": dict(counter.kinds),
             "peak_extra_gpu": peak,
@@ -108,7 +108,7 @@ def measure(fn: Callable[[], Any], device: str, repeat: int, on_device: list[tor
 
 
 def stages(state: dict[str, Any], device: str, repeat: int, hooks: bool = True,
-           triton: bool = False) -> dict[str, dict[str, Any]]:
+           triton: bool = False, one_by_one: bool = True) -> dict[str, dict[str, Any]]:
     whole = flatten({"model": state["model"], "optimizer": state["optimizer"]})
     flat = whole.tensors
     everything = {n: t for n, t in flat.items() if isinstance(t, torch.Tensor)}
@@ -117,6 +117,8 @@ def stages(state: dict[str, Any], device: str, repeat: int, hooks: bool = True,
     prep = prepared.Prepared(tensors, {}, default_policy(), 0.01)
     out: dict[str, dict[str, Any]] = {}
     off = mock.patch.object(prepared, "batchable", lambda t: False)
+    out_of = {"sketches": {}, "trial": {}, "moments": {}, "bounds": {}, "first hook": {},
+              "next hook": {}}
     moment_off = mock.patch.object(opt, "batchable", lambda t: False)
 
     def sketches() -> Any:
@@ -156,25 +158,31 @@ def stages(state: dict[str, Any], device: str, repeat: int, hooks: bool = True,
     # on the host, the chunks a GPU takes: the launch counts are then a GPU's
     chunking = mock.patch.object(device_chunks, "_HOST_CHUNK", device_chunks._DEVICE_CHUNK)
     with (device_path() if device == "cpu" else nullcontext()), chunking:
-        with off:
-            out["sketches"] = {"one by one": measure(sketches, device, repeat, live)}
+        out.update(out_of)
+        if one_by_one:
+            with off:
+                out["sketches"]["one by one"] = measure(sketches, device, repeat, live)
         out["sketches"]["batched"] = measure(sketches, device, repeat, live)
-        with off:
-            out["trial"] = {"one by one": measure(trial(False), device, repeat, live)}
+        if one_by_one:
+            with off:
+                out["trial"]["one by one"] = measure(trial(False), device, repeat, live)
         out["trial"]["batched"] = measure(trial(True), device, repeat, live)
         if triton:
             with triton_assign.triton_path():
                 out["trial"]["triton"] = measure(trial(True), device, repeat, live)
-        with moment_off:
-            out["moments"] = {"one by one": measure(moment_run, device, repeat, live)}
-            out["bounds"] = {"one by one": measure(
-                lambda: [opt.moment_ratio_bound(m, v) for m, v in pairs], device, repeat, live)}
+        if one_by_one:
+            with moment_off:
+                out["moments"]["one by one"] = measure(moment_run, device, repeat, live)
+                out["bounds"]["one by one"] = measure(
+                    lambda: [opt.moment_ratio_bound(m, v) for m, v in pairs], device, repeat, live)
         out["moments"]["batched"] = measure(moment_run, device, repeat, live)
         if triton:
             with triton_assign.triton_path():
                 out["moments"]["triton"] = measure(moment_run, device, repeat, live)
         out["bounds"]["batched"] = measure(lambda: opt.moment_ratio_bounds(pairs), device, repeat, live)
-        if hooks:
+        if not hooks:
+            del out["first hook"], out["next hook"]
+        else:
             how = Quantization("search", epsilon=0.05, policy=default_policy(), optimizer="compressed")
 
             def hook(previous: Any = None, init: Any = None) -> Callable[[], Any]:
@@ -186,8 +194,9 @@ def stages(state: dict[str, Any], device: str, repeat: int, hooks: bool = True,
             init = {n: q.centroids.cpu() for n, q in first.quantized.items()}
             del first
             for name, run in (("first hook", hook()), ("next hook", hook(start, init))):
-                with off, moment_off:
-                    out[name] = {"one by one": measure(run, device, 1, live)}
+                if one_by_one:
+                    with off, moment_off:
+                        out[name]["one by one"] = measure(run, device, 1, live)
                 out[name]["batched"] = measure(run, device, 1, live)
                 if triton:
                     with triton_assign.triton_path():
@@ -207,12 +216,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     help="also run the trial, moments and hooks with the Triton assignment kernel "
                          "(mvc.quant.triton_assign; on the host in Triton's interpreter, which "
                          "needs TRITON_INTERPRET=1: its times mean nothing there, its counts do)")
+    ap.add_argument("--no-one-by-one", action="store_true",
+                    help="skip the per-tensor rows (the slowest at 124M on the host)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     shape = shape_for(args.params)
     state = train(shape, [args.steps], args.device, batch=4, seq=64)[0]
     n = sum(p.numel() for p in state["model"].values())
-    res = stages(state, args.device, args.repeat, hooks=not args.no_hooks, triton=args.triton)
+    with (mock.patch.object(triton_assign, "HOST_BLOCK", 1 << 18) if args.device == "cpu"
+          else nullcontext()):
+        # in Triton's interpreter each program is a Python call: on the host, longer blocks
+        # (only the sums' summation order depends on them) keep a 124M run to minutes
+        res = stages(state, args.device, args.repeat, hooks=not args.no_hooks,
+                     triton=args.triton, one_by_one=not args.no_one_by_one)
     state_bytes = sum(t.numel() * t.element_size() for t in flatten(state).tensors.values()
                       if isinstance(t, torch.Tensor))
     report = {"device": args.device, "params": n, "shape": shape, "state_bytes": state_bytes,
@@ -226,7 +242,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{'stage':10s} {'path':11s} {'syncs':>6s} {'waits':>6s} {'launches':>8s} "
               f"{'seconds':>8s}  ratio")
         for stage, paths in res.items():
-            base = paths["one by one"]["seconds"]
+            base = next(iter(paths.values()))["seconds"]
             for path, m in paths.items():
                 what = "GPU peak" if args.device == "cuda" else "device peak (est.)"
                 gpu = f"  {what} {m['peak_extra_gpu'] / state_bytes:.3f}x the state"

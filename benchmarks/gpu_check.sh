@@ -6,7 +6,8 @@
 # MVC_GPU_TESTS: test paths (default: the device tests); MVC_GPU_BENCH=0 skips the benchmark;
 # MVC_GPU_BACKGROUND=1 adds bench_background --device cuda (issue 27's background commit);
 # MVC_GPU_TRITON=1 adds bench_scale --only first,next again with MVC_TRITON=1 (the batched
-# assignment as one Triton kernel, mvc.quant.triton_assign), right after the first bench_scale;
+# assignment as one Triton kernel, mvc.quant.triton_assign), right after the first bench_scale,
+# and bench_device_pipeline's --triton rows;
 # MVC_GPU_WRITE=1 adds bench_write --threads 16 (the write phase on the host's 16 CPUs);
 # MVC_GPU_PIPELINE=0 skips bench_device_pipeline (the batched device passes and whole commit
 # hooks at 124M: syncs, launches, time and peak extra GPU memory against the state).
@@ -79,13 +80,15 @@ if [ "${MVC_GPU_TRITON:-0}" != 0 ] && [ "${BENCH_RC:-1}" = 0 ]; then
   grep -E '/ torch\.(save|load)"|peak extra GPU memory' "$OUT/triton.log"
 fi
 if [ "${MVC_GPU_PIPELINE:-1}" != 0 ]; then
+  PIPE_TRITON=""
+  [ "${MVC_GPU_TRITON:-0}" != 0 ] && PIPE_TRITON="--triton"
   echo "== bench_device_pipeline --device $DEV --params 124e6"
   timeout "$(left "${MVC_GPU_BENCH_TIMEOUT:-330}")" "$PY" benchmarks/bench_device_pipeline.py --device "$DEV" \
-    --params 124e6 --json > "$OUT/pipeline.json" 2> "$OUT/pipeline.log"
+    --params 124e6 --json $PIPE_TRITON > "$OUT/pipeline.json" 2> "$OUT/pipeline.log"
   echo "pipeline rc $?"
   "$PY" -c "import json,sys; r=json.load(open(sys.argv[1]))
 for s, p in r['stages'].items():
-    b = p['one by one']['seconds']
+    b = next(iter(p.values()))['seconds']
     for k, m in p.items(): print(s, k, m['syncs'], m.get('waits'), m['launches'], round(m['seconds'], 4), round(m['seconds'] / b, 2),
                                  'gpu peak', round((m['peak_extra_gpu'] or 0) / r['state_bytes'], 3))" \
     "$OUT/pipeline.json" 2>/dev/null || tail -5 "$OUT/pipeline.log"

@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -45,6 +45,10 @@ _forced = 0      # > 0 while some `triton_path()` is open
 _failed = False  # a compile or launch failed once: the torch path from then on
 #: Chunks the kernel has done in this process (tests check that it ran, not its fallback).
 launches = 0
+#: Called after each launch with (the tensors it read, the tensors it wrote): a Triton kernel is
+#: not an aten op, so tests/helpers/sync_counter.py (which follows device data op by op to
+#: count launches, synchronisations and device memory without a GPU) listens here.
+launch_observers: list[Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None]] = []
 
 
 def available() -> bool:
@@ -184,6 +188,8 @@ def assign_chunk(t: Tables, pieces: list[tuple[int, int, int]], piece_jobs: torc
         t.mids, t.kvec, t.prune, t.protect, t.table, t.width, levels_out, sums, hist,
         MP=t.mp, LOG2_MP=t.log2_mp, HP=t.hp, LOG_DOMAIN=log_domain, HAS_DROP=drop is not None,
         WEIGHTED=weights is not None, NS=ns, BLOCK_=block)
+    for observe in launch_observers:
+        observe([x for x in (xs, raw, drop, weights) if x is not None], [levels_out, sums, hist])
     # per piece in a fixed order (no float atomics), then one row per job: a job has one piece
     # per chunk, so no two rows of the add meet. Both reduced before either is added, so a
     # failure leaves `acc` and `counts` as they were (the caller's torch path redoes the chunk).

@@ -199,7 +199,23 @@ class SyncCounter(TorchDispatchMode):
                 counter._synced("tolist")
             return tolist(t)
 
-        self._saved = {"cpu": cpu, "to": to, "tolist": tolist}
+        # a Triton kernel (mvc.quant.triton_assign) is a launch aten does not see: counted, and
+        # what it wrote followed as device data, when it read device data
+        try:
+            from mvc.quant import triton_assign
+        except ImportError:  # pragma: no cover - mvc is always importable here
+            triton_assign = None
+
+        def kernel(inputs: Any, outputs: Any) -> None:
+            if any(counter.on_device(t) for t in inputs):
+                counter.ops += 1
+                for o in outputs:
+                    counter._mark(o, op="triton kernel")
+
+        if triton_assign is not None:
+            triton_assign.launch_observers.append(kernel)
+            self._saved["observer"] = kernel
+        self._saved.update({"cpu": cpu, "to": to, "tolist": tolist})
         torch.Tensor.cpu = cpu_  # type: ignore[method-assign]
         torch.Tensor.to = to_  # type: ignore[method-assign,assignment]
         torch.Tensor.tolist = tolist_  # type: ignore[method-assign]
@@ -208,6 +224,10 @@ class SyncCounter(TorchDispatchMode):
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)
+        observer = self._saved.pop("observer", None)
+        if observer is not None:
+            from mvc.quant import triton_assign
+            triton_assign.launch_observers.remove(observer)
         for name, orig in self._saved.items():
             setattr(torch.Tensor, name, orig)
 

@@ -8,6 +8,8 @@ rounding: Triton's is correctly rounded, torch's host sqrt is not always).
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 import pytest
 import torch
@@ -133,6 +135,29 @@ def test_moments_log_domain_and_set_aside_entries(protect):
     for n in state:
         assert got[n].domain == ref[n].domain
         assert _same_q(got[n].q, ref[n].q), n
+
+
+@pytest.mark.parametrize("rules", [dict(), dict(prune=0.2, protect=0.01)],
+                         ids=["plain", "prune-protect"])
+def test_a_chunk_is_one_launch_and_the_group_waits_as_often(rules):
+    # 4 chunks of 40,000 values: the kernel is one launch of each chunk's dozen; the group
+    # still reads its counts and sums back once (and, with protected values, gathers them)
+    from sync_counter import SyncCounter
+
+    g = torch.Generator().manual_seed(3)
+    ts = [torch.randn(40000, generator=g) for _ in range(4)]
+    jobs = _jobs(ts, rules, False)
+    counted = {}
+    for kernel in (False, True):
+        with device_path(), (ta.triton_path() if kernel else nullcontext()), \
+                SyncCounter(device=ts) as c:
+            quantize_group(jobs, 16, chunk=40000)
+        counted[kernel] = c
+    torch_path, kernel = counted[False], counted[True]
+    assert kernel.syncs == torch_path.syncs and kernel.waits == torch_path.waits
+    assert kernel.ops * 2 < torch_path.ops, (kernel.ops, torch_path.ops)
+    # what the device would hold at the peak: the levels, a chunk's copy and the kernel's tables
+    assert kernel.peak_bytes < torch_path.peak_bytes
 
 
 def test_block_table_covers_each_piece_once():
