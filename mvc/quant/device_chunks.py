@@ -105,7 +105,7 @@ def flat_values(flats: Sequence[torch.Tensor | None], c: Chunk, dtype: torch.dty
                 fill: float = 0) -> torch.Tensor:
     """Chunk `c`'s pieces of `flats` (flat tensors, any device; None: `fill` for that tensor's
     elements), end to end, as `dtype` on the chunk's device."""
-    device = c.seg.device
+    device = c.jobs.device
     parts = [torch.full((b - a,), fill, dtype=dtype, device=device) if flats[j] is None
              else to_device(flats[j][a:b], device)  # type: ignore[index]
              for j, a, b in c.pieces]
