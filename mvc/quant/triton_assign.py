@@ -107,6 +107,15 @@ def _interpreted(fn: Any) -> bool:
     return type(fn).__name__ == "InterpretedFunction"
 
 
+def runs_on_host() -> bool:
+    """Whether the kernel can run on host tensors here: Triton is installed and its
+    interpreter is on (`TRITON_INTERPRET=1` before triton was imported)."""
+    if not available():
+        return False
+    from mvc.quant import triton_kernels
+    return _interpreted(triton_kernels.assign_chunk)
+
+
 class Tables:
     """A group's per-job tables as the kernel reads them, on the group's device (built once per
     group): midpoints padded with +inf to a power of two, k, the rules' thresholds and the

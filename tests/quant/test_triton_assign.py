@@ -23,6 +23,8 @@ from mvc.quant.batched import GroupJob, quantize_group  # noqa: E402
 from mvc.quant.optimizer import quantize_optimizer_state  # noqa: E402
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+# where CUDA is, conftest leaves Triton's interpreter off: the kernel then runs on the GPU only
+host = pytest.mark.skipif(not ta.runs_on_host(), reason="Triton's interpreter is off")
 
 
 def _tensors(seed: int = 0) -> list[torch.Tensor]:
@@ -70,6 +72,7 @@ def _both(jobs, bins, ran: bool = True, **kw):
 RULES = [dict(), dict(prune=0.3), dict(protect=0.01), dict(prune=0.2, protect=0.02)]
 
 
+@host
 @pytest.mark.parametrize("rules", RULES, ids=lambda r: "-".join(r) or "plain")
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("chunk", [4099, None])
@@ -85,6 +88,7 @@ def test_the_kernel_quantizes_as_the_torch_path(rules, weighted, chunk):
         assert g.sums == pytest.approx(r.sums, rel=1e-12, abs=0.0)
 
 
+@host
 @pytest.mark.parametrize("bins", [1, 2, 3, 64, 254, 300])
 def test_every_bins_count_and_level_dtype(bins):
     # 1-2 midpoints (the shortest search), 63 (a full power-of-two row), int16 levels past 254
@@ -97,6 +101,7 @@ def test_every_bins_count_and_level_dtype(bins):
             assert g.sums == pytest.approx(r.sums, rel=1e-12, abs=0.0)
 
 
+@host
 def test_values_on_midpoints_and_signed_zeros():
     # every value a midpoint, a centroid or a signed zero: ties go to the lower centroid
     base = torch.linspace(-2, 2, 33)
@@ -121,6 +126,7 @@ def _moments(seed: int = 0) -> dict[str, torch.Tensor]:
     return out
 
 
+@host
 @pytest.mark.parametrize("protect", [0.0, 0.01])
 def test_moments_log_domain_and_set_aside_entries(protect):
     # second moments: log values, v <= 0 set aside; first moments: zeros set aside
@@ -137,6 +143,7 @@ def test_moments_log_domain_and_set_aside_entries(protect):
         assert _same_q(got[n].q, ref[n].q), n
 
 
+@host
 @pytest.mark.parametrize("rules", [dict(), dict(prune=0.2, protect=0.01)],
                          ids=["plain", "prune-protect"])
 def test_a_chunk_is_one_launch_and_the_group_waits_as_often(rules):
@@ -186,6 +193,27 @@ def test_the_torch_path_serves_when_the_kernel_fails(monkeypatch):
     for r, g in zip(ref, got, strict=True):
         assert _same_q(g.q, r.q) and np.array_equal(g.counts, r.counts)
         assert g.sums == r.sums
+
+
+def test_host_tensors_without_the_interpreter_are_named_and_served(monkeypatch):
+    # a compiled kernel cannot take host tensors: a typed error, warned, the torch path serves
+    monkeypatch.setattr(ta, "_interpreted", lambda fn: False)
+    monkeypatch.setattr(ta, "_failed", False)
+    with pytest.raises(ta.TritonUnavailable, match="TRITON_INTERPRET"):
+        ta._kernel(torch.device("cpu"))
+    jobs = _jobs(_tensors()[:2], {}, False)
+    with pytest.warns(RuntimeWarning, match="TritonUnavailable"):
+        ref, got = _both(jobs, 16, ran=False)
+    assert not ta.runs_on_host()
+    for r, g in zip(ref, got, strict=True):
+        assert _same_q(g.q, r.q) and g.sums == r.sums
+
+
+@pytest.mark.parametrize("n, steps, want", [(1, (16, 64), 16), (16, (16, 64), 16),
+                                            (17, (16, 64), 64), (65, (16, 64), 128),
+                                            (300, (128, 256), 512)])
+def test_table_rows_take_few_shapes(n, steps, want):
+    assert ta._at_least(n, steps) == want
 
 
 def test_off_unless_asked(monkeypatch):

@@ -107,6 +107,8 @@ def test_a_lossy_history_is_the_same_with_the_triton_kernel(tmp_path):
     interpreter): the same search, the same chunks, the same restores as the native path."""
     pytest.importorskip("triton")
     import mvc.quant.triton_assign as ta
+    if not ta.runs_on_host():
+        pytest.skip("Triton's interpreter is off (conftest leaves it off where CUDA is)")
 
     native = _history(tmp_path / "native", device=False)
     before = ta.launches
