@@ -413,13 +413,14 @@ def _launch(data: GroupData, plans: list[_Plan], step: int | None,
     acc = torch.zeros(n_jobs, n_sums, dtype=torch.float64, device=device)
     counts = torch.zeros(n_jobs * width, dtype=torch.int64, device=device)
     tri = (triton_assign.Tables(mids, ks, rules.prune, rules.protect_mag, table, width, device,
-                                upload)
-           if triton_assign.wanted(device) and not rules.needs_sens else None)
+                                upload, protect_sens=rules.protect_sens,
+                                by_sens=_by_sens([p.thr for p in plans]))
+           if triton_assign.wanted(device) else None)
     pos = 0
     for c in chunks(data.sizes, device, step):
         n = c.size
         if tri is not None:
-            if _triton_chunk(tri, data, c, arena[pos:pos + n], acc, counts):
+            if _triton_chunk(tri, data, c, arena[pos:pos + n], acc, counts, rules.needs_sens):
                 pos += n
                 continue
             tri = None  # the kernel failed (warned): the torch path from here on
@@ -473,15 +474,21 @@ def _launch(data: GroupData, plans: list[_Plan], step: int | None,
     return _Launched(data, ks, cens, starts, arena, acc, counts, to_host)
 
 
+def _by_sens(thrs: list[Thresholds]) -> list[bool]:
+    # which jobs prune by sensitivity (`_rules`: a job that does not prune is never asked)
+    return [t.prune is not None and t.prune_metric == "sensitivity" for t in thrs]
+
+
 def _triton_chunk(tri: triton_assign.Tables, data: GroupData, c: Chunk, out: torch.Tensor,
-                  acc: torch.Tensor, counts: torch.Tensor) -> bool:
+                  acc: torch.Tensor, counts: torch.Tensor, needs_sens: bool) -> bool:
     """Chunk `c` by the Triton kernel (`mvc.quant.triton_assign`); False, with a warning and
     nothing written, where it fails to compile or launch (the caller takes the torch path)."""
     raw, xs, drop = data.values(c)
     w = flat_values(data.weights, c) if data.weighted else None
+    sens = data.sensitivity(c, xs) if needs_sens else None
     try:
         triton_assign.assign_chunk(tri, c.pieces, c.jobs, raw, xs, drop, w,
-                                   data.domain == "log", out, acc, counts)
+                                   data.domain == "log", out, acc, counts, sens)
     except Exception as e:  # noqa: BLE001 - any compiler or driver error: the torch path serves
         triton_assign.mark_failed()
         warnings.warn(f"the Triton assignment kernel failed ({type(e).__name__}: {e}); "

@@ -26,7 +26,7 @@ import importlib.util
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
 import numpy as np
@@ -45,10 +45,12 @@ _forced = 0      # > 0 while some `triton_path()` is open
 _failed = False  # a compile or launch failed once: the torch path from then on
 #: Chunks the kernel has done in this process (tests check that it ran, not its fallback).
 launches = 0
-#: Called after each launch with (the tensors it read, the tensors it wrote): a Triton kernel is
-#: not an aten op, so tests/helpers/sync_counter.py (which follows device data op by op to
-#: count launches, synchronisations and device memory without a GPU) listens here.
-launch_observers: list[Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None]] = []
+#: Each is called with (the tensors a launch reads, the tensors it writes) and gives a context
+#: that the launch runs in: a Triton kernel is not an aten op, so tests/helpers/sync_counter.py
+#: (which follows device data op by op to count launches, synchronisations and device memory
+#: without a GPU) counts it here, and leaves out the interpreter's own ops inside it.
+launch_observers: list[Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]],
+                                AbstractContextManager[Any]]] = []
 
 
 def available() -> bool:
@@ -123,7 +125,11 @@ class Tables:
 
     def __init__(self, mids: list[torch.Tensor], ks: list[int], prune: torch.Tensor | None,
                  protect: torch.Tensor | None, table: torch.Tensor, width: int,
-                 device: torch.device, upload: Any) -> None:
+                 device: torch.device, upload: Any, *, protect_sens: torch.Tensor | None = None,
+                 by_sens: list[bool] | None = None) -> None:
+        """`prune`, `protect`, `protect_sens`: float32 thresholds per job on `device` (None: the
+        rule is off for every job); `by_sens`: whether each job prunes by sensitivity (None:
+        none does). `upload(host_tensor, device)` sends a small host table."""
         n = len(mids)
         # Few distinct shapes, so few compiled variants (each a compile of a second or two in a
         # process's first commit; Triton's disk cache serves later processes): rows of 16, 64,
@@ -138,6 +144,10 @@ class Tables:
         off = torch.full((n,), float("inf"), dtype=torch.float32)
         self.prune = prune if prune is not None else upload(-off, device)
         self.protect = protect if protect is not None else upload(off, device)
+        self.sens = protect_sens is not None or (by_sens is not None and any(by_sens))
+        self.protect_sens = protect_sens if protect_sens is not None else upload(off, device)
+        self.by_sens = upload(torch.tensor(by_sens if by_sens is not None else [False] * n,
+                                           dtype=torch.int8), device)
         self.table, self.width = table, width
         self.hp = _at_least(width + 1, (128, 256))  # a spare bin past the levels
         self.device = device
@@ -176,12 +186,16 @@ def block_table(pieces: list[tuple[int, int, int]], block: int = BLOCK
 def assign_chunk(t: Tables, pieces: list[tuple[int, int, int]], piece_jobs: torch.Tensor,
                  raw: torch.Tensor, xs: torch.Tensor, drop: torch.Tensor | None,
                  weights: torch.Tensor | None, log_domain: bool, levels_out: torch.Tensor,
-                 acc: torch.Tensor, counts: torch.Tensor) -> None:
+                 acc: torch.Tensor, counts: torch.Tensor,
+                 sens: torch.Tensor | None = None) -> None:
     """One chunk's levels into `levels_out` (the chunk's slice of the arena), its sums added to
     `acc` (jobs x 4, or x 6 with `weights`) and its level counts to `counts` (jobs x width,
     flat): what `mvc.quant.batched`'s torch loop body does for a chunk, in one launch.
-    `piece_jobs`: the chunk's job index per piece, on the device."""
+    `piece_jobs`: the chunk's job index per piece, on the device; `sens`: each value's
+    sensitivity |g w| (float32), where the tables' rules read it."""
     block = HOST_BLOCK if t.device.type == "cpu" else BLOCK
+    if t.sens and sens is None:
+        raise ValueError("assign_chunk: these rules read sensitivity values")
     table, per_piece = block_table(pieces, block)
     n_blocks = table.shape[1]
     blocks = t.upload(torch.from_numpy(table.reshape(-1)), t.device)
@@ -189,16 +203,13 @@ def assign_chunk(t: Tables, pieces: list[tuple[int, int, int]], piece_jobs: torc
     ns = acc.shape[1]
     sums = torch.empty(n_blocks, ns, dtype=torch.float64, device=t.device)
     hist = torch.empty(n_blocks, t.hp, dtype=torch.int32, device=t.device)
-    dummy = raw  # a pointer for the inputs a variant does not read
     kernel = _kernel(raw.device)
-    kernel[(n_blocks,)](
-        xs, raw, drop.view(torch.uint8) if drop is not None else dummy,
-        weights if weights is not None else dummy, blocks, n_blocks,
-        t.mids, t.kvec, t.prune, t.protect, t.table, t.width, levels_out, sums, hist,
-        MP=t.mp, LOG2_MP=t.log2_mp, HP=t.hp, LOG_DOMAIN=log_domain, HAS_DROP=drop is not None,
-        WEIGHTED=weights is not None, NS=ns, BLOCK_=block)
-    for observe in launch_observers:
-        observe([x for x in (xs, raw, drop, weights) if x is not None], [levels_out, sums, hist])
+    with ExitStack() as observed:
+        for observe in launch_observers:
+            observed.enter_context(observe([x for x in (xs, raw, drop, weights, sens)
+                                            if x is not None], [levels_out, sums, hist]))
+        _launch(kernel, n_blocks, xs, raw, drop, weights, sens, blocks, t, levels_out, sums,
+                hist, log_domain, block)
     # per piece in a fixed order (no float atomics), then one row per job: a job has one piece
     # per chunk, so no two rows of the add meet. Both reduced before either is added, so a
     # failure leaves `acc` and `counts` as they were (the caller's torch path redoes the chunk).
@@ -208,3 +219,18 @@ def assign_chunk(t: Tables, pieces: list[tuple[int, int, int]], piece_jobs: torc
     counts.view(-1, t.width).index_add_(0, blocks[:n_blocks], block_counts)
     global launches
     launches += 1
+
+
+def _launch(kernel: Any, n_blocks: int, xs: torch.Tensor, raw: torch.Tensor,
+            drop: torch.Tensor | None, weights: torch.Tensor | None, sens: torch.Tensor | None,
+            blocks: torch.Tensor, t: Tables, levels_out: torch.Tensor, sums: torch.Tensor,
+            hist: torch.Tensor, log_domain: bool, block: int) -> None:
+    dummy = raw  # a pointer for the inputs a variant does not read
+    kernel[(n_blocks,)](
+        xs, raw, drop.view(torch.uint8) if drop is not None else dummy,
+        weights if weights is not None else dummy, sens if t.sens else dummy, blocks, n_blocks,
+        t.mids, t.kvec, t.prune, t.protect, t.protect_sens, t.by_sens, t.table, t.width,
+        levels_out, sums, hist,
+        MP=t.mp, LOG2_MP=t.log2_mp, HP=t.hp, LOG_DOMAIN=log_domain, HAS_DROP=drop is not None,
+        HAS_SENS=t.sens, WEIGHTED=weights is not None, NS=int(sums.shape[1]), BLOCK_=block)
+

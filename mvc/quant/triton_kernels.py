@@ -5,11 +5,11 @@ import triton.language as tl
 
 
 @triton.jit
-def assign_chunk(xs_ptr, raw_ptr, drop_ptr, w_ptr, blocks_ptr, n_blocks,
-              mids_ptr, kvec_ptr, prune_ptr, protect_ptr, table_ptr, width,
-              lev_ptr, sums_ptr, hist_ptr,
+def assign_chunk(xs_ptr, raw_ptr, drop_ptr, w_ptr, sens_ptr, blocks_ptr, n_blocks,
+              mids_ptr, kvec_ptr, prune_ptr, protect_ptr, protect_sens_ptr, by_sens_ptr,
+              table_ptr, width, lev_ptr, sums_ptr, hist_ptr,
               MP: tl.constexpr, LOG2_MP: tl.constexpr, HP: tl.constexpr,
-              LOG_DOMAIN: tl.constexpr, HAS_DROP: tl.constexpr,
+              LOG_DOMAIN: tl.constexpr, HAS_DROP: tl.constexpr, HAS_SENS: tl.constexpr,
               WEIGHTED: tl.constexpr, NS: tl.constexpr, BLOCK_: tl.constexpr):
     pid = tl.program_id(0)
     job = tl.load(blocks_ptr + pid)
@@ -29,7 +29,12 @@ def assign_chunk(xs_ptr, raw_ptr, drop_ptr, w_ptr, blocks_ptr, n_blocks,
     mag = tl.abs(x)
     # a rule that is off has an infinite threshold (prune -inf, protect +inf): it never fires
     protect = mag > tl.load(protect_ptr + job)
-    prune = (mag <= tl.load(prune_ptr + job)) & (protect == 0)
+    imp = mag
+    if HAS_SENS:  # |g w|: protected above its own threshold, pruned by it where the job says
+        sv = tl.load(sens_ptr + offs, mask=inb, other=0.0)
+        protect = protect | (sv > tl.load(protect_sens_ptr + job))
+        imp = tl.where(tl.load(by_sens_ptr + job) != 0, sv, mag)
+    prune = (imp <= tl.load(prune_ptr + job)) & (protect == 0)
     if HAS_DROP:
         dropped = tl.load(drop_ptr + offs, mask=inb, other=0) != 0
         prune = prune | dropped

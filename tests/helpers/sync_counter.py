@@ -34,7 +34,8 @@ import traceback
 import warnings
 import weakref
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -78,6 +79,7 @@ class SyncCounter(TorchDispatchMode):
         self.waits = 0
         self._ops_at_wait = 0
         self._saved: dict[str, Any] = {}
+        self._paused = 0
 
     @property
     def syncs(self) -> int:
@@ -153,6 +155,8 @@ class SyncCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if self._paused:  # inside a Triton launch in the interpreter (`__enter__`)
+            return func(*args, **kwargs)
         flat, _ = tree_flatten((args, kwargs))
         tainted = any(self.on_device(a) for a in flat)
         if tainted and not func.is_view:  # a view launches nothing
@@ -206,7 +210,14 @@ class SyncCounter(TorchDispatchMode):
         except ImportError:  # pragma: no cover - mvc is always importable here
             triton_assign = None
 
-        def kernel(inputs: Any, outputs: Any) -> None:
+        @contextmanager
+        def kernel(inputs: Any, outputs: Any) -> Iterator[None]:
+            # the interpreter's own copies inside the launch are not the GPU's launches
+            counter._paused += 1
+            try:
+                yield
+            finally:
+                counter._paused -= 1
             if any(counter.on_device(t) for t in inputs):
                 counter.ops += 1
                 for o in outputs:
