@@ -1,14 +1,15 @@
 """A batched assignment chunk as one Triton kernel (issue 27: "Triton where it pays").
 
-`mvc.quant.batched` walks a group's tensors in chunks; on the torch path each chunk is ~55 kernel
-launches (masks, order-preserving keys, one `searchsorted`, the level rules, the counts'
-histogram, the six float64 error sums and their segmented reductions), each a full pass over the
-chunk's values. Here the levels, the rules, the level counts and the error sums are one kernel:
-a program takes a block of one tensor's values, finds each value's level by a branchless binary
-search of its tensor's midpoints, applies the prune / protect / set-aside rules, writes the
-levels into the group's arena, and leaves the block's histogram and its six sums. The blocks'
-sums are then reduced per piece by one `segment_reduce` (fixed order, no float atomics: the same
-bits every run) and the histograms added by job (integers: any order gives the same counts).
+`mvc.quant.batched` walks a group's tensors in chunks; on the torch path each chunk is 37-48
+kernel launches (masks, order-preserving keys, one `searchsorted`, the level rules, the counts'
+histogram, the six float64 error sums and their segmented reductions), most a full pass over
+the chunk's values. Here the levels, the rules, the level counts and the error sums are one
+kernel, with five small launches around it: a program takes a block of one tensor's values,
+finds each value's level by a branchless binary search of its tensor's midpoints, applies the
+prune / protect rules (by magnitude or sensitivity) and the set-aside entries, writes the levels
+into the group's arena, and leaves the block's histogram and its six sums. The blocks' sums are
+then reduced per piece by one `segment_reduce` (fixed order, no float atomics: the same bits
+every run) and the histograms added by job (integers: any order gives the same counts).
 
 Levels and counts are exactly the torch path's: a value's level is the number of its tensor's
 midpoints strictly below it (a value on a midpoint goes to the lower centroid; -0.0 and +0.0
