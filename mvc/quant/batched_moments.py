@@ -25,6 +25,7 @@ import torch
 from mvc.quant.batched import GroupData, GroupJob, GroupResult, quantize_group
 from mvc.quant.batched_sketch import count_sketches, finite
 from mvc.quant.device_chunks import Chunk, chunks, flat_values, piece_reduce
+from mvc.quant.moment_bound import float64_sqrt
 from mvc.quant.partition import thresholds
 from mvc.quant.sketch import LogSketch
 
@@ -125,8 +126,8 @@ def _by_size(jobs: list[GroupJob]) -> list[list[int]]:
 def ratio_bounds(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
                  chunk: int | None = None) -> list[float]:
     """The largest |m| / sqrt(v) over each pair's entries with v > 0 (0.0 if none), float32
-    arithmetic as `mvc.quant.optimizer.moment_ratio_bound` on the torch path; m and v of one
-    shape, every pair on one device."""
+    arithmetic with the correctly rounded sqrt, the bits of `mvc.quant.optimizer.
+    moment_ratio_bound`'s native pass; m and v of one shape, every pair on one device."""
     if not pairs:
         return []
     device = pairs[0][0].device
@@ -135,7 +136,9 @@ def ratio_bounds(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
     acc = torch.zeros(len(pairs), dtype=torch.float32, device=device)
     for c in chunks([m.numel() for m in ms], device, chunk):
         mf, vf = flat_values(ms, c), flat_values(vs, c)
-        r = torch.where(vf > 0, mf.abs_() / vf.sqrt(), torch.zeros((), device=device))
+        # the correctly rounded sqrt, as the native pass takes it (torch's host float32 sqrt is
+        # not: under `device_path()` the bound came out an ulp off the native one)
+        r = torch.where(vf > 0, mf.abs_() / float64_sqrt(vf), torch.zeros((), device=device))
         top = piece_reduce(c, r, "max")
         acc[c.jobs] = torch.maximum(acc[c.jobs], top)  # one piece per pair per chunk
     return [float(b) for b in acc.cpu().tolist()]

@@ -96,6 +96,7 @@ from mvc.quant.error import (SumsCache, cached_error_sums, chunk_for, seed_error
                              table_error_sums)
 from mvc.quant.errors import QuantError
 from mvc.quant.logdomain import exp_levels, log32
+from mvc.quant.moment_bound import float64_sqrt
 from mvc.quant.partition import Thresholds, check_fraction
 from mvc.quant.sketch import LogSketch
 from mvc.quant.tensor import QuantizedTensor, level_values, quantize
@@ -269,7 +270,8 @@ def moment_ratio_bound(m: torch.Tensor, v: torch.Tensor) -> float:
         # one native pass, correctly rounded sqrt and division, no masked copies
         return ratio_max(mf.contiguous(), vf.contiguous())
     pos = vf > 0
-    return float((mf[pos].abs() / vf[pos].sqrt()).max()) if bool(pos.any()) else 0.0
+    # the correctly rounded sqrt: the native pass's bits on every device
+    return float((mf[pos].abs() / float64_sqrt(vf[pos])).max()) if bool(pos.any()) else 0.0
 
 
 def quantize_moment(m: torch.Tensor, bins: int, *, pruned: torch.Tensor | None = None,
