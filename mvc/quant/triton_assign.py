@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 import numpy as np
 import torch
 
 from mvc.errors import MvcError
+from mvc.quant.backend import Switch
 
 
 #: Values per program (a power of two) on a GPU, and in Triton's interpreter on the host, where
@@ -41,8 +41,7 @@ from mvc.errors import MvcError
 BLOCK = 1024
 HOST_BLOCK = 1 << 13
 
-_lock = threading.Lock()
-_forced = 0      # > 0 while some `triton_path()` is open
+_forced = Switch()  # on while some `triton_path()` is open
 _failed = False  # a compile or launch failed once: the torch path from then on
 #: Chunks the kernel has done in this process (tests check that it ran, not its fallback).
 launches = 0
@@ -65,24 +64,16 @@ def wanted(device: torch.device) -> bool:
     triton or after the kernel failed once in this process."""
     if _failed:
         return False
-    if not _forced and not (device.type == "cuda" and os.environ.get("MVC_TRITON", "") == "1"):
+    if not _forced.active and not (device.type == "cuda" and os.environ.get("MVC_TRITON", "") == "1"):
         return False
     return available()
 
 
-@contextmanager
-def triton_path() -> Iterator[None]:
+def triton_path() -> AbstractContextManager[None]:
     """Within this block batched chunks take the Triton kernel on any device (host tensors
     through Triton's interpreter). Process-wide, like `mvc.quant.backend.device_path`: for
     tests and benchmarks."""
-    global _forced
-    with _lock:
-        _forced += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _forced -= 1
+    return _forced.on()
 
 
 class TritonUnavailable(MvcError):
