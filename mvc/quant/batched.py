@@ -392,13 +392,6 @@ def _launch(data: GroupData, plans: list[_Plan], step: int | None,
             for p in plans]
     # host-built tables, one transfer each, none waited for
     mids = [midpoints(c) for c in cens]
-    mid_keys = upload(torch.cat([float_keys(m, torch.full_like(m, j, dtype=torch.int64))
-                                 for j, m in enumerate(mids)]), device)
-    # int32 level arithmetic (a chunk's levels at 4 B a value, not 8): its largest value,
-    # a level index of the last job, is below n_jobs * width
-    mid_off = upload(torch.tensor(np.cumsum([0] + [m.numel() for m in mids[:-1]]),
-                                  dtype=torch.int32), device)
-    kvec = upload(torch.tensor(ks, dtype=torch.int32), device)
     table = torch.zeros(n_jobs, width, dtype=torch.float32)
     for j, (job, cen) in enumerate(zip(jobs, cens, strict=True)):
         table[j, :cen.numel() + 2] = level_values(_measured(cen, job.tensor.dtype, domain),
@@ -413,9 +406,10 @@ def _launch(data: GroupData, plans: list[_Plan], step: int | None,
     acc = torch.zeros(n_jobs, n_sums, dtype=torch.float64, device=device)
     counts = torch.zeros(n_jobs * width, dtype=torch.int64, device=device)
     tri = (triton_assign.Tables(mids, ks, rules.prune, rules.protect_mag, table, width, device,
-                                upload, protect_sens=rules.protect_sens,
+                                protect_sens=rules.protect_sens,
                                 by_sens=_by_sens([p.thr for p in plans]))
            if triton_assign.wanted(device) else None)
+    keyed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     pos = 0
     for c in chunks(data.sizes, device, step):
         n = c.size
@@ -424,6 +418,9 @@ def _launch(data: GroupData, plans: list[_Plan], step: int | None,
                 pos += n
                 continue
             tri = None  # the kernel failed (warned): the torch path from here on
+        if keyed is None:  # the torch path's tables, made only where it runs
+            keyed = _key_tables(mids, ks, device)
+        mid_keys, mid_off, kvec = keyed
         raw, xs, drop = data.values(c)
         sens = data.sensitivity(c, xs) if rules.needs_sens else None
         prune, protect = _masks(rules, xs, sens, c.seg) if rules.active else (None, None)
@@ -472,6 +469,19 @@ def _launch(data: GroupData, plans: list[_Plan], step: int | None,
         sums = torch.stack(parts, dim=1)
         acc.index_add_(0, c.jobs, sums)  # a job has one piece per chunk: no two adds meet
     return _Launched(data, ks, cens, starts, arena, acc, counts, to_host)
+
+
+def _key_tables(mids: list[torch.Tensor], ks: list[int], device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(every job's midpoint keys, each job's offset among them, k per job) on `device`: host
+    built, one transfer each, none waited for."""
+    mid_keys = upload(torch.cat([float_keys(m, torch.full_like(m, j, dtype=torch.int64))
+                                 for j, m in enumerate(mids)]), device)
+    # int32 level arithmetic (a chunk's levels at 4 B a value, not 8): its largest value,
+    # a level index of the last job, is below n_jobs * width
+    mid_off = upload(torch.tensor(np.cumsum([0] + [m.numel() for m in mids[:-1]]),
+                                  dtype=torch.int32), device)
+    return mid_keys, mid_off, upload(torch.tensor(ks, dtype=torch.int32), device)
 
 
 def _by_sens(thrs: list[Thresholds]) -> list[bool]:

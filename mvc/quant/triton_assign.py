@@ -34,6 +34,7 @@ import torch
 
 from mvc.errors import MvcError
 from mvc.quant.backend import Switch
+from mvc.quant.device_chunks import upload
 
 
 #: Values per program (a power of two) on a GPU, and in Triton's interpreter on the host, where
@@ -91,7 +92,7 @@ def _kernel(device: torch.device) -> Any:
     Triton enables only when `TRITON_INTERPRET=1` is set before it is first imported (the test
     suite's conftest sets it on machines without CUDA)."""
     from mvc.quant import triton_kernels
-    if device.type == "cpu" and not _interpreted(triton_kernels.assign_chunk):
+    if device.type == "cpu" and not runs_on_host():
         raise TritonUnavailable("the Triton kernel runs on host tensors only in Triton's "
                                 "interpreter: set TRITON_INTERPRET=1 before triton is imported")
     return triton_kernels.assign_chunk
@@ -117,11 +118,11 @@ class Tables:
 
     def __init__(self, mids: list[torch.Tensor], ks: list[int], prune: torch.Tensor | None,
                  protect: torch.Tensor | None, table: torch.Tensor, width: int,
-                 device: torch.device, upload: Any, *, protect_sens: torch.Tensor | None = None,
+                 device: torch.device, *, protect_sens: torch.Tensor | None = None,
                  by_sens: list[bool] | None = None) -> None:
         """`prune`, `protect`, `protect_sens`: float32 thresholds per job on `device` (None: the
         rule is off for every job); `by_sens`: whether each job prunes by sensitivity (None:
-        none does). `upload(host_tensor, device)` sends a small host table."""
+        none does)."""
         n = len(mids)
         # Few distinct shapes, so few compiled variants (each a compile of a second or two in a
         # process's first commit; Triton's disk cache serves later processes): rows of 16, 64,
@@ -143,7 +144,6 @@ class Tables:
         self.table, self.width = table, width
         self.hp = _at_least(width + 1, (128, 256))  # a spare bin past the levels
         self.device = device
-        self.upload = upload
 
 
 def _at_least(n: int, steps: tuple[int, ...]) -> int:
@@ -190,8 +190,8 @@ def assign_chunk(t: Tables, pieces: list[tuple[int, int, int]], piece_jobs: torc
         raise ValueError("assign_chunk: these rules read sensitivity values")
     table, per_piece = block_table(pieces, block)
     n_blocks = table.shape[1]
-    blocks = t.upload(torch.from_numpy(table.reshape(-1)), t.device)
-    lengths = t.upload(torch.from_numpy(per_piece), t.device)
+    blocks = upload(torch.from_numpy(table.reshape(-1)), t.device)
+    lengths = upload(torch.from_numpy(per_piece), t.device)
     ns = acc.shape[1]
     sums = torch.empty(n_blocks, ns, dtype=torch.float64, device=t.device)
     hist = torch.empty(n_blocks, t.hp, dtype=torch.int32, device=t.device)
@@ -200,8 +200,15 @@ def assign_chunk(t: Tables, pieces: list[tuple[int, int, int]], piece_jobs: torc
         for observe in launch_observers:
             observed.enter_context(observe([x for x in (xs, raw, drop, weights, sens)
                                             if x is not None], [levels_out, sums, hist]))
-        _launch(kernel, n_blocks, xs, raw, drop, weights, sens, blocks, t, levels_out, sums,
-                hist, log_domain, block)
+        dummy = raw  # a pointer for the inputs a variant does not read
+        kernel[(n_blocks,)](
+            xs, raw, drop.view(torch.uint8) if drop is not None else dummy,
+            weights if weights is not None else dummy, sens if t.sens else dummy, blocks,
+            n_blocks, t.mids, t.kvec, t.prune, t.protect, t.protect_sens, t.by_sens, t.table,
+            t.width, levels_out, sums, hist,
+            MP=t.mp, LOG2_MP=t.log2_mp, HP=t.hp, LOG_DOMAIN=log_domain,
+            HAS_DROP=drop is not None, HAS_SENS=t.sens, WEIGHTED=weights is not None, NS=ns,
+            BLOCK_=block)
     # per piece in a fixed order (no float atomics), then one row per job: a job has one piece
     # per chunk, so no two rows of the add meet. Both reduced before either is added, so a
     # failure leaves `acc` and `counts` as they were (the caller's torch path redoes the chunk).
@@ -211,18 +218,4 @@ def assign_chunk(t: Tables, pieces: list[tuple[int, int, int]], piece_jobs: torc
     counts.view(-1, t.width).index_add_(0, blocks[:n_blocks], block_counts)
     global launches
     launches += 1
-
-
-def _launch(kernel: Any, n_blocks: int, xs: torch.Tensor, raw: torch.Tensor,
-            drop: torch.Tensor | None, weights: torch.Tensor | None, sens: torch.Tensor | None,
-            blocks: torch.Tensor, t: Tables, levels_out: torch.Tensor, sums: torch.Tensor,
-            hist: torch.Tensor, log_domain: bool, block: int) -> None:
-    dummy = raw  # a pointer for the inputs a variant does not read
-    kernel[(n_blocks,)](
-        xs, raw, drop.view(torch.uint8) if drop is not None else dummy,
-        weights if weights is not None else dummy, sens if t.sens else dummy, blocks, n_blocks,
-        t.mids, t.kvec, t.prune, t.protect, t.protect_sens, t.by_sens, t.table, t.width,
-        levels_out, sums, hist,
-        MP=t.mp, LOG2_MP=t.log2_mp, HP=t.hp, LOG_DOMAIN=log_domain, HAS_DROP=drop is not None,
-        HAS_SENS=t.sens, WEIGHTED=weights is not None, NS=int(sums.shape[1]), BLOCK_=block)
 

@@ -205,10 +205,7 @@ class SyncCounter(TorchDispatchMode):
 
         # a Triton kernel (mvc.quant.triton_assign) is a launch aten does not see: counted, and
         # what it wrote followed as device data, when it read device data
-        try:
-            from mvc.quant import triton_assign
-        except ImportError:  # pragma: no cover - mvc is always importable here
-            triton_assign = None
+        from mvc.quant import triton_assign
 
         @contextmanager
         def kernel(inputs: Any, outputs: Any) -> Iterator[None]:
@@ -223,9 +220,8 @@ class SyncCounter(TorchDispatchMode):
                 for o in outputs:
                     counter._mark(o, op="triton kernel")
 
-        if triton_assign is not None:
-            triton_assign.launch_observers.append(kernel)
-            self._saved["observer"] = kernel
+        triton_assign.launch_observers.append(kernel)
+        self._saved["observer"] = kernel
         self._saved.update({"cpu": cpu, "to": to, "tolist": tolist})
         torch.Tensor.cpu = cpu_  # type: ignore[method-assign]
         torch.Tensor.to = to_  # type: ignore[method-assign,assignment]
