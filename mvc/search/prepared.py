@@ -128,12 +128,16 @@ class Prepared:
                        family: str = DEFAULT_FAMILY, feedback: bool = False
                        ) -> dict[PieceKey, Pieces]:
         """The quantizations of those of `keys` whose tensors take the torch path (CUDA
-        tensors), in one batched pass per bins count and device (`mvc.quant.batched`), all
+        tensors), in one batched pass per layer type, bins count and device (`mvc.quant.batched`), all
         enqueued before the first is waited for, by key: what `quantize` gives each, with the
         same sums and counts left for the search. Host tensors (the native kernels), float64
         ones and those error feedback re-assigns are left to `quantize`
         (`mvc.search.trials.GroupTrialSource`)."""
-        jobs: dict[tuple[int, torch.device], list[tuple[PieceKey, GroupJob]]] = {}
+        # One pass per layer type (and bins count, device): a pass's levels are one buffer,
+        # which any of its tensors' levels keeps alive, and the next trial reuses a layer type
+        # whole or not at all; a pass over several would keep what it drops on the device.
+        ltype = {n: lt for lt, names in self.groups.items() for n in names}
+        jobs: dict[tuple[int, torch.device, str], list[tuple[PieceKey, GroupJob]]] = {}
         for key in keys:
             name, bins, thr = key
             t = self.tensors[name]
@@ -143,13 +147,13 @@ class Prepared:
             g = g if g is not None and g.shape == t.shape else None
             grad = self.grads.get(name) if (
                 thr.needs_sensitivity and name in self.sens_sketches) else None
-            jobs.setdefault((bins, t.device), []).append(
+            jobs.setdefault((bins, t.device, ltype.get(name, "")), []).append(
                 (key, GroupJob(t, self.sketches[name], thr, grad=grad, weight=g,
                                init=init.get(name))))
         # every pass enqueued before any is waited for: one wait for the device per call
         pending = [(group, start_group([job for _, job in group], bins, seed=seed, sigma=sigma,
                                        family=family))
-                   for (bins, _), group in jobs.items()]
+                   for (bins, _, _), group in jobs.items()]
         for _, passed in pending:
             passed.wait()
         out: dict[PieceKey, Pieces] = {}
