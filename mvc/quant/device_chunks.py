@@ -52,11 +52,16 @@ class Chunk:
         return seg.cumsum_(0)
 
 
+def default_step(device: torch.device) -> int:
+    """Elements per chunk of a pass on `device` when its caller names none."""
+    return _HOST_CHUNK if device.type == "cpu" else _DEVICE_CHUNK
+
+
 def chunks(sizes: list[int], device: torch.device, step: int | None = None) -> Iterator[Chunk]:
     """Tensors of `sizes` elements, end to end, in chunks of at most `step` (default: by
     device), made one at a time as they are walked: a chunk's tensor index per element is 8
     bytes an element, so all of them at once would be a copy of the state's size."""
-    step = int(step or (_HOST_CHUNK if device.type == "cpu" else _DEVICE_CHUNK))
+    step = int(step or default_step(device))
     pieces: list[tuple[int, int, int]] = []
     room = step
     for j, n in enumerate(sizes):

@@ -238,3 +238,42 @@ def test_moments_in_passes_by_size_give_the_same_quantizations(monkeypatch):
     assert all(_same(got[n], host[n]) for n in state)
     # per domain: (5000, 300), (70000), (4096)
     assert passes == [[5000, 300], [70000], [4096]] * 2, passes
+
+
+def test_the_moments_passes_take_shorter_chunks_than_a_trial(monkeypatch):
+    """The moments' passes (and the bounds' after them) run while the weights' levels are on
+    the device, so their chunks are at most `_MOMENT_CHUNK` values: the hook's estimated device
+    peak at 124M was a moments pass's chunk temporaries on top of those levels. Shorter chunks
+    change no quantization, only the sums' summation order."""
+    import mvc.quant.batched as batched
+    import mvc.quant.batched_moments as bm
+    import mvc.quant.batched_sketch as batched_sketch
+    import mvc.quant.device_chunks as device_chunks
+
+    state = _state(4)
+    pairs = [(state[f"opt/state/{i}/exp_avg"], state[f"opt/state/{i}/exp_avg_sq"])
+             for i in range(4)]
+    with device_path():
+        before = quantize_optimizer_state(state)
+    monkeypatch.setattr(device_chunks, "_HOST_CHUNK", 1 << 15)  # a "GPU's" chunk here
+    monkeypatch.setattr(bm, "_MOMENT_CHUNK", 1 << 13)
+    steps: list[int] = []
+    real = device_chunks.chunks
+
+    def spy(sizes, device, step=None):
+        steps.append(int(step or device_chunks.default_step(device)))
+        return real(sizes, device, step)
+
+    for mod in (bm, batched, batched_sketch):  # every pass a moment goes through
+        monkeypatch.setattr(mod, "chunks", spy)
+    with device_path(), SyncCounter(device=list(state.values())) as short:
+        got = quantize_optimizer_state(state)
+        bounds = ratio_bounds(pairs)
+    assert steps and max(steps) == 1 << 13
+    assert set(got) == set(before) and all(_same(got[n], before[n]) for n in before)
+    assert bounds == [moment_ratio_bound(m, v) for m, v in pairs]
+    monkeypatch.setattr(bm, "_MOMENT_CHUNK", 1 << 15)
+    with device_path(), SyncCounter(device=list(state.values())) as long:
+        quantize_optimizer_state(state)
+        ratio_bounds(pairs)
+    assert short.peak_bytes < long.peak_bytes
