@@ -40,7 +40,7 @@ def scan_many(tensors: Sequence[torch.Tensor], chunk: int | None = None) -> list
     if not tensors:
         return []
     device = tensors[0].device
-    chunk = chunk if chunk is not None else min(default_step(device), _MOMENT_CHUNK)
+    chunk = _moment_step(device, chunk)
     flats = [t.detach().reshape(-1) for t in tensors]
     acc = torch.zeros(len(flats), 2, dtype=torch.float64, device=device)
     for c in chunks([f.numel() for f in flats], device, chunk):
@@ -81,8 +81,8 @@ def quantize_moments(jobs: list[GroupJob], bins: int, *, domain: str, prune: flo
     `moment_error_sums` as the result's first two. None where the moment is left to that path:
     no kept entry, or no more distinct buckets than bins. The jobs' `sketch` and `thr` are
     ignored: they are taken here. `to_host`: as `quantize_group`'s."""
-    if chunk is None and jobs:
-        chunk = min(default_step(jobs[0].tensor.device), _MOMENT_CHUNK)
+    if jobs:
+        chunk = _moment_step(jobs[0].tensor.device, chunk)
     sketches = kept_sketches(jobs, alpha, domain, chunk)
     ready: list[GroupJob] = []
     where: list[int] = []
@@ -111,6 +111,11 @@ def quantize_moments(jobs: list[GroupJob], bins: int, *, domain: str, prune: flo
 #: float64 temporaries (three arrays, 8 B a value; the sketch's `log32`, one) came on top of
 #: them: the commit hook's estimated device peak, 0.177x of a 124M state, was reached there.
 _MOMENT_CHUNK = 1 << 21
+
+
+def _moment_step(device: torch.device, chunk: int | None) -> int:
+    """A moments' pass's chunk: `chunk` if given, else the device's, at most `_MOMENT_CHUNK`."""
+    return chunk if chunk is not None else min(default_step(device), _MOMENT_CHUNK)
 
 #: Values per moments' pass when its levels go to the host (`quantize_moments`): 32 MiB of
 #: uint8 levels on the device.
@@ -141,7 +146,7 @@ def ratio_bounds(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
     if not pairs:
         return []
     device = pairs[0][0].device
-    chunk = chunk if chunk is not None else min(default_step(device), _MOMENT_CHUNK)
+    chunk = _moment_step(device, chunk)
     ms = [m.detach().reshape(-1) for m, _ in pairs]
     vs = [v.detach().reshape(-1) for _, v in pairs]
     acc = torch.zeros(len(pairs), dtype=torch.float32, device=device)

@@ -128,9 +128,9 @@ class Prepared:
                        family: str = DEFAULT_FAMILY, feedback: bool = False
                        ) -> dict[PieceKey, Pieces]:
         """The quantizations of those of `keys` whose tensors take the torch path (CUDA
-        tensors), in one batched pass per layer type, bins count and device (`mvc.quant.batched`), all
-        enqueued before the first is waited for, by key: what `quantize` gives each, with the
-        same sums and counts left for the search. Host tensors (the native kernels), float64
+        tensors), in one batched pass per layer type, bins count and device
+        (`mvc.quant.batched`), all enqueued before the first is waited for, by key: what
+        `quantize` gives each, with the same sums and counts left for the search. Host tensors (the native kernels), float64
         ones and those error feedback re-assigns are left to `quantize`
         (`mvc.search.trials.GroupTrialSource`)."""
         # One pass per layer type (and bins count, device): a pass's levels are one buffer,
