@@ -340,6 +340,10 @@ class Repo:
         info = tx.info(message, step=step, metrics=clean_metrics)
         bases: pipeline.Bases = {}
         landed = tx.commit(plan, info, bases=bases, progress=progress, allow_empty=allow_empty)
+        # what the writer's threads freed goes back to the OS before the level cache takes its
+        # copies (host copies of a device state's levels, made on this thread: its arena does
+        # not reuse the pool threads' free pieces, so they would land on top of them)
+        release_free_heap()
         self._remember_levels(landed.commit, landed.snapshot, plan.write.quantized, bases,
                               superseded=plan.write.parent.snapshot)
         del plan, bases
