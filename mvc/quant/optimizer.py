@@ -220,10 +220,11 @@ def _normalize_map(param_map: Mapping) -> dict[tuple[str, int], str]:
     return out
 
 
-def zeroed_moment(m: torch.Tensor, bins: int) -> QuantizedTensor:
+def zeroed_moment(m: torch.Tensor, bins: int, device: torch.device | None = None
+                  ) -> QuantizedTensor:
     """`m` stored as zeros: every entry at the pruned level (`quantize_moment` with all of m
-    pruned), without a pass over m."""
-    return _empty_quantized(m.shape, m.dtype, m.device, bins)
+    pruned), without a pass over m; on `device` (default m's)."""
+    return _empty_quantized(m.shape, m.dtype, m.device if device is None else device, bins)
 
 
 def _empty_quantized(shape: torch.Size, dtype: torch.dtype, device: torch.device, bins: int

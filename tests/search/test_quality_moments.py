@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mvc.quant import QuantConfig
 from mvc.quant.optimizer import quantize_second_moment
 from mvc.repo.config import ConfigError
 from mvc.repo.repository import Repo
@@ -103,3 +104,58 @@ def test_a_first_moment_worse_than_zeros_is_stored_as_zeros(tmp_path):
     assert torch.equal(restored[0]["exp_avg"], torch.zeros_like(spiky))
     # the other first moments keep their compressed form
     assert restored[2]["exp_avg"].abs().sum() > 0
+
+
+@pytest.mark.parametrize("where", ["device_path", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_a_device_states_zeroed_first_moment_is_made_on_the_host(where, monkeypatch):
+    """A device state's compressed moment's levels go to the host when its pass is done; a
+    first moment stored as zeros instead gets its levels there too, not on the device for the
+    writer to bring back, and the same record as on the host: its error, exactly m's own norm
+    (1.0), is known without a second pass over m."""
+    from contextlib import nullcontext
+
+    import mvc.search.plan as plan_mod
+    from mvc.quant.backend import device_path
+    from mvc.search import Quantization, default_policy, plan_quantization
+    from mvc.state import flatten, unflatten
+
+    state = _trained_state()
+    g = torch.Generator().manual_seed(5)
+    m = state["optimizer"]["state"][0]["exp_avg"]
+    spiky = torch.randn(m.shape, generator=g)
+    spiky.view(-1)[:30] *= 100
+    state["optimizer"]["state"][0]["exp_avg"] = spiky
+    whole = flatten(state)
+    host = dict(whole.tensors)
+    how = Quantization("fixed", config=QuantConfig(bins=16), policy=default_policy(),
+                       optimizer="compressed")
+    name = "optimizer/state/0/exp_avg"
+    measured: list[int] = []
+    real = plan_mod.moment_distortion
+
+    def spy(q, domain, x):
+        measured.append(id(x))
+        return real(q, domain, x)
+
+    monkeypatch.setattr(plan_mod, "moment_distortion", spy)
+    plans = {}
+    for path in ("native", where):
+        measured.clear()
+        tensors = host if path != "cuda" else {
+            n: t.cuda() if isinstance(t, torch.Tensor) else t for n, t in host.items()}
+        with device_path() if path == "device_path" else nullcontext():
+            plans[path] = plan_quantization(tensors, how,
+                                            to_state=lambda t: unflatten(whole.skeleton, t))
+        assert len(measured) == len(set(measured))  # each moment measured once
+        zeroed = plans[path].quantized[name]
+        assert zeroed.levels.device.type == "cpu", path
+        record = plans[path].quality
+        assert record is not None
+        assert record.moments_zeroed == [name], path
+        assert record.moment_distortion is not None
+        assert record.moment_distortion["linear"] == 1.0, path
+        assert torch.equal(zeroed.dequantize(), torch.zeros_like(spiky))
+    native, device = (plans[p].quality for p in ("native", where))
+    assert native is not None and device is not None
+    assert native.to_json() == device.to_json()
