@@ -31,6 +31,18 @@ def _trained_state():
     return {"model": net.state_dict(), "optimizer": opt.state_dict()}
 
 
+def _spiky_state():
+    """(`_trained_state()` with its first first moment replaced by a Gaussian with a few 100x
+    outliers, that moment): two levels cannot follow it, zeros are closer."""
+    state = _trained_state()
+    g = torch.Generator().manual_seed(5)
+    m = state["optimizer"]["state"][0]["exp_avg"]
+    spiky = torch.randn(m.shape, generator=g)
+    spiky.view(-1)[:30] *= 100
+    state["optimizer"]["state"][0]["exp_avg"] = spiky
+    return state, spiky
+
+
 def _repo(path):
     repo = Repo.init(path)
     repo.config.set("commit.mode", "fixed")
@@ -89,12 +101,7 @@ def test_moment_cap_must_be_positive(tmp_path):
 def test_a_first_moment_worse_than_zeros_is_stored_as_zeros(tmp_path):
     """Two levels cannot follow a Gaussian m with a few 100x outliers: the compressed m is
     further from m than zeros are (relative L2 error ~2), so the commit stores zeros."""
-    state = _trained_state()
-    g = torch.Generator().manual_seed(5)
-    m = state["optimizer"]["state"][0]["exp_avg"]
-    spiky = torch.randn(m.shape, generator=g)
-    spiky.view(-1)[:30] *= 100
-    state["optimizer"]["state"][0]["exp_avg"] = spiky
+    state, spiky = _spiky_state()
     repo = _repo(tmp_path)
     cid = repo.commit(state, "spiky first moment")
     q = repo.read_commit(cid).quality
@@ -120,12 +127,7 @@ def test_a_device_states_zeroed_first_moment_is_made_on_the_host(where, monkeypa
     from mvc.search import Quantization, default_policy, plan_quantization
     from mvc.state import flatten, unflatten
 
-    state = _trained_state()
-    g = torch.Generator().manual_seed(5)
-    m = state["optimizer"]["state"][0]["exp_avg"]
-    spiky = torch.randn(m.shape, generator=g)
-    spiky.view(-1)[:30] *= 100
-    state["optimizer"]["state"][0]["exp_avg"] = spiky
+    state, spiky = _spiky_state()
     whole = flatten(state)
     host = dict(whole.tensors)
     how = Quantization("fixed", config=QuantConfig(bins=16), policy=default_policy(),
