@@ -34,7 +34,7 @@ from mvc.native.parallel import pmap_sized
 from mvc.progress import Progress
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy, quantize_state
 from mvc.quant.feedback import apply_feedback, usable
-from mvc.quant.error import cached_error_sums
+from mvc.quant.error import cached_error_sums, relative_error
 from mvc.quant.moment_bound import bound_meta
 from mvc.quant.optimizer import moment_ratio_bounds, quantize_optimizer_state, zeroed_moment
 from mvc.search.driver import default_policy
@@ -355,7 +355,8 @@ def compress_optimizer(tensors: Mapping[str, torch.Tensor],
             # known from the sums the compression left, with no pass over m. Their levels go
             # where the compressed moment's went (a device state's: the host, `to_host`), not
             # to the device for the writer to bring back.
-            d = 1.0 if cached_error_sums(q, t)[1] > 0 else 0.0
+            r = cached_error_sums(q, t)[1]  # sum m^2: zeros' squared error too
+            d = relative_error((r, r))
             q = zeroed_moment(t, q.bins, device=q.levels.device)
             zeroed.append(name)
         worst[oq.domain] = max(worst.get(oq.domain, 0.0), d)

@@ -50,6 +50,7 @@ class Prepared:
                 self.sens_sketches[name] = got[1]
             self.groups.setdefault(layer_type(name, t.shape), []).append(name)
         self.names = [n for names in self.groups.values() for n in names]
+        self.layer_type_of = {n: lt for lt, names in self.groups.items() for n in names}
         self.mag = {lt: LogSketch(alpha).merge(*(self.sketches[n].abs() for n in names))
                     for lt, names in self.groups.items()}
         self.sens = {}
@@ -130,13 +131,12 @@ class Prepared:
         """The quantizations of those of `keys` whose tensors take the torch path (CUDA
         tensors), in one batched pass per layer type, bins count and device
         (`mvc.quant.batched`), all enqueued before the first is waited for, by key: what
-        `quantize` gives each, with the same sums and counts left for the search. Host tensors (the native kernels), float64
-        ones and those error feedback re-assigns are left to `quantize`
-        (`mvc.search.trials.GroupTrialSource`)."""
+        `quantize` gives each, with the same sums and counts left for the search. Host
+        tensors (the native kernels), float64 ones and those error feedback re-assigns are
+        left to `quantize` (`mvc.search.trials.GroupTrialSource`)."""
         # One pass per layer type (and bins count, device): a pass's levels are one buffer,
         # which any of its tensors' levels keeps alive, and the next trial reuses a layer type
         # whole or not at all; a pass over several would keep what it drops on the device.
-        ltype = {n: lt for lt, names in self.groups.items() for n in names}
         jobs: dict[tuple[int, torch.device, str], list[tuple[PieceKey, GroupJob]]] = {}
         for key in keys:
             name, bins, thr = key
@@ -147,7 +147,7 @@ class Prepared:
             g = g if g is not None and g.shape == t.shape else None
             grad = self.grads.get(name) if (
                 thr.needs_sensitivity and name in self.sens_sketches) else None
-            jobs.setdefault((bins, t.device, ltype.get(name, "")), []).append(
+            jobs.setdefault((bins, t.device, self.layer_type_of.get(name, "")), []).append(
                 (key, GroupJob(t, self.sketches[name], thr, grad=grad, weight=g,
                                init=init.get(name))))
         # every pass enqueued before any is waited for: one wait for the device per call
