@@ -45,7 +45,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_scale import shape_for, tensor_bytes, trainer  # noqa: E402
+from benchmarks.scale_workload import shape_for, tensor_bytes, trainer  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def held_out_loss(shape: dict[str, int], device: str, batch: int, seq: int) -> Any:
     """quality(model): the model's loss on one held-out batch of the corpus's last tokens
     (the training batches are drawn from all of it: a stand-in for a validation set)."""
-    from benchmarks.bench_scale import corpus_tokens
+    from benchmarks.scale_workload import corpus_tokens
 
     data = corpus_tokens(shape["vocab"])[-(batch * (seq + 1)):].reshape(batch, seq + 1)
     x, y = data[:, :-1].to(device), data[:, 1:].to(device)

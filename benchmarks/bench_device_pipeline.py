@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
-from bench_scale import shape_for, train  # noqa: E402
+from benchmarks.scale_workload import shape_for, train  # noqa: E402
 
 import mvc.quant.device_chunks as device_chunks  # noqa: E402
 import mvc.quant.optimizer as opt  # noqa: E402

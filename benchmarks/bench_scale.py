@@ -41,252 +41,27 @@ import argparse
 import json
 import math
 import os
-import re
-import resource
 import subprocess
 import sys
-import sysconfig
 import tempfile
-import threading
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
-from torch import nn
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-GPT2_SMALL = {"layers": 12, "d": 768, "vocab": 50257, "ctx": 1024}
+from benchmarks.child_memory import AnonPeak, WritePhase, peak, reset_peak, rss  # noqa: E402
+from benchmarks.scale_workload import GPT2_SMALL, shape_for, tensor_bytes, train  # noqa: E402
+
 # --only's names, in the order they run
 STEPS = ("save", "load", "first", "next", "lossless", "encode", "zipnn", "checkout", "levels",
          "cli", "worst")
 
 
-# ------------------------------------------------------------------ the model
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        h = self.ln_1(x)
-        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    """GPT-2's shape: token + position embeddings, pre-norm blocks, tied LM head."""
-
-    def __init__(self, layers: int, d: int, vocab: int, ctx: int) -> None:
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
-        self.h = nn.ModuleList(Block(d, max(1, d // 64)) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(d)
-        for p in self.parameters():
-            if p.dim() >= 2:
-                nn.init.normal_(p, std=0.02)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        t = idx.shape[1]
-        mask = torch.triu(torch.full((t, t), float("-inf"), device=idx.device), 1)
-        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
-        for blk in self.h:
-            x = blk(x, mask)
-        return self.ln_f(x) @ self.wte.weight.t()
-
-
-def shape_for(params: float, layers: int | None = None) -> dict[str, int]:
-    """GPT-2-small's shape (or `layers` blocks: 48 is GPT-2-XL's) with d (a multiple of 64)
-    scaled so the model has about `params` parameters; below what d = 64 gives, fewer layers
-    and a smaller vocabulary."""
-    layers = layers or GPT2_SMALL["layers"]
-    vocab, ctx = GPT2_SMALL["vocab"], GPT2_SMALL["ctx"]
-
-    def count(layers: int, d: int, vocab: int) -> int:
-        return layers * (12 * d * d + 13 * d) + (vocab + ctx) * d + 2 * d
-
-    if count(layers, 64, vocab) > params:
-        layers, ctx = 2, 256
-        vocab = max(256, int((params - count(layers, 64, 0)) / 64))
-        return {"layers": layers, "d": 64, "vocab": vocab, "ctx": ctx}
-    d = max(64, min(range(64, 4097, 64), key=lambda d: abs(count(layers, d, vocab) - params)))
-    return {"layers": layers, "d": d, "vocab": vocab, "ctx": ctx}
-
-
-def corpus_tokens(vocab: int, limit: int = 2_000_000) -> torch.Tensor:
-    """Word-level tokens of the standard library's sources, ids by frequency rank."""
-    words: list[str] = []
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    for path in sorted(stdlib.glob("*.py")):
-        words += re.findall(r"\w+|[^\w\s]", path.read_text(errors="replace"))
-        if len(words) >= limit:
-            break
-    rank = {w: i for i, (w, _) in enumerate(Counter(words).most_common(vocab - 1))}
-    return torch.tensor([rank.get(w, vocab - 1) for w in words[:limit]], dtype=torch.int64)
-
-
-def trainer(shape: dict[str, int], device: str, batch: int, seq: int, seed: int = 0
-            ) -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], None]]:
-    """The workload's model, its AdamW, and a function running one training step on the next
-    batch of stdlib text."""
-    torch.manual_seed(seed)
-    model = GPT(**shape).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-    data = corpus_tokens(shape["vocab"])
-    g = torch.Generator().manual_seed(seed)
-
-    def step() -> None:
-        starts = torch.randint(0, data.numel() - seq - 1, (batch,), generator=g)
-        x = torch.stack([data[s:s + seq] for s in starts]).to(device)
-        y = torch.stack([data[s + 1:s + seq + 1] for s in starts]).to(device)
-        loss = nn.functional.cross_entropy(model(x).reshape(-1, shape["vocab"]), y.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return model, opt, step
-
-
-def train(shape: dict[str, int], steps: list[int], device: str, batch: int, seq: int,
-          seed: int = 0) -> list[dict]:
-    """Checkpoints {"model", "optimizer", "step"} after each count of AdamW steps in `steps`."""
-    model, opt, step_once = trainer(shape, device, batch, seq, seed)
-    out = []
-    for step in range(1, max(steps) + 1):
-        step_once()
-        if step in steps:
-            out.append({"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-                        "optimizer": _clone(opt.state_dict()), "step": step})
-    return out
-
-
-def _clone(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: _clone(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_clone(v) for v in obj]
-    return obj
-
-
-def tensor_bytes(state: Any) -> int:
-    if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
-    if isinstance(state, dict):
-        return sum(tensor_bytes(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(tensor_bytes(v) for v in state)
-    return 0
-
-
 # ------------------------------------------------------------------ children
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _peak() -> int:
-    """This process's peak RSS (VmHWM: per address space, so not the forking parent's, which
-    getrusage's ru_maxrss carries across exec)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _reset_peak() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0), so the next peak is the step's own."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _anon_rss() -> int:
-    """This process's anonymous resident memory (RssAnon): its heap and mappings of no file,
-    without the pages of the files it maps (the libraries' code, which a CUDA process loads
-    lazily as its kernels first run, and LMDB's map)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-class _AnonPeak:
-    """The peak of `_anon_rss` over a step, sampled every 2 ms on a thread of its own (the
-    kernel keeps no high-water mark of it): the step's own memory apart from file pages, which
-    VmHWM counts too."""
-
-    def __init__(self) -> None:
-        """Start sampling."""
-        self.base = _anon_rss()
-        self.peak = self.base
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.002):
-            self.peak = max(self.peak, _anon_rss())
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _anon_rss())
-
-    @property
-    def extra(self) -> int:
-        return max(0, self.peak - self.base)
-
-
-class _WritePhase:
-    """The peak extra RSS of a commit's write phase (`mvc.repo.pipeline.write`: encoding and
-    storing, after the plan), apart from the plan's: what a commit of a device state holds on the
-    host at its deepest, since everything after the plan runs there whatever the state's device.
-    The high-water mark is reset when the write starts (`before`: the step's peak until then)."""
-
-    def __init__(self, base_rss: int) -> None:
-        self.base = base_rss
-        self.before = 0
-        self.peak: int | None = None
-        self.seconds = 0.0   # the write phase's time: the rest of the commit is its plan
-
-    def __enter__(self) -> _WritePhase:
-        from unittest import mock
-
-        import mvc.repo.pipeline as pipeline
-
-        write = pipeline.write
-
-        def measured(*a: Any, **k: Any) -> Any:
-            before = _peak() - self.base
-            t0 = time.perf_counter()
-            try:
-                if not _reset_peak():   # no phase of its own to measure on this kernel
-                    return write(*a, **k)
-                self.before = max(self.before, before)
-                try:
-                    return write(*a, **k)
-                finally:
-                    self.peak = max(self.peak or 0, _peak() - self.base)
-            finally:
-                self.seconds += time.perf_counter() - t0
-        self._patch = mock.patch.object(pipeline, "write", measured)
-        self._patch.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._patch.__exit__(*exc)
-
 
 def _to(state: Any, device: str) -> Any:
     if device == "cpu":
@@ -317,7 +92,7 @@ def child(task: dict) -> dict:
     kind, device, work = task["kind"], task["device"], task["dir"]
     out: dict[str, Any] = {}
     state = None
-    write_phase: _WritePhase | None = None
+    write_phase: WritePhase | None = None
     cleanup = ""
     if kind in ("save", "commit_first", "commit_next", "commit_lossless", "zipnn", "encode"):
         state = _load(task["ckpt"], device)
@@ -332,8 +107,8 @@ def child(task: dict) -> dict:
         import mvc.io.files  # noqa: F401
     # A step's peak is what it adds on top of its input in memory: the high-water mark is
     # reset after setup where the kernel allows, else the setup's own peak is subtracted.
-    setup_peak = 0 if _reset_peak() else _peak()
-    base_rss = _rss()
+    setup_peak = 0 if reset_peak() else peak()
+    base_rss = rss()
     on_gpu = device.startswith("cuda")
     if on_gpu:
         torch.cuda.synchronize()
@@ -353,7 +128,7 @@ def child(task: dict) -> dict:
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
         tprof = profile(activities=acts)
         tprof.__enter__()
-    anon = _AnonPeak()
+    anon = AnonPeak()
     t0 = time.perf_counter()
     if kind == "save":
         with open(os.path.join(work, "save.pt"), "wb") as f:
@@ -367,7 +142,7 @@ def child(task: dict) -> dict:
     elif kind.startswith("commit"):
         root = os.path.join(work, task["repo"])
         repo = Repo.init(root) if kind != "commit_next" else Repo(root)
-        write_phase = _WritePhase(base_rss)
+        write_phase = WritePhase(base_rss)
         try:
             # The proxy is opted in explicitly (without a quality function or epsilon a commit
             # is lossless): its default bound, as the issue's figures measured.
@@ -422,7 +197,7 @@ def child(task: dict) -> dict:
     out["peak_extra_anon"] = anon.extra
     if cleanup:   # the written file is measured, not kept: at 1.3B it is 16 GB of disk
         os.unlink(cleanup)
-    out["peak_extra_rss"] = max(0, _peak() - max(setup_peak, base_rss))
+    out["peak_extra_rss"] = max(0, peak() - max(setup_peak, base_rss))
     if write_phase is not None and write_phase.seconds:
         out["write_seconds"] = write_phase.seconds
     if write_phase is not None and write_phase.peak is not None:

@@ -39,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_scale  # noqa: E402
-from bench_scale import _peak, _reset_peak, _rss, _WritePhase  # noqa: E402
+from benchmarks.child_memory import WritePhase, peak, reset_peak, rss  # noqa: E402
 
 CONFIG = {"bins": 16, "prune": 0.1, "protect": 0.0005}
 
@@ -71,8 +71,8 @@ def child(task: dict) -> dict:
     import mvc.repo.reader  # noqa: F401  (module imports are not the work measured)
     if task["kind"] == "commit_pool":
         parallel.LARGE_FLOOR = 1 << 62
-    setup_peak = 0 if _reset_peak() else _peak()
-    base = _rss()
+    setup_peak = 0 if reset_peak() else peak()
+    base = rss()
     t0 = time.perf_counter()
     out: dict[str, Any] = {}
     if task["kind"] == "save":
@@ -92,14 +92,14 @@ def child(task: dict) -> dict:
             finally:
                 timing["write"] = timing.get("write", 0.0) + time.perf_counter() - t
         pipeline.write = timed
-        phase = _WritePhase(base)
+        phase = WritePhase(base)
         with phase:
             cid = repo.commit(st, message="next")
         snap = repo.read_snapshot(repo.read_commit(cid).snapshot)
         out.update(write_seconds=timing.get("write"), write_extra_rss=phase.peak,
                    deltas=sum(1 for r in snap.tensors if r.depth > 0), tensors=len(snap.tensors),
                    stored=sum(r.stored_bytes for r in snap.tensors))
-    out.update(seconds=time.perf_counter() - t0, peak_extra_rss=max(0, _peak() - max(base, setup_peak)))
+    out.update(seconds=time.perf_counter() - t0, peak_extra_rss=max(0, peak() - max(base, setup_peak)))
     return out
 
 
