@@ -34,6 +34,7 @@ run.  Timings on a shared machine are noisy: compare ratios, not seconds.
     python benchmarks/bench_scale.py --params 30e6    # d scaled down (CI: --params 2e6)
     python benchmarks/bench_scale.py --repeat 3       # medians of 3 alternated rounds
     python benchmarks/bench_scale.py --device cuda --json
+    python benchmarks/bench_scale.py --warm           # each step in a process that committed before
 """
 from __future__ import annotations
 
@@ -105,6 +106,8 @@ def child(task: dict) -> dict:
         import mvc.cli.commands_work  # noqa: F401
         import mvc.cli.main  # noqa: F401
         import mvc.io.files  # noqa: F401
+    if task.get("warm"):
+        out["warm"] = warm_up(device, work)
     # A step's peak is what it adds on top of its input in memory: the high-water mark is
     # reset after setup where the kernel allows, else the setup's own peak is subtracted.
     setup_peak = 0 if reset_peak() else peak()
@@ -233,6 +236,47 @@ def child(task: dict) -> dict:
     return out
 
 
+def warm_up(device: str, work: str) -> dict:
+    """What a training process has done before the step measured after this: a tiny model of
+    the workload's kind trained two AdamW steps on `device`, then saved and loaded with torch,
+    committed twice with mvc (a first commit with its search, a next one with deltas) and
+    checked out onto `device`. The step then leaves out what only a process's first commit
+    pays: device kernels loaded on first launch, Triton compiles, the native pool's threads.
+    Returns the time of the saves, commits and checkout (the one-time costs, about: a tiny
+    state's own work is milliseconds) and the RSS all of it kept."""
+    import gc
+    import shutil
+
+    from mvc.native.heap import release_free_heap
+    from mvc.repo.repository import Repo
+    from mvc.search.quality import PROXY_EPSILON
+
+    before = rss()
+    t0 = time.perf_counter()
+    cks = train(shape_for(1e5), [1, 2], device, batch=2, seq=16)
+    trained = time.perf_counter()
+    where = tempfile.mkdtemp(prefix="warm-", dir=work)
+    try:
+        path = os.path.join(where, "ck.pt")
+        torch.save(cks[0], path)
+        torch.load(path, map_location=device, weights_only=True)
+        repo = Repo.init(os.path.join(where, "repo"))
+        try:
+            for i, ck in enumerate(cks):
+                repo.commit(ck, f"warm {i}", epsilon=PROXY_EPSILON)
+            repo.read_state("HEAD", map_location=device, cache_levels=False)
+        finally:
+            repo.close()
+        _sync(device)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    seconds = time.perf_counter() - trained
+    del cks
+    gc.collect()
+    release_free_heap()
+    return {"seconds": seconds, "train_seconds": trained - t0, "kept_rss": rss() - before}
+
+
 def _leaves(state: Any) -> list[torch.Tensor]:
     if isinstance(state, torch.Tensor):
         return [state]
@@ -286,6 +330,12 @@ def main(argv: list[str] | None = None) -> dict:
                          "pair in a repository of its own), alternated; each step reports the "
                          "round with its median time and lists every round's (this host's "
                          "torch.save with fsync swings 2x between runs)")
+    ap.add_argument("--warm", action="store_true",
+                    help="before each step, its process trains a tiny model and saves, commits "
+                         "and checks it out (`warm_up`): the step then measures a process that "
+                         "has committed before, as a training run's later commits are, without "
+                         "one-time costs (lazy device kernel loads, Triton compiles), which the "
+                         "table reports on their own")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     only = set(args.only.split(",")) | {"save", "load", "first", "next"}
@@ -312,7 +362,7 @@ def main(argv: list[str] | None = None) -> dict:
         del cks
         dev = args.device
         r: dict[str, Any] = {}
-        common = {"device": dev, "dir": work}
+        common = {"device": dev, "dir": work, "warm": args.warm}
         rounds: dict[str, list[dict]] = {}
         for i in range(max(1, args.repeat)):
             repo = "repo" if i == 0 else f"repo-{i + 1}"   # the later steps read round 1's
@@ -357,6 +407,7 @@ def main(argv: list[str] | None = None) -> dict:
                        "step": args.steps + args.gap, **prof})
             run_child({"kind": "checkout", "repo": "repo-prof", **prof})
     report = {"params": nparams, "shape": shape, "device": dev, "checkpoint_bytes": nbytes,
+              "warm": args.warm,
               "train_s": train_s, "steps": [args.steps, args.steps + args.gap],
               "cpus": os.cpu_count(), "torch": torch.__version__, "results": r,
               "ratios": ratios(r, nbytes)}
@@ -474,6 +525,12 @@ def table(rep: dict) -> str:
               if step in r and "rounds" in r[step]]
     if rounds:
         lines.append("each round's time (the table: the median round): " + "; ".join(rounds))
+    warm = [f"{step} {r[step]['warm']['seconds']:.2f} s, +{r[step]['warm']['kept_rss'] / 1e6:.0f} MB"
+            for _, step, _ in rows if step in r and "warm" in r[step]]
+    if warm:
+        lines.append("warm processes (--warm: each step ran after a tiny model's training, save, "
+                     "load, two commits and a checkout in its process); their one-time costs: "
+                     + "; ".join(warm))
     anon = [f"{step} {r[step]['peak_extra_anon'] / nb:.2f}x" for _, step, _ in rows
             if step in r and "peak_extra_anon" in r[step]]
     if anon:

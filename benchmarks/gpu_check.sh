@@ -18,6 +18,10 @@
 # a lease's one call ends with every phase's log under $OUT).
 # MVC_GPU_DEVICE=cpu: the same phases on the host, to try this script where no GPU is (with
 # small --params; MVC_GPU_BACKGROUND_ARGS for bench_background's, default "--epsilon 0.05").
+# bench_scale's --warm (e.g. `gpu_check.sh --warm`: both bench_scale runs) measures each step in
+# a process that trained, saved, committed and checked out a tiny model first, and prints those
+# one-time costs (device kernels loaded on first launch, Triton compiles) on their own; the
+# Triton kernels compiled so far (Triton's cache) are counted after each Triton phase.
 set -u
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
@@ -34,6 +38,9 @@ else
   export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1
+compiled() {  # kernels in Triton's on-disk cache (a compile adds one; a cache hit none)
+  find "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" -name "*.cubin" 2>/dev/null | wc -l
+}
 DEV=${MVC_GPU_DEVICE:-cuda}
 PY=${PYTHON:-python3}
 command -v nvidia-smi >/dev/null && nvidia-smi -L
@@ -74,7 +81,7 @@ if [ "${MVC_GPU_TRITON:-0}" != 0 ] && [ "${BENCH_RC:-1}" = 0 ]; then
   echo "== MVC_TRITON=1 bench_scale --device $DEV --only first,next $*"
   MVC_TRITON=1 timeout "$(left "${MVC_GPU_BENCH_TIMEOUT:-330}")" "$PY" benchmarks/bench_scale.py \
     --device "$DEV" --json --only first,next "$@" > "$OUT/triton.log" 2>&1
-  echo "triton bench rc $? at ${SECONDS}s"
+  echo "triton bench rc $? at ${SECONDS}s; Triton kernels compiled: $(compiled)"
   grep -iE "triton.*fail" "$OUT/triton.log" | head -3
   sed -n '/^bench_scale:/,/^{/p' "$OUT/triton.log"
   grep -E '/ torch\.(save|load)"|peak extra GPU memory' "$OUT/triton.log"
@@ -85,7 +92,7 @@ if [ "${MVC_GPU_PIPELINE:-1}" != 0 ]; then
   echo "== bench_device_pipeline --device $DEV --params 124e6"
   timeout "$(left "${MVC_GPU_BENCH_TIMEOUT:-330}")" "$PY" benchmarks/bench_device_pipeline.py --device "$DEV" \
     --params 124e6 --json $PIPE_TRITON > "$OUT/pipeline.json" 2> "$OUT/pipeline.log"
-  echo "pipeline rc $?"
+  echo "pipeline rc $?; Triton kernels compiled: $(compiled)"
   "$PY" -c "import json,sys; r=json.load(open(sys.argv[1]))
 for s, p in r['stages'].items():
     b = next(iter(p.values()))['seconds']
