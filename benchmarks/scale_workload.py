@@ -4,6 +4,7 @@ Shared by the benchmarks that time mvc on that model (bench_scale, bench_backgro
 bench_device_pipeline, bench_write)."""
 from __future__ import annotations
 
+import copy
 import re
 import sysconfig
 from collections import Counter
@@ -110,18 +111,8 @@ def train(shape: dict[str, int], steps: list[int], device: str, batch: int, seq:
         step_once()
         if step in steps:
             out.append({"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-                        "optimizer": _clone(opt.state_dict()), "step": step})
+                        "optimizer": copy.deepcopy(opt.state_dict()), "step": step})
     return out
-
-
-def _clone(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: _clone(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_clone(v) for v in obj]
-    return obj
 
 
 def tensor_bytes(state: Any) -> int:

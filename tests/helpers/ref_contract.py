@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,16 @@ from mvc.store import (
 from store_fixture import A, B, C, StoreFixture
 
 
+def assert_main_head_and_tag(refs: Any) -> None:
+    """The refs both creation tests make: HEAD -> main at A, tag v1 at B."""
+    assert refs.read_ref("HEAD") == "ref: refs/heads/main"
+    assert refs.read_ref("refs/heads/main") == A
+    assert list(refs.iter_refs()) == [
+        ("HEAD", "ref: refs/heads/main"), ("refs/heads/main", A), ("refs/tags/v1", B)]
+    assert list(refs.iter_refs("refs/heads/")) == [("refs/heads/main", A)]
+    assert list(refs.iter_refs("refs/nothing/")) == []
+
+
 class RefStoreTests(StoreFixture):
     """`RefStore`: refs moved one compare-and-swap at a time (`update_ref`), and the reflog."""
 
@@ -32,12 +43,7 @@ class RefStoreTests(StoreFixture):
         self.refs.update_ref("refs/heads/main", None, A, "init")
         self.refs.update_ref("HEAD", None, "ref: refs/heads/main", "init")
         self.refs.update_ref("refs/tags/v1", None, B, "init")
-        assert self.refs.read_ref("HEAD") == "ref: refs/heads/main"
-        assert self.refs.read_ref("refs/heads/main") == A
-        assert list(self.refs.iter_refs()) == [
-            ("HEAD", "ref: refs/heads/main"), ("refs/heads/main", A), ("refs/tags/v1", B)]
-        assert list(self.refs.iter_refs("refs/heads/")) == [("refs/heads/main", A)]
-        assert list(self.refs.iter_refs("refs/nothing/")) == []
+        assert_main_head_and_tag(self.refs)
 
     def test_ref_compare_and_swap(self) -> None:
         self.refs.update_ref("refs/heads/main", None, A, "c1")
@@ -167,12 +173,7 @@ class TransactionalRefTests(StoreFixture):
         self.refs.update_refs([RefUpdate("refs/heads/main", None, A),
                                 RefUpdate("HEAD", None, "ref: refs/heads/main"),
                                 RefUpdate("refs/tags/v1", None, B)], "init")
-        assert self.refs.read_ref("HEAD") == "ref: refs/heads/main"
-        assert self.refs.read_ref("refs/heads/main") == A
-        assert list(self.refs.iter_refs()) == [
-            ("HEAD", "ref: refs/heads/main"), ("refs/heads/main", A), ("refs/tags/v1", B)]
-        assert list(self.refs.iter_refs("refs/heads/")) == [("refs/heads/main", A)]
-        assert list(self.refs.iter_refs("refs/nothing/")) == []
+        assert_main_head_and_tag(self.refs)
 
     def test_batch_is_atomic(self) -> None:
         self.refs.update_refs([RefUpdate("refs/heads/a", None, A)], "a")
