@@ -253,7 +253,9 @@ def warm_up(device: str, work: str) -> dict:
 
     before = rss()
     t0 = time.perf_counter()
-    cks = train(shape_for(1e5), [1, 2], device, batch=2, seq=16)
+    shape = shape_for(1e5)
+    tokens = torch.randint(0, shape["vocab"], (4096,), generator=torch.Generator().manual_seed(0))
+    cks = train(shape, [1, 2], device, batch=2, seq=16, data=tokens)
     trained = time.perf_counter()
     where = tempfile.mkdtemp(prefix="warm-", dir=work)
     try:

@@ -81,14 +81,16 @@ def corpus_tokens(vocab: int, limit: int = 2_000_000) -> torch.Tensor:
     return torch.tensor([rank.get(w, vocab - 1) for w in words[:limit]], dtype=torch.int64)
 
 
-def trainer(shape: dict[str, int], device: str, batch: int, seq: int, seed: int = 0
+def trainer(shape: dict[str, int], device: str, batch: int, seq: int, seed: int = 0,
+            data: torch.Tensor | None = None
             ) -> tuple[nn.Module, torch.optim.Optimizer, Callable[[], None]]:
     """The workload's model, its AdamW, and a function running one training step on the next
-    batch of stdlib text."""
+    batch of stdlib text (or of `data`'s tokens)."""
     torch.manual_seed(seed)
     model = GPT(**shape).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-    data = corpus_tokens(shape["vocab"])
+    if data is None:
+        data = corpus_tokens(shape["vocab"])
     g = torch.Generator().manual_seed(seed)
 
     def step() -> None:
@@ -103,9 +105,9 @@ def trainer(shape: dict[str, int], device: str, batch: int, seq: int, seed: int 
 
 
 def train(shape: dict[str, int], steps: list[int], device: str, batch: int, seq: int,
-          seed: int = 0) -> list[dict]:
+          seed: int = 0, data: torch.Tensor | None = None) -> list[dict]:
     """Checkpoints {"model", "optimizer", "step"} after each count of AdamW steps in `steps`."""
-    model, opt, step_once = trainer(shape, device, batch, seq, seed)
+    model, opt, step_once = trainer(shape, device, batch, seq, seed, data)
     out = []
     for step in range(1, max(steps) + 1):
         step_once()
