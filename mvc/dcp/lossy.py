@@ -153,9 +153,21 @@ def all_sum(values: list[float]) -> list[float]:
     """Element-wise sums over the ranks (float64)."""
     if _group_size() == 1 or not values:
         return list(values)
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, group=_GROUP.get())
+    group = _GROUP.get()
+    t = torch.tensor(values, dtype=torch.float64, device=reduce_device(str(dist.get_backend(group))))
+    dist.all_reduce(t, group=group)
     return t.tolist()
+
+
+def reduce_device(backend: str) -> torch.device:
+    """Where `all_sum`'s tensor goes for a group of `backend` (`dist.get_backend`'s name): the
+    host when a backend of the group takes host tensors (gloo, mpi, or a "cpu:..." pair such as
+    "cpu:gloo,cuda:nccl"), else the current CUDA device: NCCL reduces CUDA tensors only, and GPU
+    training usually runs on an NCCL group alone."""
+    name = backend.lower()
+    if "gloo" in name or "mpi" in name or "cpu:" in name or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 # ------------------------------------------------------------------ the collective trials
