@@ -55,7 +55,8 @@ TESTS=${MVC_GPU_TESTS:-"tests/repo/test_device_boundaries.py tests/repo/test_dev
   tests/quant/test_quant_batched.py tests/quant/test_quant_batched_moments.py \
   tests/quant/test_quant_optimizer.py tests/integrations/test_host_copy.py \
   tests/search/test_trial_waits.py tests/integrations/test_parent_calls.py \
-  tests/quant/test_triton_assign.py tests/dcp/test_dcp_collectives.py"}
+  tests/quant/test_triton_assign.py tests/dcp/test_dcp_collectives.py \
+  tests/search/test_search_gradient_devices.py"}
 echo "== CUDA tests"
 # shellcheck disable=SC2086
 XDIST=""

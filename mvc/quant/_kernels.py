@@ -47,6 +47,16 @@ def _lib() -> tuple[Any, Any]:
     return ffi, lib
 
 
+def _ptr(ctype: str, t: torch.Tensor) -> Any:
+    """`t`'s data as a C pointer of `ctype`, for a host tensor only: the kernels read and write
+    host memory, and a device tensor's address there would be read as if it were (a crash, or
+    garbage). Callers route device tensors to the torch path; reaching here with one is a bug."""
+    if t.device.type != "cpu":
+        raise InternalError(f"a native kernel was given a tensor on {t.device}: native kernels "
+                            f"take host tensors only")
+    return _lib()[0].cast(ctype, t.data_ptr())
+
+
 @dataclass(frozen=True)
 class Partition:
     """Prune / protect cut-offs in the native kernels' terms (see native/assign.h).
@@ -69,7 +79,7 @@ class Partition:
     def cdata(self, offset: int) -> Any:
         ffi, _ = _lib()
         p = ffi.new("mvc_partition_t *")
-        p.sens = (ffi.cast("const float *", self.sens.data_ptr()) + offset
+        p.sens = (_ptr("const float *", self.sens) + offset
                   if self.sens is not None else ffi.NULL)
         p.prune_t = self.prune_t
         p.protect_mag_t = self.protect_mag_t
@@ -85,7 +95,7 @@ def loghist(x: torch.Tensor, bounds: np.ndarray, inv_log2_gamma: float, first: i
     `cells`: contiguous int32, the bucket of each float32 cell)."""
     ffi, lib = _lib()
     nb = len(bounds)
-    xp = ffi.cast("const float *", x.data_ptr())
+    xp = _ptr("const float *", x)
     bp = ffi.cast("const double *", bounds.ctypes.data)
     cp = ffi.cast("const int32_t *", cells.ctypes.data)
     parts: list[tuple[np.ndarray, int, int]] = []
@@ -131,13 +141,13 @@ def assign_into(x: torch.Tensor, mids: torch.Tensor, out: torch.Tensor,
     """
     ffi, lib = _lib()
     mids_c = mids.contiguous()
-    mp = ffi.cast("const float *", mids_c.data_ptr())
-    xp = ffi.cast("const float *", x.data_ptr())
+    mp = _ptr("const float *", mids_c)
+    xp = _ptr("const float *", x)
     if out.dtype == torch.uint8:
         fn, ctype = lib.mvc_assign_f32_u8, "uint8_t *"
     else:
         fn, ctype = lib.mvc_assign_f32_i16, "int16_t *"
-    op = ffi.cast(ctype, out.data_ptr())
+    op = _ptr(ctype, out)
     rcs: list[tuple[int, int]] = []
     if stats is None:
         def chunk(a: int, b: int) -> None:
@@ -158,8 +168,8 @@ def assign_into(x: torch.Tensor, mids: torch.Tensor, out: torch.Tensor,
         n_table = tab.numel()
         sums = np.zeros((nblocks, 6), dtype=np.float64)
         counts = np.zeros((nblocks, n_table), dtype=np.int64)
-        tp = ffi.cast("const float *", tab.data_ptr())
-        wp = ffi.cast("const float *", w.data_ptr()) if w is not None else ffi.NULL
+        tp = _ptr("const float *", tab)
+        wp = _ptr("const float *", w) if w is not None else ffi.NULL
 
         def blocks(b0: int, b1: int) -> None:
             for b in range(b0, b1):
@@ -190,9 +200,9 @@ def gather_level(levels: torch.Tensor, level: int, src: torch.Tensor, count: int
     out = torch.empty(count, dtype=src.dtype)
     fn, ctype = ((lib.mvc_gather_level_u8, "const uint8_t *") if levels.dtype == torch.uint8
                  else (lib.mvc_gather_level_i16, "const int16_t *"))
-    got = fn(ffi.cast(ctype, levels.data_ptr()), levels.numel(), level,
-             ffi.cast("const void *", src.data_ptr()), src.element_size(),
-             ffi.cast("void *", out.data_ptr()) if count else ffi.NULL, count)
+    got = fn(_ptr(ctype, levels), levels.numel(), level,
+             _ptr("const void *", src), src.element_size(),
+             _ptr("void *", out) if count else ffi.NULL, count)
     if got != count:  # pragma: no cover - count comes from the assignment kernel
         raise InternalError(f"gathered {got} elements of level {level}, expected {count}")
     return out
@@ -214,10 +224,10 @@ def level_sums(x: torch.Tensor, levels: torch.Tensor,
     cnts = torch.zeros(nblocks, k, dtype=torch.int64)
     fn, ctype = ((lib.mvc_level_sums_u8, "const uint8_t *") if levels.dtype == torch.uint8
                  else (lib.mvc_level_sums_i16, "const int16_t *"))
-    xp = ffi.cast("const float *", x.data_ptr())
-    lp = ffi.cast(ctype, levels.data_ptr())
-    sp = ffi.cast("double *", sums.data_ptr())
-    cp = ffi.cast("int64_t *", cnts.data_ptr())
+    xp = _ptr("const float *", x)
+    lp = _ptr(ctype, levels)
+    sp = _ptr("double *", sums)
+    cp = _ptr("int64_t *", cnts)
 
     def run(b0: int, b1: int) -> None:
         for b in range(b0, b1):
@@ -243,10 +253,10 @@ def dequant(levels: torch.Tensor, table: torch.Tensor,
     fn, ctype = ((lib.mvc_dequant_u8, "const uint8_t *") if levels.dtype == torch.uint8
                  else (lib.mvc_dequant_i16, "const int16_t *"))
     prot = protected.contiguous()
-    rc = fn(ffi.cast(ctype, levels.data_ptr()), levels.numel(),
-            ffi.cast("const void *", table.data_ptr()), table.numel(), table.element_size(),
-            ffi.cast("const void *", prot.data_ptr()) if prot.numel() else ffi.NULL,
-            prot.numel(), ffi.cast("void *", out.data_ptr()) if out.numel() else ffi.NULL)
+    rc = fn(_ptr(ctype, levels), levels.numel(),
+            _ptr("const void *", table), table.numel(), table.element_size(),
+            _ptr("const void *", prot) if prot.numel() else ffi.NULL,
+            prot.numel(), _ptr("void *", out) if out.numel() else ffi.NULL)
     return out if rc == 0 else None
 
 
@@ -265,11 +275,11 @@ def qerr_sums(x: torch.Tensor, levels: torch.Tensor, table: torch.Tensor,
     sums = np.zeros((nblocks, 6), dtype=np.float64)
     fn, ctype = ((lib.mvc_qerr_sums_u8, "const uint8_t *") if levels.dtype == torch.uint8
                  else (lib.mvc_qerr_sums_i16, "const int16_t *"))
-    xp = ffi.cast("const float *", x.data_ptr())
-    lp = ffi.cast(ctype, levels.data_ptr())
+    xp = _ptr("const float *", x)
+    lp = _ptr(ctype, levels)
     tab = table.contiguous()
-    tp = ffi.cast("const float *", tab.data_ptr())
-    wp = ffi.cast("const float *", w.data_ptr()) if w is not None else ffi.NULL
+    tp = _ptr("const float *", tab)
+    wp = _ptr("const float *", w) if w is not None else ffi.NULL
     sp = ffi.cast("double *", sums.ctypes.data)
     bad: list[int] = []
 
@@ -292,8 +302,8 @@ def moment_clamp(m: torch.Tensor, v: torch.Tensor, bound: float) -> None:
     ffi, lib = _lib()
     if m.numel() != v.numel():
         raise InternalError("moment_clamp: m and v differ in size")
-    mp = ffi.cast("float *", m.data_ptr())
-    vp = ffi.cast("const float *", v.data_ptr())
+    mp = _ptr("float *", m)
+    vp = _ptr("const float *", v)
 
     def run(a: int, b: int) -> None:
         if lib.mvc_moment_clamp_f32(mp + a, vp + a, b - a, bound) < 0:
@@ -306,8 +316,8 @@ def ratio_max(m: torch.Tensor, v: torch.Tensor) -> float:
     """max |m| / sqrt(v) over v > 0 (float32, as torch computes it) of contiguous CPU
     float32 `m` and `v`; 0.0 when no v > 0."""
     ffi, lib = _lib()
-    mp = ffi.cast("const float *", m.data_ptr())
-    vp = ffi.cast("const float *", v.data_ptr())
+    mp = _ptr("const float *", m)
+    vp = _ptr("const float *", v)
     best: list[float] = []
 
     def run(a: int, b: int) -> None:
@@ -336,7 +346,7 @@ def level_census(levels: torch.Tensor, n_levels: int) -> torch.Tensor | None:
     # The groups' count (native/groups.h, the delta coder's Alg. 5 pass) is this census:
     # int16 levels read as uint16, so a negative one is out of range too.
     width = levels.element_size()
-    lp = ffi.cast("const uint8_t *", levels.data_ptr())
+    lp = _ptr("const uint8_t *", levels)
     parts: list[np.ndarray] = []
     bad: list[int] = []
 
@@ -357,7 +367,7 @@ def level_census(levels: torch.Tensor, n_levels: int) -> torch.Tensor | None:
 def scan_f32(x: torch.Tensor) -> tuple[int, int, int, int]:
     """(non-finite, < 0, == 0, > 0) counts of contiguous CPU float32 `x` (native/qerr.h)."""
     ffi, lib = _lib()
-    xp = ffi.cast("const float *", x.data_ptr())
+    xp = _ptr("const float *", x)
     parts: list[np.ndarray] = []
 
     def run(a: int, b: int) -> None:
@@ -380,7 +390,7 @@ def _positive_spans(v: torch.Tensor) -> tuple[list[tuple[int, int, int, int]], i
     threads = max(1, min(torch.get_num_threads(), n // MIN_CHUNK))
     step = max(1, -(-n // threads))
     spans = [(s, min(n, s + step)) for s in range(0, n, step)]
-    vp = ffi.cast("const float *", v.data_ptr())
+    vp = _ptr("const float *", v)
     counts = np.zeros((len(spans), 4), dtype=np.int64)
 
     def count(i: int) -> None:
@@ -411,8 +421,8 @@ def log_positive(v: torch.Tensor) -> torch.Tensor:
     ffi, lib = _lib()
     spans, total = _positive_spans(v)
     out = torch.empty(total, dtype=torch.float32)
-    vp = ffi.cast("const float *", v.data_ptr())
-    op = ffi.cast("float *", out.data_ptr())
+    vp = _ptr("const float *", v)
+    op = _ptr("float *", out)
 
     def run(i: int) -> None:
         a, b, off, cnt = spans[i]
@@ -433,9 +443,9 @@ def expand_positive(v: torch.Tensor, sub: torch.Tensor, fill: int) -> torch.Tens
     out = torch.empty(v.numel(), dtype=sub.dtype)
     fn, ctype = ((lib.mvc_expand_positive_u8, "uint8_t *") if sub.dtype == torch.uint8
                  else (lib.mvc_expand_positive_i16, "int16_t *"))
-    vp = ffi.cast("const float *", v.data_ptr())
-    sp = ffi.cast(ctype, sub.data_ptr())
-    op = ffi.cast(ctype, out.data_ptr())
+    vp = _ptr("const float *", v)
+    sp = _ptr(ctype, sub)
+    op = _ptr(ctype, out)
 
     def run(i: int) -> None:
         a, b, off, cnt = spans[i]
@@ -450,7 +460,7 @@ def _moment_args(wlev: torch.Tensor | None) -> tuple[Any, int]:
     ffi, _ = _lib()
     if wlev is None:
         return ffi.NULL, 1
-    return ffi.cast("const void *", wlev.data_ptr()), wlev.element_size()
+    return _ptr("const void *", wlev), wlev.element_size()
 
 
 def compact_moment(m: torch.Tensor, wlev: torch.Tensor | None, wpruned: int
@@ -463,7 +473,7 @@ def compact_moment(m: torch.Tensor, wlev: torch.Tensor | None, wpruned: int
     threads = max(1, min(torch.get_num_threads(), n // MIN_CHUNK))
     step = max(1, -(-n // threads))
     bounds = [(s, min(n, s + step)) for s in range(0, n, step)]
-    mp = ffi.cast("const float *", m.data_ptr())
+    mp = _ptr("const float *", m)
     wp, ws = _moment_args(wlev)
     wsz = wlev.element_size() if wlev is not None else 0
     counts = [0] * len(bounds)
@@ -481,7 +491,7 @@ def compact_moment(m: torch.Tensor, wlev: torch.Tensor | None, wpruned: int
         spans.append((a, b, off, c))
         off += c
     out = torch.empty(off, dtype=torch.float32)
-    op = ffi.cast("float *", out.data_ptr())
+    op = _ptr("float *", out)
 
     def run(i: int) -> None:
         a, b, o, c = spans[i]
@@ -504,11 +514,11 @@ def expand_moment(m: torch.Tensor, wlev: torch.Tensor | None, wpruned: int,
     out = torch.empty(m.numel(), dtype=sub.dtype)
     fn, ctype = ((lib.mvc_expand_moment_u8, "uint8_t *") if sub.dtype == torch.uint8
                  else (lib.mvc_expand_moment_i16, "int16_t *"))
-    mp = ffi.cast("const float *", m.data_ptr())
+    mp = _ptr("const float *", m)
     wp, ws = _moment_args(wlev)
     wsz = wlev.element_size() if wlev is not None else 0
-    sp = ffi.cast(ctype, sub.data_ptr())
-    op = ffi.cast(ctype, out.data_ptr())
+    sp = _ptr(ctype, sub)
+    op = _ptr(ctype, out)
 
     def run(i: int) -> None:
         a, b, o, c = spans[i]

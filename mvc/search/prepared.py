@@ -35,7 +35,8 @@ class Prepared:
                  policy: QuantPolicy, alpha: float,
                  hessians: Hessians | None = None) -> None:
         self.tensors = tensors
-        self.grads = grads
+        self.grads = _beside(grads, tensors)
+        grads = self.grads
         self.sketches: dict[str, LogSketch] = {}
         self.sens_sketches: dict[str, LogSketch] = {}
         self.groups: dict[str, list[str]] = {}
@@ -219,3 +220,14 @@ def _bits(qmap: Mapping[str, QuantizedTensor | None]) -> float:
         n += q.levels.numel()
     return total_bits / n if n else 0.0
 
+
+def _beside(grads: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor]
+            ) -> Mapping[str, torch.Tensor]:
+    """`grads` with each gradient that sits on an accelerator other than its tensor's moved to
+    the tensor's device (a host state committed with a GPU run's gradients: the native kernels
+    read host memory). A host gradient of a device tensor stays where it is: the batched passes
+    upload it a chunk at a time, where a whole copy would be the weights' size again on the
+    device."""
+    moved = {n: g.to(tensors[n].device) for n, g in grads.items()
+             if n in tensors and g.device != tensors[n].device and g.device.type != "cpu"}
+    return {**grads, **moved} if moved else grads
