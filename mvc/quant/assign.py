@@ -83,6 +83,11 @@ def level_means(x: torch.Tensor, levels: torch.Tensor, k: int) -> tuple[torch.Te
     (blocks sized from n alone), so results are reproducible to the bit.
     """
     flat = levels.reshape(-1)
+    if x.device.type != "cpu" or flat.device.type != "cpu":
+        # Only a degenerate tensor's exact means come here (rare): on the host they are the
+        # host path's bits, where a device's weighted bincount adds float64 atomically, in no
+        # fixed order (and raises under torch.use_deterministic_algorithms on CUDA).
+        x, flat = x.cpu(), flat.cpu()
     if native_ok(x, flat.dtype):
         return level_sums(x.contiguous(), flat.contiguous(), k)
     lv = flat.to(torch.int64)

@@ -239,6 +239,10 @@ class GroupData:
         self.grads = [_flat(j.grad) for j in jobs]
         self.weights = [_flat(j.weight) for j in jobs]
         self.weighted = any(w is not None for w in self.weights)
+        # A proxy search's error-sum weights are the gradients the rules read: where every job's
+        # are the same tensor, a chunk reads them once (from the host, for a GPU run's).
+        self.weights_are_grads = all(j.weight is j.grad for j in jobs)
+        self._grad_chunk: tuple[Chunk, torch.Tensor] | None = None
         self.pruned = [_flat(j.pruned_by) for j in jobs]
         self.pruned_levels = None if all(p is None for p in self.pruned) else upload(
             torch.tensor([j.pruned_level if j.pruned_by is not None else -1 for j in jobs],
@@ -264,11 +268,20 @@ class GroupData:
     def sensitivity(self, c: Chunk, xs: torch.Tensor) -> torch.Tensor:
         """|g w| of the chunk's elements (0 where a job has no gradient: none of its rules
         read it)."""
-        return sensitivity_values(xs, flat_values(self.grads, c))
+        g = flat_values(self.grads, c)
+        if self.weighted and self.weights_are_grads:
+            self._grad_chunk = (c, g)   # for `abs_weights`, the chunk's last read of them
+        return sensitivity_values(xs, g)
+
+    def weight_values(self, c: Chunk) -> torch.Tensor:
+        """The error-sum weights of the chunk's elements (0 where a job has none): the
+        gradients `sensitivity` read for this chunk where they are the same."""
+        kept, self._grad_chunk = self._grad_chunk, None
+        return kept[1] if kept is not None and kept[0] is c else flat_values(self.weights, c)
 
     def abs_weights(self, c: Chunk) -> torch.Tensor:
         """|w| of the chunk's elements in float64 (0 where a job has no weights)."""
-        return flat_values(self.weights, c).to(torch.float64).abs_()
+        return self.weight_values(c).to(torch.float64).abs_()
 
 
 def _flat(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -494,8 +507,8 @@ def _triton_chunk(tri: triton_assign.Tables, data: GroupData, c: Chunk, out: tor
     """Chunk `c` by the Triton kernel (`mvc.quant.triton_assign`); False, with a warning and
     nothing written, where it fails to compile or launch (the caller takes the torch path)."""
     raw, xs, drop = data.values(c)
-    w = flat_values(data.weights, c) if data.weighted else None
     sens = data.sensitivity(c, xs) if needs_sens else None
+    w = data.weight_values(c) if data.weighted else None
     try:
         triton_assign.assign_chunk(tri, c.pieces, c.jobs, raw, xs, drop, w,
                                    data.domain == "log", out, acc, counts, sens)

@@ -133,8 +133,12 @@ def float_keys(x: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """`t` on `device`: itself when it is there (a gradient or a weight's levels may live
-    elsewhere than the tensors they go with)."""
-    return t if t.device == device else t.to(device)
+    elsewhere than the tensors they go with). A host slice goes up through `upload`: a plain
+    copy from pageable memory would wait for the stream, once per chunk (a GPU run's gradients
+    are kept on the host: `mvc.integrations.grad_ema`)."""
+    if t.device == device:
+        return t
+    return upload(t, device) if t.device.type == "cpu" else t.to(device)
 
 
 def count_into(counts: torch.Tensor, keys: torch.Tensor, lo: int = 0, hi: int | None = None) -> torch.Tensor:
@@ -170,11 +174,12 @@ def select_where(values: torch.Tensor, mask: torch.Tensor, n: int) -> torch.Tens
 
 
 def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host tensor `t` (a small table) on `device` without the host waiting: to a CUDA device
-    from pinned memory, asynchronously. A plain copy from pageable memory synchronises the
-    stream (`cudaMemcpy` and a stream sync), which once per table per chunk is a wait per
-    chunk; the pinned block is not reused before the copy is done (torch's host allocator
-    records the copy)."""
+    """Host tensor `t` (a small table, or a chunk's slice of a host tensor) on `device` without
+    the host waiting: to a CUDA device from pinned memory, asynchronously. A plain copy from
+    pageable memory synchronises the stream (`cudaMemcpy` and a stream sync), which once per
+    table per chunk is a wait per chunk; the pinned block is not reused before the copy is done
+    (torch's host allocator records the copy), and the host's copy into it is slower than the
+    device's out of it, so few blocks are in flight at once."""
     if device.type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)

@@ -219,6 +219,47 @@ def test_a_groups_synchronisations_do_not_grow_with_its_tensors(rules):
     assert one_by_one[0].ops >= 10 * one_by_one[1].ops
 
 
+def test_a_chunk_reads_gradients_that_are_its_error_weights_once(monkeypatch):
+    # A proxy search's error-sum weights are the gradients its sensitivity rules read (the same
+    # tensor): a chunk reads them once. A GPU run keeps its gradients on the host
+    # (mvc.integrations.grad_ema), so each read is a copy up to the device.
+    import mvc.quant.batched as batched
+
+    reads = []
+    real = batched.flat_values
+    monkeypatch.setattr(batched, "flat_values", lambda *a, **k: reads.append(1) or real(*a, **k))
+    ts = _tensors()[:3]
+    grads = [torch.randn(t.shape, generator=torch.Generator().manual_seed(i))
+             for i, t in enumerate(ts)]
+    rules = dict(prune=0.25, metric="sensitivity", protect=0.01, sens=True)
+    shared = [j for j, _ in _jobs(ts, grads, rules)]
+    apart = [GroupJob(j.tensor, j.sketch, j.thr, grad=j.grad, weight=j.weight.clone())
+             for j in shared]
+    n_chunks = -(-sum(t.numel() for t in ts) // 4099)
+    got = {}
+    for name, jobs in (("shared", shared), ("apart", apart)):
+        reads.clear()
+        with device_path():
+            got[name] = quantize_group(jobs, 16, seed=5, chunk=4099)
+        got[name + " reads"] = len(reads)
+    assert got["apart reads"] - got["shared reads"] == n_chunks
+    for a, b in zip(got["shared"], got["apart"], strict=True):
+        assert _same(a.q, b.q) and a.sums == b.sums and np.array_equal(a.counts, b.counts)
+
+
+def test_a_host_slice_goes_to_a_cuda_device_without_a_wait(monkeypatch):
+    # A plain copy from pageable host memory synchronises the stream (once per chunk for a GPU
+    # run's host gradients); `upload` goes through pinned memory, asynchronously.
+    import mvc.quant.device_chunks as dc
+
+    sent = []
+    monkeypatch.setattr(dc, "upload", lambda t, device: sent.append((t, device)) or t)
+    t = torch.arange(10.0)
+    assert dc.to_device(t, torch.device("cpu")) is t and not sent
+    dc.to_device(t[2:5], torch.device("cuda", 0))
+    assert len(sent) == 1 and torch.equal(sent[0][0], t[2:5]) and sent[0][1].type == "cuda"
+
+
 # ----------------------------------------------------------------------------- on a real GPU
 @cuda
 def test_cuda_group_is_the_host_group():  # pragma: no cover - no GPU in CI
@@ -254,3 +295,46 @@ def test_cuda_group_synchronises_a_fixed_number_of_times():  # pragma: no cover 
     # `nonzero_static`: no wait per tensor, or 64 tensors would wait more than 4); the
     # sketches' counts
     assert many == few and few <= 6, (few, many)
+
+
+@cuda
+def test_cuda_group_with_host_gradients_is_the_host_group_without_waits_per_chunk(
+        ):  # pragma: no cover - no GPU in CI
+    # the Tracker's and the Lightning callback's gradients are host tensors (their EMA) beside a
+    # CUDA state: the same levels and sums, and no synchronisation per chunk for their copies
+    def run(n: int) -> tuple[list, int]:
+        g = torch.Generator().manual_seed(0)
+        host = [torch.randn((1 << 20) // n, generator=g) for _ in range(n)]
+        grads = [torch.randn(t.shape, generator=g) for t in host]
+        jobs = [j for j, _ in _jobs(host, grads, dict(prune=0.2, protect=0.01, sens=True))]
+        dev = [GroupJob(j.tensor.cuda(), j.sketch, j.thr, grad=j.grad, weight=j.weight)
+               for j in jobs]
+        with device_path():
+            ref = quantize_group(jobs, 16, seed=5, chunk=1 << 16)
+        got: list = []
+        syncs = cuda_syncs(lambda: got.extend(quantize_group(dev, 16, seed=5, chunk=1 << 16)))
+        for h, d in zip(ref, got, strict=True):
+            assert _same(h.q, d.q.to("cpu")) and np.array_equal(h.counts, d.counts)
+            assert d.sums == pytest.approx(h.sums, rel=1e-12)
+        return got, syncs
+
+    (_, few), (_, many) = run(4), run(64)
+    assert many == few <= 4, (few, many)   # 16 chunks either way: none waits
+
+
+@cuda
+def test_cuda_degenerate_tensor_is_the_host_one_under_deterministic_algorithms(
+        ):  # pragma: no cover - no GPU in CI
+    # no more distinct values than bins (a zero-initialised LoRA-B, a constant): left out of the
+    # batched pass, its levels' exact means are taken where CUDA's weighted bincount (float64
+    # atomics) would raise under deterministic algorithms; the host path's bits
+    ts = [torch.tensor([0.5, 0.5, -1.0] * 1000), torch.zeros(4096)]
+    jobs = _jobs(ts, [torch.ones_like(t) for t in ts], {})
+    torch.use_deterministic_algorithms(True)
+    try:
+        for job, sens in jobs:
+            dev = GroupJob(job.tensor.cuda(), job.sketch, job.thr)
+            got = _reference(dev, sens, 16, "kmeans", False)
+            assert _same(_reference(job, sens, 16, "kmeans", False), got.to("cpu"))
+    finally:
+        torch.use_deterministic_algorithms(False)
