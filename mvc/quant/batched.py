@@ -265,12 +265,13 @@ class GroupData:
         tiny = torch.finfo(torch.float32).tiny
         return raw, log32(raw, floor=tiny if drop is not None else None), drop
 
-    def sensitivity(self, c: Chunk, xs: torch.Tensor) -> torch.Tensor:
+    def sensitivity(self, c: Chunk, xs: torch.Tensor, weights_next: bool = False) -> torch.Tensor:
         """|g w| of the chunk's elements (0 where a job has no gradient: none of its rules
-        read it)."""
+        read it); `weights_next`: the chunk's error-sum weights are read next (the assignment),
+        so gradients that are them are kept for it."""
         g = flat_values(self.grads, c)
-        if self.weighted and self.weights_are_grads:
-            self._grad_chunk = (c, g)   # for `abs_weights`, the chunk's last read of them
+        if weights_next and self.weighted and self.weights_are_grads:
+            self._grad_chunk = (c, g)   # for `weight_values`, the chunk's last read of them
         return sensitivity_values(xs, g)
 
     def weight_values(self, c: Chunk) -> torch.Tensor:
@@ -435,7 +436,7 @@ def _launch(data: GroupData, plans: list[_Plan], step: int | None,
             keyed = _key_tables(mids, ks, device)
         mid_keys, mid_off, kvec = keyed
         raw, xs, drop = data.values(c)
-        sens = data.sensitivity(c, xs) if rules.needs_sens else None
+        sens = data.sensitivity(c, xs, weights_next=True) if rules.needs_sens else None
         prune, protect = _masks(rules, xs, sens, c.seg) if rules.active else (None, None)
         del sens
         if drop is not None:  # set aside: pruned, never protected
@@ -507,7 +508,7 @@ def _triton_chunk(tri: triton_assign.Tables, data: GroupData, c: Chunk, out: tor
     """Chunk `c` by the Triton kernel (`mvc.quant.triton_assign`); False, with a warning and
     nothing written, where it fails to compile or launch (the caller takes the torch path)."""
     raw, xs, drop = data.values(c)
-    sens = data.sensitivity(c, xs) if needs_sens else None
+    sens = data.sensitivity(c, xs, weights_next=True) if needs_sens else None
     w = data.weight_values(c) if data.weighted else None
     try:
         triton_assign.assign_chunk(tri, c.pieces, c.jobs, raw, xs, drop, w,
