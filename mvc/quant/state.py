@@ -47,6 +47,23 @@ def _group_thresholds(names: list[str], sketches: dict[str, LogSketch],
     return thresholds(mag, sens, prune=lq.prune, prune_metric=lq.prune_metric, protect=lq.protect)
 
 
+def check_sensitivity_grads(tensors: Mapping[str, torch.Tensor], config: QuantConfig,
+                            policy: QuantPolicy, grads: Mapping[str, torch.Tensor] | None
+                            ) -> None:
+    """Raise `QuantConfigError` naming the first tensor `config` prunes by sensitivity that
+    has no gradient in `grads` (what `quantize_state` raises), before any work."""
+    for name, t in tensors.items():
+        if not policy.should_quantize(name, t):
+            continue
+        ltype = layer_type(name, t.shape)
+        lq = config.for_layer_type(ltype)
+        if lq.prune > 0 and lq.prune_metric == "sensitivity" and name not in (grads or {}):
+            raise QuantConfigError(
+                f"prune_metric='sensitivity' for {ltype} tensors needs a gradient for {name!r}"
+                if grads else
+                f"prune_metric='sensitivity' for {ltype} tensors needs gradients (grads=None)")
+
+
 def quantize_state(tensors: Mapping[str, torch.Tensor], config: QuantConfig,
                    policy: QuantPolicy | None = None,
                    grads: Mapping[str, torch.Tensor] | None = None, seed: int = 0, *,

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from mvc.quant import QuantizedTensor
-from mvc.quant.error import relative_error
+from mvc.quant.error import cached_error_sums, relative_error
 from mvc.quant.optimizer import moment_error_sums
 from mvc.search.fidelity import FidelityJudge, FidelityOutputs
 from mvc.search.gate import (
@@ -32,7 +32,6 @@ from mvc.search.gate import (
     PerExampleJudge,
     as_measurement,
     mirror_candidate,
-    tensor_distortion,
 )
 
 Judge = MetricJudge | PerExampleJudge | FidelityJudge
@@ -66,7 +65,9 @@ def distortions(tensors: Mapping[str, torch.Tensor],
         q = qmap[name]
         if q is None:
             continue
-        d = tensor_distortion(q, tensors[name].detach().reshape(-1).to(torch.float32))
+        # the sums the quantization's own pass measured, where it left them (a device's
+        # batched pass; a fresh pass, with its wait, otherwise)
+        d = relative_error(cached_error_sums(q, tensors[name]))
         if worst_name is None or d > worst:
             worst, worst_name = d, name
     return worst, worst_name

@@ -36,12 +36,15 @@ from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy, quantize_state
 from mvc.quant.feedback import apply_feedback, usable
 from mvc.quant.error import cached_error_sums, relative_error
 from mvc.quant.moment_bound import bound_meta
+from mvc.quant.state import check_sensitivity_grads
 from mvc.quant.optimizer import moment_ratio_bounds, quantize_optimizer_state, zeroed_moment
 from mvc.search.driver import default_policy
 from mvc.search.gate import DEFAULT_MIRROR
 from mvc.search.measure import DEFAULT_MOMENT_CAP, measure, moment_distortion
+from mvc.search.prepared import Prepared
 from mvc.search.record import QualityRecord
 from mvc.search.space import SearchSpace
+from mvc.search.trials import quantize_config
 
 #: The candidate's nested state from its flat tensors: what a quality function judges.
 ToState = Callable[[dict[str, torch.Tensor]], Any]
@@ -187,16 +190,28 @@ def quantize_fixed(tensors: Mapping[str, torch.Tensor], config: QuantConfig | No
     """(name -> QuantizedTensor or None, quality record) for one config; with
     `config.feedback`, the tensors `hessians` names (flattened names) get error feedback."""
     assert config is not None
-    qmap = quantize_state(tensors, config, policy or _default_policy(), grads,
-                          nonfinite="lossless", init=init)
-    if config.feedback and hessians:
-        qmap = apply_feedback(qmap, tensors, hessians)
+    policy = policy or _default_policy()
     err = ref = 0.0
-    for name, q in qmap.items():
-        if q is not None:
-            w = tensors[name].detach()
-            err += float(torch.linalg.vector_norm((q.dequantize() - w).float())) ** 2
-            ref += float(torch.linalg.vector_norm(w.float())) ** 2
+    if config.feedback and hessians:
+        qmap = apply_feedback(quantize_state(tensors, config, policy, grads,
+                                             nonfinite="lossless", init=init),
+                              tensors, hessians)
+        for name, q in qmap.items():
+            if q is not None:
+                w = tensors[name].detach()
+                err += float(torch.linalg.vector_norm((q.dequantize() - w).float())) ** 2
+                ref += float(torch.linalg.vector_norm(w.float())) ** 2
+    else:
+        # A search's one trial: on a device, each layer type's tensors in one batched pass
+        # with one wait (`quantize_state` goes tensor by tensor, waiting several times for
+        # each), and the error from the sums that pass measured, not from a restored copy.
+        check_sensitivity_grads(tensors, config, policy, grads)
+        source = Prepared(tensors, grads or {}, policy, config.alpha)
+        qmap, _ = quantize_config(source, config, seed=0, init=init or {}, weigh=False)
+        for name, q in qmap.items():
+            if q is not None:
+                sums = cached_error_sums(q, tensors[name])
+                err, ref = err + sums[0], ref + sums[1]
     rel = (err / ref) ** 0.5 if ref > 0 else 0.0
     # No gate chose a fixed config: `gate_fixed` measures it (worst tensor, quality).
     quality = QualityRecord(metric="rel_l2_weights", value=rel, baseline=0.0, bound=None,

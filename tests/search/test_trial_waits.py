@@ -70,6 +70,24 @@ def test_a_trial_takes_the_same_quantizations_as_one_pass_at_a_time(monkeypatch)
         assert cached_error_sums(q, tensors[name]) == cached_error_sums(r, tensors[name])
 
 
+def test_a_fixed_config_commit_waits_as_often_for_many_tensors_as_for_one():
+    # `Repo.commit(quant=...)` / commit.mode=fixed: a search's one trial (sketches, the batched
+    # passes, the error from the passes' own sums), not a pass and several waits per tensor
+    from mvc.search.plan import Quantization, plan_quantization
+
+    def plan(tensors: dict[str, torch.Tensor]) -> SyncCounter:
+        how = Quantization(mode="fixed", config=QuantConfig(bins=16, prune=0.1, protect=0.01))
+        with device_path(), SyncCounter(device=list(tensors.values())) as counter:
+            plan_quantization(tensors, how, to_state=lambda d: d)
+        return counter
+
+    # the same layer types, 3 tensors or 9: the same synchronisations (the sketches' counts,
+    # each pass's counts and sums), of which two wait (the sketches; the trial)
+    few, many = plan(_tensors(1)), plan(_tensors(4))
+    assert many.syncs == few.syncs, (few.kinds, many.kinds)
+    assert many.waits == few.waits == 2
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_trial_is_the_host_trial():  # pragma: no cover - no GPU in CI
     """Every layer type's pass enqueued on a real stream before any is read back: the same
