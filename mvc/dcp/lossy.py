@@ -45,7 +45,7 @@ import torch.distributed as dist
 from mvc.errors import MvcError, MvcWarning
 from mvc.quant import LogSketch, QuantConfig, QuantizedTensor, QuantPolicy, quantize_prepared
 from mvc.quant.uniform import DEFAULT_FAMILY, FAMILIES, grid_size
-from mvc.quant.error import level_histogram
+from mvc.quant.error import cached_error_sums, level_histogram
 from mvc.quant.errors import NonFiniteTensorError
 from mvc.layer_types import layer_type
 from mvc.quant.partition import Thresholds, thresholds
@@ -380,11 +380,10 @@ class ShardedTrials:
 
 
 def _shard_sums(q: QuantizedTensor, t: torch.Tensor) -> _ShardSums:
-    w = t.detach().reshape(-1).to(torch.float64)
-    err = q.dequantize().reshape(-1).to(torch.float64) - w
-    e2, w2 = err.square(), w.square()
-    return _ShardSums(float((w.abs() * e2).sum()), float((w.abs() * w2).sum()),
-                      float(e2.sum()), float(w2.sum()), level_histogram(q),
+    # one pass over the levels (native on the host; chunked, one wait, on a device), as a
+    # whole-state search measures: no dequantized copy and four float64 copies of the shard
+    e2, w2, wnum, wden = cached_error_sums(q, t)[:4]
+    return _ShardSums(wnum, wden, e2, w2, level_histogram(q),
                       q.protected.numel() * q.protected.element_size() * 8)
 
 
