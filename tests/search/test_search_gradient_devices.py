@@ -57,6 +57,16 @@ def _snapshot(tmp_path, name: str, device: str, grad_device: str) -> str:
         repo.close()
 
 
+def test_the_device_path_with_gradients_stores_the_native_snapshot(tmp_path):
+    # the batched passes read gradients for sensitivity rules and a proxy's error weights
+    # (once a chunk where they are the same tensor): the same choices and chunks as the host
+    from mvc.quant.backend import device_path
+
+    native = _snapshot(tmp_path, "native", "cpu", "cpu")
+    with device_path():
+        assert _snapshot(tmp_path, "device", "cpu", "cpu") == native
+
+
 @cuda
 @pytest.mark.parametrize("state_on, grads_on", [("cpu", "cuda"), ("cuda", "cpu")])
 def test_cuda_gradients_elsewhere_store_what_the_host_stores(tmp_path, state_on, grads_on
