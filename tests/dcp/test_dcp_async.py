@@ -127,6 +127,37 @@ def test_one_process_future_gives_the_commit_and_typed_errors(tmp_path):
         async_save(s, MvcStorageWriter(tmp_path / "none", message="b")).result()
 
 
+def test_an_asynchronous_stager_has_copied_the_state_when_async_save_returns(tmp_path):
+    # DCP's asynchronous staging (a GPU's zero-overhead path: DefaultStager with
+    # use_async_staging) returns before the copy is done; the training loop's next step must not
+    # reach the checkpoint. This stager copies on a thread, late on purpose.
+    import copy
+    import threading
+    import time
+    from concurrent.futures import Future
+
+    from torch.distributed.checkpoint.staging import AsyncStager
+
+    class LateStager(AsyncStager):
+        def stage(self, state_dict):
+            staged: Future = Future()
+
+            def copy_late() -> None:
+                time.sleep(0.3)
+                staged.set_result(copy.deepcopy(state_dict))
+            threading.Thread(target=copy_late, daemon=True).start()
+            return staged
+
+    Repo.init(tmp_path / "repo").close()
+    state = {"w": torch.zeros(1000)}
+    fut = async_save(state, MvcStorageWriter(tmp_path / "repo", message="m", lossless=True),
+                     async_stager=LateStager(), no_dist=True)
+    state["w"].add_(1.0)   # the optimizer step right after async_save returned
+    cid = fut.result()
+    with Repo(tmp_path / "repo") as repo:
+        assert torch.equal(repo.read_state(cid)["w"], torch.zeros(1000))
+
+
 def test_a_failure_after_the_commit_landed_is_published_error():
     w = MvcStorageWriter("unused", message="x")
     w.commit_id = "c" * 32
