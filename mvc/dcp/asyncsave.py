@@ -51,7 +51,6 @@ def async_save(state: dict[str, Any], writer: MvcStorageWriter, *, process_group
         process_group = writer.process_group
     writer.process_group = process_group
     got = dcp.async_save(state, storage_writer=writer, process_group=process_group, **dcp_kwargs)
-    upload = got
     if isinstance(got, AsyncSaveResponse):
         # An asynchronous stager (DefaultStager(use_async_staging=True): GPU state copied to the
         # host in the background) returns before the copy is done: the loop's next step would
@@ -61,6 +60,8 @@ def async_save(state: dict[str, Any], writer: MvcStorageWriter, *, process_group
         except BaseException as exc:  # noqa: BLE001 - DCP's errors are BaseExceptions too
             raise typed_error(exc, writer) from exc
         upload = got.upload_completion
+    else:
+        upload = got
     out: Future[str | None] = Future()
 
     def done(fut: Future) -> None:
