@@ -177,7 +177,7 @@ def serve_call(msg: tuple[Any, ...], fds: list[int], calls: Mapping[str, Callabl
     clean = maps.close()
     arena = SharedArena()
     try:
-        out = clone_to_cpu(_portable(value), allocate=arena.allocate)
+        out = _portable(value, arena.allocate)
         answer = pickle.dumps(("value", arena.sizes, arena.dumps(out), clean))
     except Exception as exc:
         arena.release()
@@ -200,11 +200,16 @@ class _GateOutputs:
     spec: tuple[str, float, float | None]
 
 
-def _portable(value: Any) -> Any:
+def _portable(value: Any, allocate: Callable[..., Any]) -> Any:
+    """`value` as it crosses to the commit process: its tensors copied to the host, into
+    `allocate`'s shared memory; a fidelity gate's outputs (a GPU model's logits, on the GPU)
+    copied so too, where a dataclass holding them would be pickled whole, device and all, and
+    the commit process (no CUDA) could not load it."""
     if isinstance(value, FidelityOutputs):
         g = value.gate
-        return _GateOutputs(value.outputs, id(g), (g.metric, g.threshold, g.confidence))
-    return value
+        return _GateOutputs(clone_to_cpu(value.outputs, allocate=allocate), id(g),
+                            (g.metric, g.threshold, g.confidence))
+    return clone_to_cpu(value, allocate=allocate)
 
 
 def _judges_only(subject: Any, inputs: Any) -> Any:

@@ -131,6 +131,26 @@ def test_a_fidelity_gate_judges_in_the_child_and_its_hessians_cross(tmp_path, da
     assert ca.quality == cb.quality and ca.quality["gate"] == "fidelity"
 
 
+def test_a_fidelity_gates_outputs_cross_as_host_copies_in_shared_memory():
+    # A GPU model's gate outputs are CUDA tensors: held in a dataclass, they were pickled whole
+    # (device and all), which the commit process (no CUDA) cannot load. They are copied to the
+    # host, into the call's shared memory, as any other value's tensors.
+    from mvc.integrations.parent_calls import _portable
+    from mvc.search.fidelity import FidelityOutputs
+
+    gate = from_module(torch.nn.Linear(3, 4), torch.randn(5, 3), metric="kl", threshold=0.01)
+    outputs = {"logits": torch.randn(5, 4)}
+    arena = shared_copy.SharedArena()
+    try:
+        sent = _portable(FidelityOutputs(outputs, gate), arena.allocate)
+        assert arena.sizes, "the outputs were not copied into shared memory"
+        assert sent.outputs["logits"] is not outputs["logits"]
+        assert torch.equal(sent.outputs["logits"], outputs["logits"])
+        assert sent.gate == id(gate) and sent.spec == ("kl", 0.01, gate.confidence)
+    finally:
+        arena.release()
+
+
 def test_only_the_kept_part_of_a_candidate_crosses(tmp_path):
     repo = Repo.init(tmp_path / "r")
     proc = CommitProcess(repo.path)
