@@ -78,6 +78,7 @@ from mvc.integrations.host_copy import clone_to_cpu as clone_to_cpu
 from mvc.integrations.shared_copy import supported as processes_supported
 from mvc.native.parallel import lower_this_thread
 from mvc.quant import QuantConfig, QuantPolicy
+from mvc.repo.objects import check_metrics
 from mvc.repo.repository import Repo
 from mvc.search import SearchSpace, serve_trials
 from mvc.search.parallel import Ranks
@@ -196,6 +197,9 @@ class Tracker:
         """Commit the current model / optimizer / extra state; returns the commit id, or a
         Future of it with background=True (the call then blocks only for the CPU copy)."""
         self._raise_pending()
+        # as floats now: a bad one is the caller's error at the call, and a GPU scalar (a CUDA
+        # loss) would cross to a background commit process whole, which cannot load it
+        metrics = check_metrics(metrics)
         if not background:
             self.wait()
         t0 = time.perf_counter()

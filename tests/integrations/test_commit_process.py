@@ -195,3 +195,20 @@ def test_the_child_commits_to_the_branch_the_training_process_switched_to(tmp_pa
     assert repo.resolve("exp") == on_exp and repo.read_commit(on_exp).parents == [on_main]
     assert repo.resolve("main") == again and repo.read_commit(again).parents == [on_main]
     assert torch.equal(repo.checkout(on_exp)["model"]["weight"], model.weight.detach())
+
+
+def test_metrics_are_floats_at_the_call_and_a_bad_one_fails_it(tmp_path):
+    # a GPU loss (a CUDA scalar) would cross to the commit process whole, which cannot load
+    # it: metrics are floats before anything crosses, and a bad one is the caller's error now
+    from mvc.errors import UsageError
+
+    repo = Repo.init(tmp_path / "r")
+    tr = Tracker(repo, mlp(), background_process=True)
+    try:
+        with pytest.raises(UsageError, match="loss"):
+            tr.commit("nan", metrics={"loss": torch.tensor(float("nan"))}, background=True)
+        cid = tr.commit("ok", metrics={"loss": torch.tensor(0.5)}, background=True).result()
+        assert tr.background_in_process
+        assert repo.read_commit(cid).metrics == {"loss": 0.5}
+    finally:
+        tr.close()
