@@ -63,6 +63,8 @@ class GradientEMA:
         self._slabs: list[torch.Tensor] = []
         self._layout: dict[str, tuple[torch.Size, list[Piece]]] = {}
         self._pending: list[str] = []       # staged, not folded yet
+        #: Steps left out for a NaN or infinite gradient (`accumulate`).
+        self.skipped = 0
         self._events: list[Any] = []        # one per device the pending copies run on
 
     @property
@@ -71,27 +73,41 @@ class GradientEMA:
         return [n for n, _ in self._params]
 
     def accumulate(self) -> None:
-        """Fold every parameter's current gradient into the average (None / sparse: skipped)."""
+        """Fold every parameter's current gradient into the average (None / sparse: skipped).
+        A step with a NaN or infinite gradient is left out whole (`skipped` counts them): a
+        mixed-precision loss scaler's overflow step, which the optimizer skips too, would
+        otherwise stay in the average and leave every later commit's tensors unquantizable."""
         self.fold_pending()
         staged: list[tuple[str, torch.Tensor]] = []
+        here: list[tuple[str, torch.Tensor]] = []
         for name, p in self._params:
             g = p.grad
             if g is None or g.is_sparse:
                 continue
-            if _staged(g):
-                staged.append((name, g.detach()))
-            else:
-                self._fold(name, g.detach())
+            (staged if _staged(g) else here).append((name, g.detach()))
+        if here and not all(bool(torch.isfinite(g).all()) for _, g in here):
+            self.skipped += 1
+            return
+        for name, g in here:
+            self._fold(name, g)
         if staged:
             self._stage(staged)
 
     def fold_pending(self) -> None:
-        """Fold the gradients still being copied from the GPU (waits for those copies)."""
+        """Fold the gradients still being copied from the GPU (waits for those copies); a step
+        with a NaN or infinite one is left out whole, checked here on the host copies."""
         for event in self._events:
             event.synchronize()
-        for name in self._pending:
-            self._fold_staged(name)
+        if self._pending and not all(self._staged_finite(name) for name in self._pending):
+            self.skipped += 1
+        else:
+            for name in self._pending:
+                self._fold_staged(name)
         self._pending, self._events = [], []
+
+    def _staged_finite(self, name: str) -> bool:
+        return all(bool(torch.isfinite(self._slabs[slab][at:at + n]).all())
+                   for slab, at, _, n in self._layout[name][1])
 
     def take(self) -> dict[str, torch.Tensor]:
         """The average so far, by name, and a fresh start (the next commit's EMA begins empty)."""

@@ -101,3 +101,37 @@ def test_slab_size_is_checked():
     for bad in (0, -1, 2.5, True):
         with pytest.raises(GradientEMAError):
             GradientEMA(torch.nn.Linear(2, 2), slab_values=bad)
+
+
+@pytest.mark.parametrize("path", ["host", "staged"])
+def test_a_step_with_a_nonfinite_gradient_is_left_out_whole(monkeypatch, path):
+    """A mixed-precision loss scaler's overflow step (inf / NaN gradients, a step the optimizer
+    skips) stays out of the average, on the host path and on the pinned-slab path alike: in
+    it, it would make every later commit's tensors unquantizable."""
+    import mvc.integrations.grad_ema as grad_ema
+
+    if path == "staged":
+        monkeypatch.setattr(grad_ema, "_staged", lambda t: True)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    clean, spoilt = GradientEMA(model), GradientEMA(model)
+    g = torch.Generator().manual_seed(0)
+    def give(grads: list[torch.Tensor]) -> None:
+        for p, gr in zip(model.parameters(), grads):
+            p.grad = gr
+
+    for step in range(5):
+        grads = [torch.randn(p.shape, generator=g) for p in model.parameters()]
+        if step == 2:   # an extra, overflowing step for one of them: one value of one layer
+            bad = [t.clone() for t in grads]
+            bad[2][0, 0] = float("inf") if path == "host" else float("nan")
+            give(bad)
+            spoilt.accumulate()
+        give(grads)
+        clean.accumulate()
+        spoilt.accumulate()
+    want, got = clean.take(), spoilt.take()
+    assert spoilt.skipped == 1 and clean.skipped == 0
+    assert set(got) == set(want)
+    assert all(torch.isfinite(t).all() for t in got.values())
+    for k in want:
+        assert torch.allclose(got[k], want[k], rtol=1e-6, atol=0)
