@@ -34,6 +34,7 @@ import dataclasses
 import io
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -413,7 +414,23 @@ def _value_result(item: WriteItem, data: Any) -> WriteResult:
         raise DcpValueError(f"state value {item.index.fqn!r} cannot be stored safely: "
                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
                             ) from None
+    if _holds_tensor(value):
+        # DCP pickles a tuple (or another object it does not walk) whole, tensors and all; the
+        # commit's state would then hold tensors no write stored
+        raise DcpValueError(f"state value {item.index.fqn!r} is a {type(value).__name__} holding "
+                            f"tensors, which DCP saves as one pickled object: put them in a "
+                            f"list or a dict, whose tensors DCP saves as tensors")
     return WriteResult(index=item.index, size_in_bytes=size, storage_data=_Value(value))
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, Mapping):
+        return any(_holds_tensor(v) for v in value.values())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_holds_tensor(v) for v in value)
+    return False
 
 
 def _shard(item: WriteItem, data: Any, names: dict[str, str]

@@ -220,6 +220,27 @@ def test_a_save_without_epsilon_is_lossless(tmp_path):
         assert_same(repo.read_state(w.commit_id)["model"], dict(msd))
 
 
+def test_a_tuple_holding_tensors_is_refused_by_name_and_nothing_is_committed(tmp_path):
+    # DCP saves a tuple as one pickled object, tensors and all: the commit would hold tensors
+    # that no write stored (a KeyError in the writer's finish). A list's tensors are tensors.
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from mvc.dcp import DcpValueError
+
+    Repo.init(tmp_path / "repo").close()
+    w = MvcStorageWriter(tmp_path / "repo", message="m")
+    with pytest.raises(CheckpointException) as info:
+        dcp.save({"w": torch.ones(4), "pair": (torch.ones(3), 7)}, storage_writer=w, no_dist=True)
+    raised = [f[0] if isinstance(f, tuple) else f for f in info.value.failures.values()]
+    assert any(isinstance(e, DcpValueError) and "'pair'" in str(e) for e in raised), raised
+    with Repo(tmp_path / "repo") as repo:
+        assert repo.head() is None
+    ok = MvcStorageWriter(tmp_path / "repo", message="m")
+    dcp.save({"w": torch.ones(4), "pair": [torch.ones(3), 7]}, storage_writer=ok, no_dist=True)
+    with Repo(tmp_path / "repo") as repo:
+        assert torch.equal(repo.read_state(ok.commit_id)["pair"][0], torch.ones(3))
+
+
 def _rec(name: str, shape: list[int], of: str, offsets: list[int], full: list[int]
          ) -> TensorRecord:
     return TensorRecord(name, "float32", shape, "raw/1", [], 0, 0,
