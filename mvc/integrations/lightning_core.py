@@ -149,7 +149,11 @@ class CheckpointIOCore:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} does not use storage_options; got {storage_options!r}")
         target = Path(os.fspath(path))
-        pending, self.pending = self.pending, {}
+        # what MvcCallback.on_save_checkpoint gave this very checkpoint (it travels with it, to
+        # the saving thread of an AsyncCheckpointIO too); else what was set on the plugin
+        pending = checkpoint.pop(PENDING_KEY, None)
+        if pending is None:
+            pending, self.pending = self.pending, {}
         step = checkpoint.get("global_step")
         args = {"allow_empty": False, **self.commit_args, **pending}
         try:
@@ -251,6 +255,13 @@ class CallbackCore:
         if stage == "fit" and not _saves_through(trainer, self.io):
             raise LightningSetupError("the Trainer does not save through this MvcCallback's MvcCheckpointIO: "
                                       "pass it as Trainer(plugins=[io])")
+        if stage == "fit" and self.quality is not None and _saves_through(trainer, self.io) \
+                and getattr(getattr(trainer, "strategy", None), "checkpoint_io", None) is not self.io:
+            raise LightningSetupError(
+                "quality= with a checkpoint IO that saves on a thread of its own (Lightning's "
+                "AsyncCheckpointIO): the search would copy candidate weights into the live module "
+                "while training goes on, training on them and losing the updates made meanwhile. "
+                "Save synchronously, or judge by the proxy (MvcCheckpointIO(..., epsilon=0.05))")
         if self.grad_ema and stage == "fit":
             self.ema = GradientEMA(pl_module, beta=self.beta, prefix=STATE_DICT_PREFIX)
             self._grads = None
@@ -274,7 +285,15 @@ class CallbackCore:
             pending["grads"] = self._grads[1]
         if self.quality is not None:
             pending["quality"] = _evaluator(pl_module, self.quality)
-        self.io.pending = pending
+        # In the checkpoint, not on the plugin: an AsyncCheckpointIO saves on a thread of its
+        # own, where the next save's on_save_checkpoint could replace the plugin's before this
+        # save read it (the plugin pops it before it commits).
+        checkpoint[PENDING_KEY] = pending
+
+
+#: The key under which `MvcCallback.on_save_checkpoint` hands a checkpoint's commit arguments
+#: (gradients, metrics, quality function) to `MvcCheckpointIO.save_checkpoint`, which removes it.
+PENDING_KEY = "_mvc_pending"
 
 
 def _saves_through(trainer: Any, io: CheckpointIOCore) -> bool:

@@ -198,6 +198,42 @@ def test_quality_function_and_grad_ema_reach_the_commit(tmp_path):
     assert [c.step for c in log] == [4, 2, 2] and io.commits[-1][1] == io.commits[-2][1] == log[0].id
 
 
+def test_an_async_checkpoint_io_commits_each_save_with_its_own_arguments(tmp_path):
+    """Lightning's AsyncCheckpointIO saves on a thread of its own: each checkpoint carries its
+    own gradients and metrics there (not the plugin's, which the next save could replace), and
+    they are not part of the commit."""
+    ns = _namespace("lightning")
+    io = ns.mvc.MvcCheckpointIO(tmp_path / "runs", epsilon=0.05)
+    cb = ns.mvc.MvcCallback(io)
+    ckpt = ns.L.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2,
+                                          save_top_k=-1)
+    trainer = ns.L.Trainer(max_steps=6, accelerator="cpu", devices=1, logger=False,
+                           enable_progress_bar=False, enable_model_summary=False,
+                           plugins=[ns.L.plugins.AsyncCheckpointIO(io)],
+                           callbacks=[ckpt, cb], default_root_dir=tmp_path)
+    trainer.fit(ns.Digits(), _loader())
+    with Repo(tmp_path / "runs") as repo:
+        log = repo.log()
+        assert [c.step for c in log] == [6, 4, 2]
+        assert all(c.metrics and "train_loss" in c.metrics for c in log)
+        assert all(c.quant for c in log)   # lossy: the proxy, with the EMA's gradients
+        assert all("_mvc_pending" not in repo.read_state(c.id) for c in log)
+
+
+def test_a_quality_function_with_an_async_checkpoint_io_is_refused(tmp_path):
+    """The search's candidates would be copied into the live module on the saving thread while
+    training goes on (training on them, and losing the updates made meanwhile)."""
+    ns = _namespace("lightning")
+    io = ns.mvc.MvcCheckpointIO(tmp_path / "runs")
+    cb = ns.mvc.MvcCallback(io, quality=lambda module: 0.0)
+    trainer = ns.L.Trainer(max_steps=2, accelerator="cpu", devices=1, logger=False,
+                           enable_progress_bar=False, enable_model_summary=False,
+                           plugins=[ns.L.plugins.AsyncCheckpointIO(io)], callbacks=[cb],
+                           default_root_dir=tmp_path)
+    with pytest.raises(ns.mvc.LightningSetupError, match="AsyncCheckpointIO"):
+        trainer.fit(ns.Digits(), _loader())
+
+
 def test_bad_pointer_file(tmp_path):
     p = tmp_path / "bad.ckpt"
     p.write_text('{"mvc_checkpoint_pointer": 1, "repo": 3}')
