@@ -65,7 +65,7 @@ def clone_to_cpu(obj: Any, *, staging_bytes: int = STAGING_BYTES,
     gives each copy its memory (default: plain pageable memory; a background commit process
     passes shared memory it can map).
     """
-    memo: dict[int, torch.Tensor] = {}
+    memo: dict[Any, torch.Tensor] = {}
     pending: list[tuple[torch.Tensor, torch.Tensor]] = []
     result = _clone(obj, memo, pending, allocate)
     by_device: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
@@ -76,12 +76,20 @@ def clone_to_cpu(obj: Any, *, staging_bytes: int = STAGING_BYTES,
     return result
 
 
-def _clone(obj: Any, memo: dict[int, torch.Tensor],
+def _clone(obj: Any, memo: dict[Any, torch.Tensor],
            pending: list[tuple[torch.Tensor, torch.Tensor]], allocate: Allocate) -> Any:
     if isinstance(obj, torch.Tensor):
         hit = memo.get(id(obj))
         if hit is not None:
             return hit
+        # another object viewing the same values (tied weights: a state_dict detaches each
+        # name's parameter into an object of its own) gets an object of its own on the same copy,
+        # as in the live state
+        view = _view_key(obj)
+        hit = memo.get(view) if view is not None else None
+        if hit is not None:
+            memo[id(obj)] = same = hit.detach()
+            return same
         t = obj.detach()
         dst = allocate(t.shape, t.dtype)
         if dst is None and t.device.type == "cpu":
@@ -95,6 +103,8 @@ def _clone(obj: Any, memo: dict[int, torch.Tensor],
             else:
                 pending.append((t, out))
         memo[id(obj)] = out
+        if view is not None:
+            memo[view] = out
         return out
     if isinstance(obj, dict):
         result = obj.__class__()
@@ -108,6 +118,19 @@ def _clone(obj: Any, memo: dict[int, torch.Tensor],
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
         return tuple(_clone(v, memo, pending, allocate) for v in obj)
     return copy.deepcopy(obj)
+
+
+def _view_key(t: torch.Tensor) -> tuple | None:
+    """What makes two tensor objects the same values: device, storage, offset, shape, strides
+    and dtype (None where there is no storage to share: empty, sparse, quantized...)."""
+    try:
+        storage = t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None
+    if storage.nbytes() == 0 or t.layout != torch.strided or t.is_quantized:
+        return None
+    return (str(t.device), storage.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(),
+            t.dtype)
 
 
 def copy_through_staging(pairs: list[tuple[torch.Tensor, torch.Tensor]],

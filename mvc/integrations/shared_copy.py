@@ -71,6 +71,9 @@ class SharedArena:
         self._seg = -1           # the segment being filled
         self._used = 0           # bytes used in it
         self._slots: dict[int, tuple[torch.Tensor, tuple[Any, ...]]] = {}
+        # (address, shape, dtype) -> reference: another object over a tensor handed out (a tied
+        # weight's second name) crosses as a reference too, and arrives as another object
+        self._views: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     @property
     def sizes(self) -> list[int]:
@@ -106,8 +109,9 @@ class SharedArena:
         raw = torch.frombuffer(self._maps[seg], dtype=torch.uint8, count=nbytes, offset=at)
         out = raw.view(dtype).view(shape)
         self._used = at + nbytes
-        self._slots[id(out)] = (out, ("mvc-arena", seg, at, nbytes, dtype_name(dtype),
-                                      tuple(int(n) for n in shape)))
+        ref = ("mvc-arena", seg, at, nbytes, dtype_name(dtype), tuple(int(n) for n in shape))
+        self._slots[id(out)] = (out, ref)
+        self._views[(out.data_ptr(), tuple(out.shape), dtype)] = ref
         return out
 
     def _grow(self, nbytes: int) -> None:
@@ -136,6 +140,7 @@ class SharedArena:
         writes into memory already faulted in (3-4x faster than fresh pages). Only for an arena
         whose earlier tensors nobody reads any more."""
         self._slots.clear()
+        self._views.clear()
         self._seg, self._used = -1, 0
 
     def release(self) -> None:
@@ -146,25 +151,32 @@ class SharedArena:
         close_all(self._fds)
         self._fds = []
         self._slots.clear()
+        self._views.clear()
         self._maps = []
 
     def dumps(self, obj: Any) -> bytes:
         """`obj` pickled, its arena tensors as references to the shared files."""
         buf = io.BytesIO()
-        _ArenaPickler(buf, self._slots).dump(obj)
+        _ArenaPickler(buf, self._slots, self._views).dump(obj)
         return buf.getvalue()
 
 
 class _ArenaPickler(pickle.Pickler):
-    def __init__(self, file: io.BytesIO, slots: dict[int, tuple[torch.Tensor, tuple[Any, ...]]]):
+    def __init__(self, file: io.BytesIO, slots: dict[int, tuple[torch.Tensor, tuple[Any, ...]]],
+                 views: dict[tuple[Any, ...], tuple[Any, ...]]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._slots = slots
+        self._views = views
 
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
             hit = self._slots.get(id(obj))
             if hit is not None and hit[0] is obj:
                 return hit[1]
+            if obj.layout == torch.strided and obj.is_contiguous() and obj.numel():
+                ref = self._views.get((obj.data_ptr(), tuple(obj.shape), obj.dtype))
+                if ref is not None:
+                    return ("mvc-view",) + ref[1:]
         return None
 
 
@@ -210,12 +222,16 @@ class _ArenaUnpickler(pickle.Unpickler):
             if 0 not in tuple(pid[2]):
                 raise pickle.UnpicklingError(f"bad empty-tensor reference {pid!r}")
             return torch.empty(tuple(pid[2]), dtype=dtype)
-        if not (isinstance(pid, tuple) and len(pid) == 6 and pid[0] == "mvc-arena"):
+        if not (isinstance(pid, tuple) and len(pid) == 6 and pid[0] in ("mvc-arena", "mvc-view")):
             raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
         key = tuple(pid[1:])
         hit = self._memo.get(key)
-        if hit is not None:
-            return hit
+        if hit is None:
+            hit = self._memo[key] = self._view_of(pid, key)
+        # another object over the same values: a tied weight's second name, as it was sent
+        return hit.detach() if pid[0] == "mvc-view" else hit
+
+    def _view_of(self, pid: tuple[Any, ...], key: tuple[Any, ...]) -> torch.Tensor:
         seg, at, nbytes, _, shape = key
         dtype = _dtype(pid)
         if not 0 <= seg < len(self._maps):
@@ -223,9 +239,7 @@ class _ArenaUnpickler(pickle.Unpickler):
         if at < 0 or nbytes <= 0 or at + nbytes > len(self._maps[seg]):
             raise pickle.UnpicklingError(f"arena reference {pid!r} outside its shared file")
         raw = torch.frombuffer(self._maps[seg], dtype=torch.uint8, count=nbytes, offset=at)
-        out = raw.view(dtype).view(shape)
-        self._memo[key] = out
-        return out
+        return raw.view(dtype).view(shape)
 
 
 def _dtype(pid: tuple[Any, ...]) -> torch.dtype:

@@ -212,3 +212,23 @@ def test_metrics_are_floats_at_the_call_and_a_bad_one_fails_it(tmp_path):
         assert repo.read_commit(cid).metrics == {"loss": 0.5}
     finally:
         tr.close()
+
+
+def test_a_tied_models_commit_is_the_same_in_the_foreground_on_a_thread_and_in_the_child(tmp_path):
+    def tied() -> torch.nn.Module:
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 50, bias=False))
+        m[1].weight = m[0].weight
+        return m
+
+    snapshots = {}
+    for how in ("foreground", "thread", "process"):
+        repo = Repo.init(tmp_path / how)
+        tr = Tracker(repo, tied(), background_process=how == "process")
+        got = tr.commit("c", background=how != "foreground")
+        cid = got if how == "foreground" else got.result()
+        assert how != "process" or tr.background_in_process
+        snapshots[how] = repo.read_commit(cid).snapshot
+        assert [t.name for t in repo.read_snapshot(snapshots[how]).tensors] == ["model/0.weight"]
+        tr.close()
+    assert len(set(snapshots.values())) == 1, snapshots

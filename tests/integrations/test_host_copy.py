@@ -62,6 +62,21 @@ def test_clone_to_cpu_keeps_host_tensors_apart_from_their_sources():
     assert torch.equal(c["a"], torch.ones(3))
 
 
+def test_tied_weights_stay_one_tensor_in_the_copy():
+    # a state_dict detaches each name's parameter into an object of its own: two objects, one
+    # tensor; the copy (a background commit's) keeps them one, as the live state's flatten does
+    m = torch.nn.Module()
+    m.emb, m.head = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False)
+    m.head.weight = m.emb.weight
+    base = torch.arange(8.0)
+    live = {"model": m.state_dict(), "a": base[:4], "b": base[4:], "again": base[:4]}
+    got = clone_to_cpu(live)
+    tied = got["model"]["emb.weight"], got["model"]["head.weight"]
+    assert tied[0] is not tied[1] and tied[0].data_ptr() == tied[1].data_ptr()
+    assert got["again"].data_ptr() == got["a"].data_ptr() != got["b"].data_ptr()
+    assert torch.equal(got["b"], base[4:]) and got["a"].data_ptr() != base.data_ptr()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_clone_goes_through_two_pinned_buffers():
     """A CUDA state's copy is exact, keeps ties, and leaves only the two staging buffers

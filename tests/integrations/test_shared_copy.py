@@ -80,6 +80,26 @@ def test_a_nested_state_crosses_bit_for_bit_with_its_structure():
     arena.release()
 
 
+def test_a_state_dicts_tied_weights_cross_as_two_objects_over_one_copy():
+    # state_dict() detaches each name's parameter into an object of its own: the copy keeps two
+    # objects over one block of shared memory, and both cross as references (not the second
+    # pickled whole), arriving as two objects over the same pages, as in the live state
+    m = torch.nn.Module()
+    m.emb, m.head = torch.nn.Embedding(64, 8), torch.nn.Linear(8, 64, bias=False)
+    m.head.weight = m.emb.weight
+    arena = SharedArena()
+    copy = clone_to_cpu({"model": m.state_dict()}, allocate=arena.allocate)
+    payload = arena.dumps(copy)
+    assert len(payload) < m.emb.weight.numel() * 4   # no tensor's bytes in the pickle
+    maps, got = _across(arena, copy)
+    a, b = got["model"]["emb.weight"], got["model"]["head.weight"]
+    assert a is not b and a.data_ptr() == b.data_ptr()
+    _same(m.emb.weight.detach(), b)
+    del got, a, b
+    maps.close()
+    arena.release()
+
+
 def test_closing_keeps_a_viewed_mapping_and_says_so():
     arena = SharedArena(min_segment=4096)
     copy = clone_to_cpu({"a": torch.arange(100.0)}, allocate=arena.allocate)
