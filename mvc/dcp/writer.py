@@ -34,7 +34,6 @@ import dataclasses
 import io
 import math
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +56,7 @@ from mvc.repo.shards import SHARD_KEY, covers_whole, shard_meta, shard_name, sha
 from mvc.repo.transaction import Published
 from mvc.search.record import QualityRecord
 from mvc.search.space import SearchSpace
+from mvc.state import flatten
 
 from mvc.dcp import lossy, moments
 from mvc.dcp.layout import Paths, merged_paths, skeleton, tensor_names
@@ -414,23 +414,13 @@ def _value_result(item: WriteItem, data: Any) -> WriteResult:
         raise DcpValueError(f"state value {item.index.fqn!r} cannot be stored safely: "
                             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
                             ) from None
-    if _holds_tensor(value):
+    if flatten(value).tensors:
         # DCP pickles a tuple (or another object it does not walk) whole, tensors and all; the
-        # commit's state would then hold tensors no write stored
+        # commit's state, which mvc flattens, would then hold tensors no write stored
         raise DcpValueError(f"state value {item.index.fqn!r} is a {type(value).__name__} holding "
                             f"tensors, which DCP saves as one pickled object: put them in a "
                             f"list or a dict, whose tensors DCP saves as tensors")
     return WriteResult(index=item.index, size_in_bytes=size, storage_data=_Value(value))
-
-
-def _holds_tensor(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return True
-    if isinstance(value, Mapping):
-        return any(_holds_tensor(v) for v in value.values())
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return any(_holds_tensor(v) for v in value)
-    return False
 
 
 def _shard(item: WriteItem, data: Any, names: dict[str, str]
