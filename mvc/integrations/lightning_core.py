@@ -128,8 +128,6 @@ class CheckpointIOCore:
         self._repo = RepoOnDemand(repo, create=True)
         self.commit_args = commit_args
         self.commits: list[tuple[str, str]] = []
-        #: Set by `MvcCallback.on_save_checkpoint` for the next save only.
-        self.pending: dict[str, Any] = {}
 
     def __repr__(self) -> str:
         # Lightning names a plugin it refuses by its repr: say which Trainer this one is for.
@@ -150,10 +148,8 @@ class CheckpointIOCore:
             raise TypeError(f"{type(self).__name__} does not use storage_options; got {storage_options!r}")
         target = Path(os.fspath(path))
         # what MvcCallback.on_save_checkpoint gave this very checkpoint (it travels with it, to
-        # the saving thread of an AsyncCheckpointIO too); else what was set on the plugin
-        pending = checkpoint.pop(PENDING_KEY, None)
-        if pending is None:
-            pending, self.pending = self.pending, {}
+        # the saving thread of an AsyncCheckpointIO too); nothing without the callback
+        pending = checkpoint.pop(PENDING_KEY, {})
         step = checkpoint.get("global_step")
         args = {"allow_empty": False, **self.commit_args, **pending}
         try:
@@ -255,7 +251,8 @@ class CallbackCore:
         if stage == "fit" and not _saves_through(trainer, self.io):
             raise LightningSetupError("the Trainer does not save through this MvcCallback's MvcCheckpointIO: "
                                       "pass it as Trainer(plugins=[io])")
-        if stage == "fit" and self.quality is not None and _saves_through(trainer, self.io) \
+        # saving through `io` (checked above), but not as the Trainer's own IO: through a wrapper
+        if stage == "fit" and self.quality is not None \
                 and getattr(getattr(trainer, "strategy", None), "checkpoint_io", None) is not self.io:
             raise LightningSetupError(
                 "quality= with a checkpoint IO that saves on a thread of its own (Lightning's "
