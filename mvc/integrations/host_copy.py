@@ -85,7 +85,7 @@ def _clone(obj: Any, memo: dict[Any, torch.Tensor],
         # another object viewing the same values (tied weights: a state_dict detaches each
         # name's parameter into an object of its own) gets an object of its own on the same copy,
         # as in the live state
-        view = _view_key(obj)
+        view = view_key(obj)
         hit = memo.get(view) if view is not None else None
         if hit is not None:
             memo[id(obj)] = same = hit.detach()
@@ -120,7 +120,7 @@ def _clone(obj: Any, memo: dict[Any, torch.Tensor],
     return copy.deepcopy(obj)
 
 
-def _view_key(t: torch.Tensor) -> tuple | None:
+def view_key(t: torch.Tensor) -> tuple | None:
     """What makes two tensor objects the same values: device, storage, offset, shape, strides
     and dtype (None where there is no storage to share: empty, sparse, quantized...)."""
     try:

@@ -33,6 +33,7 @@ import torch
 
 from mvc.dtypes import dtype_name, parse_dtype
 from mvc.errors import DataError, MvcError
+from mvc.integrations.host_copy import view_key
 
 #: Smallest shared file the arena makes; later ones double, so a state takes O(log size) files
 #: (a descriptor each in one message: Linux passes at most 253).
@@ -71,8 +72,8 @@ class SharedArena:
         self._seg = -1           # the segment being filled
         self._used = 0           # bytes used in it
         self._slots: dict[int, tuple[torch.Tensor, tuple[Any, ...]]] = {}
-        # (address, shape, dtype) -> reference: another object over a tensor handed out (a tied
-        # weight's second name) crosses as a reference too, and arrives as another object
+        # `view_key` -> reference: another object over a tensor handed out (a tied weight's
+        # second name) crosses as a reference too, and arrives as another object
         self._views: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
     @property
@@ -111,7 +112,9 @@ class SharedArena:
         self._used = at + nbytes
         ref = ("mvc-arena", seg, at, nbytes, dtype_name(dtype), tuple(int(n) for n in shape))
         self._slots[id(out)] = (out, ref)
-        self._views[(out.data_ptr(), tuple(out.shape), dtype)] = ref
+        key = view_key(out)
+        if key is not None:
+            self._views[key] = ref
         return out
 
     def _grow(self, nbytes: int) -> None:
@@ -173,10 +176,10 @@ class _ArenaPickler(pickle.Pickler):
             hit = self._slots.get(id(obj))
             if hit is not None and hit[0] is obj:
                 return hit[1]
-            if obj.layout == torch.strided and obj.is_contiguous() and obj.numel():
-                ref = self._views.get((obj.data_ptr(), tuple(obj.shape), obj.dtype))
-                if ref is not None:
-                    return ("mvc-view",) + ref[1:]
+            key = view_key(obj)
+            ref = self._views.get(key) if key is not None else None
+            if ref is not None:
+                return ("mvc-view",) + ref[1:]
         return None
 
 
