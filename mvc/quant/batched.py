@@ -242,7 +242,6 @@ class GroupData:
         # A proxy search's error-sum weights are the gradients the rules read: where every job's
         # are the same tensor, a chunk reads them once (from the host, for a GPU run's).
         self.weights_are_grads = all(j.weight is j.grad for j in jobs)
-        self._grad_chunk: tuple[Chunk, torch.Tensor] | None = None
         self.pruned = [_flat(j.pruned_by) for j in jobs]
         self.pruned_levels = None if all(p is None for p in self.pruned) else upload(
             torch.tensor([j.pruned_level if j.pruned_by is not None else -1 for j in jobs],
@@ -265,24 +264,27 @@ class GroupData:
         tiny = torch.finfo(torch.float32).tiny
         return raw, log32(raw, floor=tiny if drop is not None else None), drop
 
-    def sensitivity(self, c: Chunk, xs: torch.Tensor, weights_next: bool = False) -> torch.Tensor:
+    def sensitivity(self, c: Chunk, xs: torch.Tensor, g: torch.Tensor | None = None
+                    ) -> torch.Tensor:
         """|g w| of the chunk's elements (0 where a job has no gradient: none of its rules
-        read it); `weights_next`: the chunk's error-sum weights are read next (the assignment),
-        so gradients that are them are kept for it."""
-        g = flat_values(self.grads, c)
-        if weights_next and self.weighted and self.weights_are_grads:
-            self._grad_chunk = (c, g)   # for `weight_values`, the chunk's last read of them
-        return sensitivity_values(xs, g)
+        read it); `g`: the chunk's gradients, where the caller read them already."""
+        return sensitivity_values(xs, flat_values(self.grads, c) if g is None else g)
 
-    def weight_values(self, c: Chunk) -> torch.Tensor:
-        """The error-sum weights of the chunk's elements (0 where a job has none): the
-        gradients `sensitivity` read for this chunk where they are the same."""
-        kept, self._grad_chunk = self._grad_chunk, None
-        return kept[1] if kept is not None and kept[0] is c else flat_values(self.weights, c)
+    def weight_values(self, c: Chunk, g: torch.Tensor | None = None) -> torch.Tensor:
+        """The error-sum weights of the chunk's elements (0 where a job has none): `g`, the
+        chunk's gradients the caller read, where they are the same."""
+        return g if g is not None and self.weights_are_grads else flat_values(self.weights, c)
 
-    def abs_weights(self, c: Chunk) -> torch.Tensor:
+    def abs_weights(self, c: Chunk, g: torch.Tensor | None = None) -> torch.Tensor:
         """|w| of the chunk's elements in float64 (0 where a job has no weights)."""
-        return self.weight_values(c).to(torch.float64).abs_()
+        return self.weight_values(c, g).to(torch.float64).abs_()
+
+    def shared_grads(self, c: Chunk, needs_sens: bool) -> torch.Tensor | None:
+        """The chunk's gradients read once for both the rules and the error-sum weights, where
+        both read them and they are the same tensors; else None (each reads its own)."""
+        if needs_sens and self.weighted and self.weights_are_grads:
+            return flat_values(self.grads, c)
+        return None
 
 
 def _flat(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -436,7 +438,8 @@ def _launch(data: GroupData, plans: list[_Plan], step: int | None,
             keyed = _key_tables(mids, ks, device)
         mid_keys, mid_off, kvec = keyed
         raw, xs, drop = data.values(c)
-        sens = data.sensitivity(c, xs, weights_next=True) if rules.needs_sens else None
+        g = data.shared_grads(c, rules.needs_sens)
+        sens = data.sensitivity(c, xs, g) if rules.needs_sens else None
         prune, protect = _masks(rules, xs, sens, c.seg) if rules.active else (None, None)
         del sens
         if drop is not None:  # set aside: pruned, never protected
@@ -474,9 +477,10 @@ def _launch(data: GroupData, plans: list[_Plan], step: int | None,
         # (four for a weighted proxy's one product with a temporary).
         parts = [total(dd), total(xx)]
         if weighted:
-            aw = data.abs_weights(c)
+            aw = data.abs_weights(c, g)
             parts += [total(aw * dd), total(aw.mul_(xx))]
             del aw
+        del g
         ax = xx.sqrt()
         parts[2:2] = [total(dd.mul_(ax)), total(ax.mul_(xx))]
         del ax, dd, xx
@@ -508,8 +512,10 @@ def _triton_chunk(tri: triton_assign.Tables, data: GroupData, c: Chunk, out: tor
     """Chunk `c` by the Triton kernel (`mvc.quant.triton_assign`); False, with a warning and
     nothing written, where it fails to compile or launch (the caller takes the torch path)."""
     raw, xs, drop = data.values(c)
-    sens = data.sensitivity(c, xs, weights_next=True) if needs_sens else None
-    w = data.weight_values(c) if data.weighted else None
+    g = data.shared_grads(c, needs_sens)
+    sens = data.sensitivity(c, xs, g) if needs_sens else None
+    w = data.weight_values(c, g) if data.weighted else None
+    del g
     try:
         triton_assign.assign_chunk(tri, c.pieces, c.jobs, raw, xs, drop, w,
                                    data.domain == "log", out, acc, counts, sens)
