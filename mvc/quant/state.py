@@ -34,16 +34,10 @@ def _group_thresholds(names: list[str], sketches: dict[str, LogSketch],
     mag = LogSketch(config.alpha).merge(*(sketches[n].abs() for n in names))
     sens = None
     needs_sens = lq.prune > 0 and lq.prune_metric == "sensitivity"
+    # (a sensitivity rule's gradients were checked up front: `check_sensitivity_grads`)
     if sens_sketches and (lq.protect > 0 or needs_sens):
-        have = [n for n in names if n in sens_sketches]
-        if needs_sens and len(have) < len(names):
-            missing = next(n for n in names if n not in sens_sketches)
-            raise QuantConfigError(
-                f"prune_metric='sensitivity' for {ltype} tensors needs a gradient for {missing!r}")
-        sens = LogSketch(config.alpha).merge(*(sens_sketches[n] for n in have))
-    elif needs_sens:
-        raise QuantConfigError(
-            f"prune_metric='sensitivity' for {ltype} tensors needs gradients (grads=None)")
+        sens = LogSketch(config.alpha).merge(*(sens_sketches[n] for n in names
+                                               if n in sens_sketches))
     return thresholds(mag, sens, prune=lq.prune, prune_metric=lq.prune_metric, protect=lq.protect)
 
 
@@ -85,6 +79,7 @@ def quantize_state(tensors: Mapping[str, torch.Tensor], config: QuantConfig,
     if nonfinite not in ("raise", "lossless"):
         raise QuantConfigError(f"nonfinite must be 'raise' or 'lossless', got {nonfinite!r}")
     policy = policy or QuantPolicy()
+    check_sensitivity_grads(tensors, config, policy, grads)
     grads = grads or {}
     out: dict[str, QuantizedTensor | None] = {}
     groups: dict[str, list[str]] = {}
