@@ -191,27 +191,22 @@ def quantize_fixed(tensors: Mapping[str, torch.Tensor], config: QuantConfig | No
     `config.feedback`, the tensors `hessians` names (flattened names) get error feedback."""
     assert config is not None
     policy = policy or _default_policy()
-    err = ref = 0.0
     if config.feedback and hessians:
         qmap = apply_feedback(quantize_state(tensors, config, policy, grads,
                                              nonfinite="lossless", init=init),
                               tensors, hessians)
-        for name, q in qmap.items():
-            if q is not None:
-                w = tensors[name].detach()
-                err += float(torch.linalg.vector_norm((q.dequantize() - w).float())) ** 2
-                ref += float(torch.linalg.vector_norm(w.float())) ** 2
     else:
         # A search's one trial: on a device, each layer type's tensors in one batched pass
         # with one wait (`quantize_state` goes tensor by tensor, waiting several times for
-        # each), and the error from the sums that pass measured, not from a restored copy.
+        # each), which leaves the error sums the loop below looks up.
         check_sensitivity_grads(tensors, config, policy, grads)
         source = Prepared(tensors, grads or {}, policy, config.alpha)
         qmap, _ = quantize_config(source, config, seed=0, init=init or {}, weigh=False)
-        for name, q in qmap.items():
-            if q is not None:
-                sums = cached_error_sums(q, tensors[name])
-                err, ref = err + sums[0], ref + sums[1]
+    err = ref = 0.0
+    for name, q in qmap.items():
+        if q is not None:   # one pass over the levels where no quantization pass left sums
+            sums = cached_error_sums(q, tensors[name])
+            err, ref = err + sums[0], ref + sums[1]
     rel = (err / ref) ** 0.5 if ref > 0 else 0.0
     # No gate chose a fixed config: `gate_fixed` measures it (worst tensor, quality).
     quality = QualityRecord(metric="rel_l2_weights", value=rel, baseline=0.0, bound=None,
