@@ -21,7 +21,11 @@ Quality.  `quality(model) -> float` (a loss, lower is better) becomes the
 candidate's model tensors are copied into the model under `torch.no_grad()`, `quality`
 runs, and the live values (and the train/eval mode) are put back exactly.  Background
 commits evaluate on a private copy of the model (made once, with `copy.deepcopy`, at the
-first background commit), since the live one keeps training meanwhile.
+first background commit), since the live one keeps training meanwhile.  A model wrapped in
+`DistributedDataParallel` (or `DataParallel`) is evaluated through the module it wraps
+(`quality` gets ``model.module``): DDP's forward broadcasts buffers on the training group,
+which hangs while each rank evaluates a different trial, or a background commit evaluates
+beside training, and would give every rank rank 0's candidate buffers.
 
 The search itself is `Repo.commit`'s (with `space=`, `policy=`, `epsilon=` passed
 through): the Tracker keeps only the training-loop parts.
@@ -94,6 +98,14 @@ _RESERVED = ("model", "optimizer")
 BACKGROUND_NICE = 10
 #: Background commits that may wait behind the running one (`Tracker._wait_for_room`).
 MAX_QUEUED = 1
+
+
+def _evaluated(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
+    """The module a quality function runs on, and the prefix its keys carry in `model`'s
+    state dict: a data-parallel wrapper's module (see the module docstring)."""
+    if isinstance(model, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+        return model.module, "module."
+    return model, ""
 
 
 class TrackerError(UsageError):
@@ -217,7 +229,7 @@ class Tracker:
             evaluate = None
             if self.quality is not None:
                 if self._eval_model is None:
-                    self._eval_model = copy.deepcopy(self.model)
+                    self._eval_model = copy.deepcopy(_evaluated(self.model)[0])
                 evaluate = self._evaluator(self._eval_model, live=False)
             blocking = time.perf_counter() - t0
             if self._executor is None:
@@ -452,17 +464,20 @@ class Tracker:
         """
         quality = fn or self.quality
         assert quality is not None  # callers build an evaluator only when there is one
+        model = _evaluated(model)[0]
+        prefix = _evaluated(self.model)[1]  # what the state's keys carry beyond model's own
         targets = model.state_dict(keep_vars=True)
         saved: dict[str, torch.Tensor] = {}
 
         def model_entries(candidate: Mapping) -> Mapping[str, Any]:
             nested = candidate.get("model")
-            if isinstance(nested, Mapping):
-                return nested
-            return {k[len("model/"):]: v for k, v in candidate.items()
-                    if isinstance(k, str) and k.startswith("model/")}
+            if not isinstance(nested, Mapping):
+                nested = {k[len("model/"):]: v for k, v in candidate.items()
+                          if isinstance(k, str) and k.startswith("model/")}
+            return {k[len(prefix):]: v for k, v in nested.items()
+                    if isinstance(k, str) and k.startswith(prefix)} if prefix else nested
 
-        def evaluate(candidate: Mapping) -> float:
+        def evaluate(candidate: Mapping) -> Any:
             entries = model_entries(candidate)
             with torch.no_grad():
                 mode = model.training
@@ -473,7 +488,10 @@ class Tracker:
                         c = entries.get(k)
                         if isinstance(c, torch.Tensor) and c is not t:
                             t.detach().copy_(c)
-                    return quality(model)
+                    out = quality(model)
+                    # a gate's Hessians are by the model's names: give them the state's
+                    return {prefix + k: v for k, v in out.items()} \
+                        if prefix and fn is not None and isinstance(out, Mapping) else out
                 finally:
                     for k, v in saved.items():
                         targets[k].detach().copy_(v)

@@ -8,7 +8,9 @@ first one, then one from a previous config: the neighbourhood search) in a
 serves their trials; rank 0 then runs both searches
 alone, and reports all four results (DIR/rank0.pt); rank 1 reports what it served.
 Then both ranks commit the same model through a `Tracker` (DIR/repo), which spreads
-`Repo.commit`'s search over them; each reports the commit id its `commit` returned.
+`Repo.commit`'s search over them; each reports the commit id its `commit` returned; and
+commit a DistributedDataParallel model with BatchNorm buffers the same way (DIR/ddp_repo),
+once in the foreground and once in the background.
 """
 from __future__ import annotations
 
@@ -67,6 +69,47 @@ def tracker_commit(path: Path) -> dict:
                 "quality": tracker.history[-1].get("quality")}
 
 
+def ddp_commits(path: Path) -> dict:
+    """A DistributedDataParallel model with buffers (BatchNorm), committed by a Tracker with a
+    quality function in the foreground and then in the background: DDP's forward would
+    broadcast the buffers on the training group while the ranks evaluate different trials."""
+    from mvc.integrations.tracker import Tracker
+    from mvc.repo.repository import Repo
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.BatchNorm1d(96), torch.nn.ReLU(),
+                              torch.nn.Linear(96, 8))
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.Adam(model.parameters(), 1e-2)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 64, generator=g), torch.randint(0, 8, (64,), generator=g)
+    seen: list[type] = []
+
+    def quality(m: torch.nn.Module) -> float:
+        seen.append(type(m))
+        with torch.no_grad():
+            return float(torch.nn.functional.cross_entropy(m(x), y))
+
+    with Repo(path) as repo:
+        tracker = Tracker(repo, model, opt, quality=quality, epsilon=0.02)
+        out: dict = {}
+        for mode in ("foreground", "background"):
+            for _ in range(2):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                tracker.after_backward()
+                opt.step()
+            if mode == "foreground":
+                cid = tracker.commit(mode)
+            else:
+                cid = tracker.commit(mode, background=True).result(timeout=120)
+            out[mode] = {"commit": cid, "config": tracker.history[-1]["config"],
+                         "keys": sorted(model.state_dict())}
+        out["evaluated"] = sorted({t.__name__ for t in seen})
+        return out
+
+
 def main(rank: int, world: int, root: Path) -> None:
     dist.init_process_group("gloo", init_method=f"file://{root / 'rendezvous'}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
@@ -87,6 +130,7 @@ def main(rank: int, world: int, root: Path) -> None:
         report["after"] = mvc.search.serve_trials(tensors)
     report["tracker"] = tracker_commit(root / "repo")
     torch.save(report, root / f"rank{rank}.pt")
+    torch.save(ddp_commits(root / "ddp_repo"), root / f"ddp{rank}.pt")
     dist.destroy_process_group()
 
 

@@ -19,14 +19,18 @@ from mvc.search import SearchSpace, default_policy
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+@pytest.mark.parametrize("wrapped", [False, True], ids=["module", "data_parallel"])
 @pytest.mark.parametrize("background", [False, True])
-def test_tracker_commits_with_error_feedback(tmp_path, background):
+def test_tracker_commits_with_error_feedback(tmp_path, background, wrapped):
+    """Wrapped (`DataParallel`, evaluated through its module like DDP), the gate's Hessians
+    are by the module's names and reach the state's ``module.``-prefixed ones."""
     xtr, ytr, xte, _ = digits()
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), 0.05)
     gate = from_module(model, xte[:300], metric="kl", threshold=0.01)
     repo = Repo.init(tmp_path)
-    tracker = Tracker(repo, model, opt, quality=gate, space=SearchSpace(feedback=(True,)),
+    tracked = torch.nn.DataParallel(model) if wrapped else model
+    tracker = Tracker(repo, tracked, opt, quality=gate, space=SearchSpace(feedback=(True,)),
                       every=10**6, grad_window=0)  # no gradients: plain thresholds
     g = torch.Generator().manual_seed(0)
     for _ in range(60):
@@ -36,7 +40,7 @@ def test_tracker_commits_with_error_feedback(tmp_path, background):
         loss.backward()
         tracker.after_backward()
         opt.step()
-    live = {k: v.clone() for k, v in model.state_dict().items()}
+    live = {k: v.clone() for k, v in tracked.state_dict().items()}
     model.train()
     got = tracker.commit("fb", background=background)
     tracker.wait()
@@ -45,12 +49,15 @@ def test_tracker_commits_with_error_feedback(tmp_path, background):
     assert c.quant["feedback"] is True
     # in the background, the search ran in a child process and the Hessians crossed back from here
     assert tracker.background_in_process == background
-    assert model.training and all(torch.equal(v, live[k]) for k, v in model.state_dict().items())
+    assert model.training and all(torch.equal(v, live[k]) for k, v in tracked.state_dict().items())
     # the stored levels are the config's plus GPTQ on the committed weights' Hessians
     flat = flatten({"model": live}).tensors
     cfg = QuantConfig.from_dict(c.quant)
+    prefix = "module." if wrapped else ""
+    hessians = {prefix + k: h for k, h in gate.hessians_of(model).items()}
     want = apply_feedback(quantize_state(flat, cfg, default_policy(), nonfinite="lossless"),
-                          flat, usable(gate.hessians_of(flat), flat))
+                          flat, usable(hessians, flat))
+    assert usable(hessians, flat)   # the Hessians reach the state's names
     restored = flatten(repo.read_state(cid)).tensors
     for n, q in want.items():
         if q is not None:

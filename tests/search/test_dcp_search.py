@@ -22,6 +22,7 @@ def reports(tmp_path_factory) -> list[dict]:
     root = tmp_path_factory.mktemp("search")
     from mvc.repo.repository import Repo
     Repo.init(root / "repo").close()
+    Repo.init(root / "ddp_repo").close()
     env = dict(os.environ, OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, str(HELPERS / "search_worker.py"), str(r), "2",
                                str(root)], env=env, stdout=subprocess.PIPE,
@@ -96,3 +97,24 @@ def test_tracker_on_two_ranks_commits_once_with_the_parallel_search(reports):
         quality = repo.read_commit(t0["commit"]).quality
     assert quality["ranks"] == 2 and quality["rounds"] >= 1
     assert quality["gate"] == "metric"
+
+
+def test_a_ddp_model_with_buffers_is_evaluated_through_its_module(reports):
+    """DDP's forward broadcasts buffers on the training group: evaluated through the wrapper,
+    the ranks' different trials (and a background commit beside training) hung there."""
+    from mvc.repo.repository import Repo
+
+    info = reports[2]
+    paths = [info["root"] / f"ddp{r}.pt" for r in range(2)]
+    assert all(p.exists() for p in paths), "a rank did not finish its DDP commits"
+    d0, d1 = (torch.load(p, weights_only=False) for p in paths)
+    assert d0["evaluated"] == ["Sequential"]   # the wrapped module, never the DDP wrapper
+    with Repo(info["root"] / "ddp_repo") as repo:
+        ids = [c.id for c in repo.log()]
+        for mode in ("foreground", "background"):
+            assert d0[mode]["commit"] == d1[mode]["commit"] and d0[mode]["config"] is not None
+            c = repo.read_commit(d0[mode]["commit"])
+            assert c.quality["ranks"] == 2 and c.quality["gate"] == "metric"
+            restored = repo.checkout(c.id)
+            assert sorted(restored["model"]) == d0[mode]["keys"]   # the wrapper's own names
+    assert ids == [d0["background"]["commit"], d0["foreground"]["commit"]]
