@@ -63,8 +63,8 @@ class MvcCallback(CallbackCore, Callback):
 
     io: the `MvcCheckpointIO` the Trainer saves through (``plugins=[io]``, checked at setup);
     quality: ``quality(pl_module) -> loss`` (lower is better) that judges the quantization
-    search on each commit (None: the proxy gate); grad_ema: keep an EMA of the gradients after
-    each backward pass; beta: its weight.
+    search on each commit (None: the proxy gate); grad_ema: keep an EMA of the gradients at
+    each optimizer step (unscaled, whole); beta: its weight.
     """
 
     package = "lightning"

@@ -220,7 +220,7 @@ class CallbackCore:
 
     io: the `MvcCheckpointIO` the Trainer saves through; quality: ``quality(pl_module) -> loss``
     (lower is better) that judges the quantization search on each commit (None: the proxy
-    gate); grad_ema: keep an EMA of the gradients after each backward pass; beta: its weight.
+    gate); grad_ema: keep an EMA of the gradients at each optimizer step (unscaled, whole); beta: its weight.
     """
 
     #: Set by the per-package class: its package, its `MvcCheckpointIO`, that package's Trainer.
@@ -263,7 +263,10 @@ class CallbackCore:
             self.ema = GradientEMA(pl_module, beta=self.beta, prefix=STATE_DICT_PREFIX)
             self._grads = None
 
-    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        """Fold the step's gradients into the EMA.  Here, not after backward: a 16-mixed
+        loss scaler has unscaled them by now (after backward they are still multiplied by the
+        scale, 2**16 at first), and with gradient accumulation they are the whole step's."""
         if self.ema is not None:
             self.ema.accumulate()
 

@@ -69,11 +69,11 @@ def lightning_ns(request) -> SimpleNamespace:
     return _namespace(request.param)
 
 
-def _trainer(ns, tmp_path, io, *, max_steps, callbacks=(), **checkpoint):
+def _trainer(ns, tmp_path, io, *, max_steps, callbacks=(), plugins=(), **checkpoint):
     ckpt = ns.L.callbacks.ModelCheckpoint(**{"dirpath": tmp_path / "ckpts", "every_n_train_steps": 2,
                                              "save_top_k": -1, **checkpoint})
     return ns.L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, plugins=[io] if io is not None else [],
+                        enable_model_summary=False, plugins=[*([io] if io is not None else []), *plugins],
                         callbacks=[ckpt, *callbacks], default_root_dir=tmp_path)
 
 
@@ -196,6 +196,29 @@ def test_quality_function_and_grad_ema_reach_the_commit(tmp_path):
     assert log[0].quality is not None and "lightning:" in json.dumps(log[0].quality)
     assert set(cb.ema.names) == {"state_dict/" + n for n, _ in model.named_parameters()}
     assert [c.step for c in log] == [4, 2, 2] and io.commits[-1][1] == io.commits[-2][1] == log[0].id
+
+
+def test_the_gradient_ema_sees_16_mixed_gradients_unscaled(tmp_path):
+    """A 16-mixed loss scaler multiplies the gradients by its scale until it unscales them
+    before the optimizer step: the EMA folds them there, as a 32-bit run's."""
+    ns = _namespace("lightning")
+    mixed = pytest.importorskip("lightning.pytorch.plugins").MixedPrecision
+
+    def ema_after(steps: int, *plugins) -> dict[str, torch.Tensor]:
+        io = ns.mvc.MvcCheckpointIO(tmp_path / f"runs{len(plugins)}", epsilon=0.05)
+        cb = ns.mvc.MvcCallback(io)
+        trainer = _trainer(ns, tmp_path, io, max_steps=steps, callbacks=[cb], plugins=plugins,
+                           every_n_train_steps=10**6)   # no saves: nothing takes the EMA
+        trainer.fit(ns.Digits(), _loader())
+        assert cb.ema is not None
+        return cb.ema.take()
+
+    plain = ema_after(3)
+    scaled = ema_after(3, mixed("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=2.0**10)))
+    assert plain.keys() == scaled.keys() and plain
+    for k in plain:
+        ratio = float(scaled[k].norm() / plain[k].norm())
+        assert 0.5 < ratio < 2.0, (k, ratio)   # fp16 autocast's own noise; scaled: ~1024
 
 
 def test_an_async_checkpoint_io_commits_each_save_with_its_own_arguments(tmp_path):
