@@ -429,7 +429,10 @@ def _shard(item: WriteItem, data: Any, names: dict[str, str]
     td = item.tensor_data
     assert td is not None and isinstance(data, torch.Tensor)
     offsets, sizes = list(td.chunk.offsets), list(td.chunk.sizes)
-    t = data.detach().to("cpu").reshape(sizes).contiguous()
+    # Where it lives: a GPU's shards are quantized there (the commit hook's device path) and
+    # only their levels cross, a chunk at a time; copying them all to host memory first held
+    # a rank's whole state in pageable pages.
+    t = data.detach().reshape(sizes).contiguous()
     base = names[item.index.fqn]
     if covers_whole(offsets, sizes, list(td.size)):
         return base, None, t
