@@ -39,6 +39,97 @@ int mvc_qerr_sums_i16(const float *x, const int16_t *levels, size_t n, const flo
     QERR_BODY
 }
 
+/* The second moment's sums in sqrt(v): d^2 and s^2 only, in four lanes (element i in lane
+ * i % 4 up to the last multiple of 4, the tail apart), added ((l0 + l1) + (l2 + l3)) + tail.
+ * The SSE2 loop and the scalar one do the same float64 operations per lane, so the same
+ * bits on every build; lanes rather than one running sum because a single float64 chain
+ * is bound by the add's latency (one value per ~4 cycles), not by memory. */
+static inline float sqrt_of(float v) { return sqrtf(v < 0.0f ? 0.0f : v); }
+
+#define QERR_SQRT_BODY(LT)                                                             \
+    if (sums == NULL || n_table < 2 || (n > 0 && (v == NULL || levels == NULL ||       \
+                                                  table == NULL)))                    \
+        return -1;                                                                    \
+    const int prot = n_table - 1;                                                     \
+    int bad = 0;                                                                      \
+    double ld[4] = {0, 0, 0, 0}, ls[4] = {0, 0, 0, 0};                                \
+    const size_t n4 = n & ~(size_t)3;                                                 \
+    size_t i = 0;                                                                     \
+    SQRT_SSE2(LT)                                                                     \
+    for (; i < n4; i += 4) {                                                          \
+        for (int k = 0; k < 4; k++) {                                                 \
+            const int lv = (int)levels[i + k];                                        \
+            bad |= (lv < 0) | (lv >= n_table);                                        \
+            const float sv = sqrt_of(v[i + k]);                                       \
+            const float tv = (lv < 0 || lv >= n_table || lv == prot) ? sv : table[lv]; \
+            const double d = (double)tv - (double)sv;                                 \
+            ld[k] += d * d;                                                           \
+            ls[k] += (double)sv * (double)sv;                                         \
+        }                                                                             \
+    }                                                                                 \
+    double td = 0, ts = 0;                                                            \
+    for (; i < n; i++) {                                                              \
+        const int lv = (int)levels[i];                                                \
+        bad |= (lv < 0) | (lv >= n_table);                                            \
+        const float sv = sqrt_of(v[i]);                                               \
+        const float tv = (lv < 0 || lv >= n_table || lv == prot) ? sv : table[lv];     \
+        const double d = (double)tv - (double)sv;                                     \
+        td += d * d;                                                                  \
+        ts += (double)sv * (double)sv;                                                \
+    }                                                                                 \
+    sums[0] += ((ld[0] + ld[1]) + (ld[2] + ld[3])) + td;                              \
+    sums[1] += ((ls[0] + ls[1]) + (ls[2] + ls[3])) + ts;                              \
+    return bad ? -1 : 0;
+
+#if defined(__SSE2__)
+/* Four values a step: SQRTPS is the correctly rounded sqrtf, the selects are exact, and
+ * CVTPS2PD, SUBPD, MULPD, ADDPD are the scalar loop's float64 operations lane for lane. */
+#define SQRT_SSE2(LT)                                                                  \
+    {                                                                                 \
+        const __m128 zero = _mm_setzero_ps();                                         \
+        __m128d d01 = _mm_setzero_pd(), d23 = _mm_setzero_pd();                       \
+        __m128d s01 = _mm_setzero_pd(), s23 = _mm_setzero_pd();                       \
+        for (; i < n4; i += 4) {                                                      \
+            const __m128 vv = _mm_loadu_ps(v + i);                                    \
+            /* v < 0 -> +0; NaN (the comparison false) kept, as sqrt_of does */       \
+            const __m128 sv = _mm_sqrt_ps(_mm_andnot_ps(_mm_cmplt_ps(vv, zero), vv)); \
+            float sl[4], tl[4];                                                       \
+            _mm_storeu_ps(sl, sv);                                                    \
+            for (int k = 0; k < 4; k++) {                                             \
+                const int lv = (int)levels[i + k];                                    \
+                bad |= (lv < 0) | (lv >= n_table);                                    \
+                tl[k] = (lv < 0 || lv >= n_table || lv == prot) ? sl[k] : table[lv];  \
+            }                                                                         \
+            const __m128 tv = _mm_set_ps(tl[3], tl[2], tl[1], tl[0]);                 \
+            const __m128d dlo = _mm_sub_pd(_mm_cvtps_pd(tv), _mm_cvtps_pd(sv));       \
+            const __m128d dhi = _mm_sub_pd(_mm_cvtps_pd(_mm_movehl_ps(tv, tv)),       \
+                                           _mm_cvtps_pd(_mm_movehl_ps(sv, sv)));      \
+            const __m128d slo = _mm_cvtps_pd(sv);                                     \
+            const __m128d shi = _mm_cvtps_pd(_mm_movehl_ps(sv, sv));                  \
+            d01 = _mm_add_pd(d01, _mm_mul_pd(dlo, dlo));                              \
+            d23 = _mm_add_pd(d23, _mm_mul_pd(dhi, dhi));                              \
+            s01 = _mm_add_pd(s01, _mm_mul_pd(slo, slo));                              \
+            s23 = _mm_add_pd(s23, _mm_mul_pd(shi, shi));                              \
+        }                                                                             \
+        _mm_storeu_pd(ld, d01); _mm_storeu_pd(ld + 2, d23);                           \
+        _mm_storeu_pd(ls, s01); _mm_storeu_pd(ls + 2, s23);                           \
+    }
+#else
+#define SQRT_SSE2(LT)
+#endif
+
+int mvc_qerr_sqrt_sums_u8(const float *v, const uint8_t *levels, size_t n, const float *table,
+                          int n_table, double *sums)
+{
+    QERR_SQRT_BODY(uint8_t)
+}
+
+int mvc_qerr_sqrt_sums_i16(const float *v, const int16_t *levels, size_t n, const float *table,
+                           int n_table, double *sums)
+{
+    QERR_SQRT_BODY(int16_t)
+}
+
 int64_t mvc_ratio_max_f32(const float *m, const float *v, size_t n, float *out)
 {
     if (out == NULL || (n > 0 && (m == NULL || v == NULL))) return -1;

@@ -19,6 +19,18 @@ int mvc_qerr_sums_u8(const float *x, const uint8_t *levels, size_t n, const floa
 int mvc_qerr_sums_i16(const float *x, const int16_t *levels, size_t n, const float *table,
                       int n_table, const float *w, double *sums);
 
+/* A second moment's error in sqrt(v), Adam's denominator, with no float32 copy of sqrt(v):
+ * with s = sqrtf(v[i] < 0 ? 0 : v[i]) (correctly rounded, NaN kept) and d = table[levels[i]]
+ * - s (0 at the protected level n_table - 1), in double:
+ *   sums[0] += sum d^2      sums[1] += sum s^2
+ * (sums[2..5] untouched), summed in four lanes by i % 4, the lanes added pairwise, then
+ * the n % 4 tail: the same bits on every build.  Returns 0, or -1 on a bad argument or a
+ * level >= n_table (sums are then partial). */
+int mvc_qerr_sqrt_sums_u8(const float *v, const uint8_t *levels, size_t n, const float *table,
+                          int n_table, double *sums);
+int mvc_qerr_sqrt_sums_i16(const float *v, const int16_t *levels, size_t n, const float *table,
+                           int n_table, double *sums);
+
 /* The largest |m[i]| / sqrt(v[i]) over the i with v[i] > 0, computed in float32 (one
  * rounding for the square root, one for the division), into *out; 0 when no v[i] > 0.
  * Returns the number of such i, or -1 on a bad argument. */

@@ -1,3 +1,3 @@
 #include "version.h"
 
-int mvc_native_abi_version(void) { return 9; }
+int mvc_native_abi_version(void) { return 10; }

@@ -5,7 +5,7 @@ from mvc.errors import InternalError
 
 __all__ = ["NativeBuildError", "ffi", "lib"]
 
-_ABI_VERSION = 9
+_ABI_VERSION = 10
 
 
 class NativeBuildError(InternalError):

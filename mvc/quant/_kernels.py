@@ -261,20 +261,34 @@ def dequant(levels: torch.Tensor, table: torch.Tensor,
 
 
 def qerr_sums(x: torch.Tensor, levels: torch.Tensor, table: torch.Tensor,
-              w: torch.Tensor | None = None) -> np.ndarray:
+              w: torch.Tensor | None = None, *, sqrt_x: bool = False) -> np.ndarray:
     """The six float64 error sums of native/qerr.h over contiguous CPU float32 `x`,
-    uint8/int16 `levels`, float32 `table` and optional float32 weights `w`.
+    uint8/int16 `levels`, float32 `table` and optional float32 weights `w`; with `sqrt_x`
+    (no `w`), over the correctly rounded sqrt(x) (x < 0 as 0) taken as `x` is read: a second
+    moment's sums in sqrt(v), with no float32 copy of sqrt(v).
 
     Summed block by block (blocks sized from n alone) and the blocks in order:
     reproducible to the bit whatever the thread count.
     """
     ffi, lib = _lib()
+    if levels.dtype not in (torch.uint8, torch.int16) or x.dtype != torch.float32 \
+            or levels.numel() != x.numel() or (w is not None and (sqrt_x or w.numel() != x.numel())):
+        raise InternalError("qerr_sums: float32 x, uint8/int16 levels of its length, "
+                            "w of its length and not with sqrt_x")
     n = x.numel()
     bs = _block_size(n)
     nblocks = max(1, -(-n // bs))
     sums = np.zeros((nblocks, 6), dtype=np.float64)
-    fn, ctype = ((lib.mvc_qerr_sums_u8, "const uint8_t *") if levels.dtype == torch.uint8
-                 else (lib.mvc_qerr_sums_i16, "const int16_t *"))
+    u8 = levels.dtype == torch.uint8
+    ctype = "const uint8_t *" if u8 else "const int16_t *"
+    fn: Callable[..., Any]
+    if sqrt_x:
+        root = lib.mvc_qerr_sqrt_sums_u8 if u8 else lib.mvc_qerr_sqrt_sums_i16
+
+        def fn(xp: Any, lp: Any, n: int, tp: Any, nt: int, wp: Any, sp: Any) -> int:
+            return int(root(xp, lp, n, tp, nt, sp))
+    else:
+        fn = lib.mvc_qerr_sums_u8 if u8 else lib.mvc_qerr_sums_i16
     xp = _ptr("const float *", x)
     lp = _ptr(ctype, levels)
     tab = table.contiguous()

@@ -84,10 +84,11 @@ from mvc.quant._kernels import (
     expand_positive,
     gather_level,
     log_positive,
+    qerr_sums,
     ratio_max,
     scan_f32,
 )
-from mvc.quant.assign import level_dtype
+from mvc.quant.assign import level_dtype, native_ok
 from mvc.quant.batched import GroupJob, batchable
 from mvc.quant.batched_moments import quantize_moments, ratio_bounds, scan_many
 from mvc.quant.backend import on_host_kernels
@@ -401,13 +402,23 @@ def moment_error_sums(q: QuantizedTensor, domain: str, x: torch.Tensor) -> tuple
     if xf.numel() != lv.numel():
         raise ValueError("moment_error_sums: x does not match the levels' element count")
     # sqrt of each level's restored value; pruned (v = 0) restore as 0, protected exactly
-    table = level_values(_log_values(q).to(torch.float32).sqrt(), lv.device)
+    table = level_values(float64_sqrt(_log_values(q).to(torch.float32)), lv.device)
     num = den = 0.0
+    native = native_ok(xf, lv.dtype) and xf.dtype == torch.float32
+    if native:
+        xf, lv = xf.contiguous(), lv.contiguous()
     for a in range(0, lv.numel(), _SQRT_CHUNK):
-        # one temporary per chunk (a pool thread each: 16 of them on a 16-CPU host)
-        xs = xf[a:a + _SQRT_CHUNK].to(torch.float32, copy=True).clamp_min_(0).sqrt_()
-        s = table_error_sums(lv[a:a + _SQRT_CHUNK], xs, table)
-        num, den = num + s[0], den + s[1]
+        if native:
+            # sqrt(v) taken as it is read, correctly rounded: no temporary, one pass
+            r = qerr_sums(xf[a:a + _SQRT_CHUNK], lv[a:a + _SQRT_CHUNK], table, sqrt_x=True)
+            e0, e1 = float(r[0]), float(r[1])
+        else:
+            # one temporary per chunk (a pool thread each: 16 of them on a 16-CPU host); the
+            # correctly rounded sqrt, as the kernel's and a GPU's sqrtf (torch's host float32
+            # sqrt is not correctly rounded)
+            xs = float64_sqrt(xf[a:a + _SQRT_CHUNK])
+            e0, e1 = table_error_sums(lv[a:a + _SQRT_CHUNK], xs, table)[:2]
+        num, den = num + e0, den + e1
     return num, den
 
 
