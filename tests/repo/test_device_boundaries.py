@@ -14,6 +14,7 @@ host and gives the all-CPU answer.  CUDA-marked tests run the same on a real dev
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -324,6 +325,36 @@ def test_cuda_resumed_lossy_commit_in_a_fresh_process(tmp_path, via):  # pragma:
 
 
 @cuda
+def test_cuda_checkout_inside_a_side_stream_decodes_on_the_callers_device_and_stream(
+        tmp_path, monkeypatch):  # pragma: no cover - no GPU in CI
+    """The pool threads that decode for a checkout to "cuda" work on the caller's current
+    device and stream (a new thread's are device 0 and the default stream)."""
+    import mvc.repo.reader as reader
+
+    root = lossy_repo(tmp_path / "r")
+    with Repo(root) as repo:
+        cid = repo.commit(adam_state(), "c")
+        host = repo.read_state(cid, cache_levels=False)
+        seen: list[tuple[int, int]] = []
+        orig = reader._values
+
+        def values(rec: Any, q: Any) -> torch.Tensor:
+            if q.levels.is_cuda:
+                seen.append((torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream))
+            return orig(rec, q)
+
+        monkeypatch.setattr(reader, "_values", values)
+        dev = torch.cuda.device_count() - 1
+        side = torch.cuda.Stream(device=dev)
+        with torch.cuda.device(dev), torch.cuda.stream(side):
+            got = repo.read_state(cid, map_location="cuda", cache_levels=False)
+            side.synchronize()
+    assert seen and set(seen) == {(dev, side.cuda_stream)}
+    assert all(t.device == torch.device("cuda", dev) for t in flatten(got).tensors.values())
+    assert flat_bits(got) == flat_bits(host)
+
+
+@cuda
 def test_cuda_quantization_meets_a_host_parent():  # pragma: no cover - no GPU in CI
     _, q = quantized()
     qc = q.to("cuda")
@@ -477,6 +508,8 @@ def test_a_checkout_to_cuda_sends_moment_levels_except_an_earlier_commits(tmp_pa
         return self
 
     monkeypatch.setattr(QuantizedTensor, "to", to)
+    # nor are the pool threads put on a CUDA device and stream
+    monkeypatch.setattr("mvc.repo.reader.worker_context", lambda device: contextlib.nullcontext)
     old = tmp_path / "old"
     old.mkdir()
     shutil.copytree(FIXTURES / "repo_v1" / "mvc", old / ".mvc")

@@ -67,3 +67,25 @@ def test_a_recorded_accelerator_this_torch_lacks_is_named():
         unflatten(skeleton, flat.tensors, map_location=None)
     with pytest.raises(UsageError, match="map_location 'xpu'"):
         target_device("xpu")
+
+
+def test_an_index_free_cuda_is_the_calling_threads_current_device(monkeypatch):
+    """'cuda' names the caller's current device: resolved where it is asked, not on the pool
+    threads that decode (a new thread's current device is 0, so a rank that set its own
+    would have had its tensors made on GPU 0). CUDA itself is stood in for: this machine may
+    have none."""
+    import mvc.state.devices as devices
+
+    monkeypatch.setattr(devices, "check_usable", lambda device, what: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert target_device("cuda") == torch.device("cuda", 1)
+    assert target_device(torch.device("cuda")) == torch.device("cuda", 1)
+    assert target_device("cuda:0") == torch.device("cuda", 0)   # an index given is kept
+
+
+def test_pool_threads_need_no_context_off_cuda():
+    from contextlib import nullcontext
+
+    from mvc.state.devices import worker_context
+    assert worker_context(None) is nullcontext
+    assert worker_context(torch.device("cpu")) is nullcontext
