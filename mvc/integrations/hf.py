@@ -22,6 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch.distributed as dist
 from transformers import TrainerCallback
 
 from mvc.errors import UsageError
@@ -102,7 +103,13 @@ class MvcCallback(TrainerCallback):
             self._ema.accumulate()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Commit ``<output_dir>/checkpoint-<global step>`` with its step and logged metrics."""
+        """Commit ``<output_dir>/checkpoint-<global step>`` with its step and logged metrics.
+
+        On several processes every one first waits for the others: each writes its own RNG
+        state (``rng_state_<rank>.pth``) into the directory with no barrier before this
+        callback, so process zero would commit (and with ``delete=True`` remove) it while
+        another is still writing."""
+        _barrier()
         if not state.is_world_process_zero:
             return
         step = int(state.global_step)
@@ -139,19 +146,44 @@ def train_from_mvc(trainer: Any, repo: str | os.PathLike | Repo, rev: str = "HEA
 
     cleanup: remove the checked-out ``checkpoint-N/`` when training ends or fails (the
     checkpoint is in mvc); None (the default): remove it when the trainer has an
-    `MvcCallback(delete=True)`, so that such a run leaves no checkpoint directory behind."""
+    `MvcCallback(delete=True)`, so that such a run leaves no checkpoint directory behind.
+
+    Launched on several processes (torchrun), every process calls it: the one that saves the
+    Trainer's checkpoints (`args.should_save`: process zero, or each node's local zero with
+    `save_on_each_node`) checks out and cleans up, and the others wait for its checkout."""
     r = RepoOnDemand(repo, create=True).get()
     cid, target = _checkout_target(r, trainer.args.output_dir, rev)
+    writes = bool(getattr(trainer.args, "should_save", True))
     existed = target.exists()  # then empty (checkout refuses anything else): the caller's
-    target.parent.mkdir(parents=True, exist_ok=True)
-    checkout_dir(r, cid, target)
+    try:
+        if writes:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            checkout_dir(r, cid, target)
+    finally:
+        # every process reaches the barrier, a failed checkout's too: the others then find no
+        # checkpoint and fail, rather than wait for one forever
+        _wait_for_everyone(trainer)
     try:
         return trainer.train(resume_from_checkpoint=str(target), **train_args)
     finally:
-        if _cleans_up(trainer, cleanup) and target.is_dir():
+        # the others are past reading it: a Trainer loads its checkpoint before its first step
+        if writes and _cleans_up(trainer, cleanup) and target.is_dir():
             shutil.rmtree(target)
             if existed:
                 target.mkdir()
+
+
+def _barrier() -> None:
+    """Wait for every process of the Trainer's process group (the default one)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def _wait_for_everyone(trainer: Any) -> None:
+    """The Trainer's barrier over its processes (nothing to wait for in one process)."""
+    accelerator = getattr(trainer, "accelerator", None)
+    if accelerator is not None and getattr(accelerator, "num_processes", 1) > 1:
+        accelerator.wait_for_everyone()
 
 
 def _checkout_target(r: Repo, output_dir: str | os.PathLike, rev: str) -> tuple[str, Path]:
