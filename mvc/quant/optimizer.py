@@ -381,6 +381,18 @@ def restore(q: QuantizedTensor, domain: str) -> torch.Tensor:
     return q.lookup(_log_values(q))
 
 
+def restore_values(q: QuantizedTensor, domain: str) -> torch.Tensor:
+    """The value of each bin that `restore` looks `q`'s levels up in, as a host tensor of q's
+    dtype: the centroids rounded to it (linear), exp in float64 rounded once (log).  For a
+    lookup on a device, made before q's parts go there: a log table made from device
+    centroids would bring them back to the host first (a wait)."""
+    if domain == "linear":
+        return q.centroids.detach().cpu().to(q.dtype)
+    if domain != "log":
+        raise OptimizerStateError(f"unknown optimizer-state domain {domain!r}; known: {DOMAINS}")
+    return _log_values(q)
+
+
 def moment_error_sums(q: QuantizedTensor, domain: str, x: torch.Tensor) -> tuple[float, float]:
     """(sum d^2, sum r^2) of a compressed moment in the quantity Adam uses from it, r the
     exact one: linear (m) d = m' - m, r = m; log (v) d = sqrt(v') - sqrt(v), r = sqrt(v).

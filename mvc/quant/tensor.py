@@ -26,6 +26,7 @@ from mvc.errors import InternalError
 from mvc.quant._kernels import AssignStats, Partition, assign_into, dequant, gather_level
 from mvc.quant.assign import assign, level_dtype, level_means, midpoints, native_ok
 from mvc.quant.config import check_bins
+from mvc.quant.device_chunks import upload
 from mvc.quant.errors import QuantConfigError, QuantizedPartsError
 from mvc.quant.importance import check_metric, sensitivity
 from mvc.quant.kmeans import approx_kmeans
@@ -82,6 +83,19 @@ class QuantizedTensor:
             return self
         return QuantizedTensor(self.levels.to(device), self.centroids.to(device),
                                self.protected.to(device), self.dtype, self.bins,
+                               self.measured_only)
+
+    def uploaded(self, device: torch.device | str) -> QuantizedTensor:
+        """`to(device)` without the host waiting: to a CUDA device each host part goes from
+        pinned memory, asynchronously on the current stream (`device_chunks.upload`), where a
+        plain copy from pageable memory waits for the stream once per part."""
+        device = torch.device(device)
+        parts = (self.levels, self.centroids, self.protected)
+        if all(t.device == device for t in parts):
+            return self
+        levels, centroids, protected = (upload(t, device) if t.device.type == "cpu"
+                                        else t.to(device) for t in parts)
+        return QuantizedTensor(levels, centroids, protected, self.dtype, self.bins,
                                self.measured_only)
 
     def dequantize(self) -> torch.Tensor:

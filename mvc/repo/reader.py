@@ -32,7 +32,8 @@ from mvc.native.parallel import pmap
 from mvc.progress import Progress, phase
 from mvc.quant import QuantizedTensor
 from mvc.quant.moment_bound import clamp_first_moment, uses_host
-from mvc.quant.optimizer import restore
+from mvc.quant.device_chunks import upload
+from mvc.quant.optimizer import restore, restore_values
 from mvc.repo.levelcache import BaseEntries, DiskLevelCache, LevelCache
 from mvc.repo.lossy import (
     BrokenChainError,
@@ -211,9 +212,11 @@ class TensorReader:
             if is_quantized(rec):
                 q = self.read_quantized(snapshot_id, rec, memo, cache_levels=cache_levels)
                 if lookup_on is not None and rec.name not in on_host:
+                    # the value table made on the host, and it and the parts uploaded from
+                    # pinned memory: no wait for the stream per tensor
+                    values = restore_values(q, rec.meta.get("domain", "linear"))
                     with on_callers():
-                        q = q.to(lookup_on)
-                        out[rec.name] = _values(rec, q)
+                        out[rec.name] = q.uploaded(lookup_on).lookup(upload(values, lookup_on))
                 else:
                     out[rec.name] = _values(rec, q)
             else:

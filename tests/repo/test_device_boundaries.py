@@ -306,6 +306,27 @@ def test_first_moment_bound_is_taken_on_the_host():
     assert not torch.equal(a, m) and bool((a.abs() <= 2.0 * v.sqrt() * (1 + 1e-6)).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_lookup_through_host_made_values_is_the_restore(dtype):
+    """A checkout to CUDA makes each tensor's value table on the host (`restore_values`) and
+    looks the uploaded levels up in it: the restore's bits, in both domains."""
+    from mvc.quant.optimizer import quantize_second_moment, restore, restore_values
+
+    g = torch.Generator().manual_seed(5)
+    m = torch.randn(5000, generator=g).to(dtype)
+    v = (torch.randn(5000, generator=g) * 3).exp().mul(1e-6).to(dtype)
+    for q, domain in ((quantize(m, 8, prune=0.2, protect=0.01), "linear"),
+                      (quantize_second_moment(v, 8, protect=0.01), "log")):
+        assert q is not None
+        values = restore_values(q, domain)
+        assert values.device.type == "cpu" and values.dtype == dtype
+        assert torch.equal(q.uploaded("cpu").lookup(values).view(torch.uint8),
+                           restore(q, domain).view(torch.uint8))
+        assert q.uploaded("cpu") is q          # already there: no copy
+    with pytest.raises(Exception, match="unknown optimizer-state domain"):
+        restore_values(q, "cubic")
+
+
 # ----------------------------------------------------------------------------- CUDA
 
 @cuda
@@ -499,16 +520,17 @@ def test_a_checkout_to_cuda_sends_moment_levels_except_an_earlier_commits(tmp_pa
     from locations import FIXTURES
 
     sent: list[int] = []
-    orig = QuantizedTensor.to
+    orig = QuantizedTensor.uploaded
 
-    def to(self: QuantizedTensor, device: Any) -> QuantizedTensor:
+    def uploaded(self: QuantizedTensor, device: Any) -> QuantizedTensor:
         if torch.device(device).type != "cuda":
             return orig(self, device)
         sent.append(self.levels.numel())
         return self
 
-    monkeypatch.setattr(QuantizedTensor, "to", to)
-    # nor are the pool threads put on a CUDA device and stream
+    monkeypatch.setattr(QuantizedTensor, "uploaded", uploaded)
+    # nor are value tables uploaded, or the pool threads put on a CUDA device and stream
+    monkeypatch.setattr("mvc.repo.reader.upload", lambda t, device: t)
     monkeypatch.setattr("mvc.repo.reader.worker_context", lambda device: contextlib.nullcontext)
     old = tmp_path / "old"
     old.mkdir()
