@@ -86,17 +86,19 @@ class QuantizedTensor:
                                self.measured_only)
 
     def uploaded(self, device: torch.device | str) -> QuantizedTensor:
-        """`to(device)` without the host waiting: to a CUDA device each host part goes from
-        pinned memory, asynchronously on the current stream (`device_chunks.upload`), where a
-        plain copy from pageable memory waits for the stream once per part."""
+        """`to(device)` with one wait, not three: to a CUDA device the small host parts
+        (centroids, protected values) go from pinned memory asynchronously on the current
+        stream (`device_chunks.upload`), where a plain copy from pageable memory waits for
+        the stream.  The levels take the plain copy: pinned, every tensor's would stay in
+        torch's pinned-memory cache after a checkout (a quarter of a float32 state)."""
         device = torch.device(device)
         parts = (self.levels, self.centroids, self.protected)
         if all(t.device == device for t in parts):
             return self
-        levels, centroids, protected = (upload(t, device) if t.device.type == "cpu"
-                                        else t.to(device) for t in parts)
-        return QuantizedTensor(levels, centroids, protected, self.dtype, self.bins,
-                               self.measured_only)
+        centroids, protected = (upload(t, device) if t.device.type == "cpu" else t.to(device)
+                                for t in parts[1:])
+        return QuantizedTensor(self.levels.to(device), centroids, protected, self.dtype,
+                               self.bins, self.measured_only)
 
     def dequantize(self) -> torch.Tensor:
         """The reconstructed tensor (original dtype, shape and device), bit-identical

@@ -212,8 +212,8 @@ class TensorReader:
             if is_quantized(rec):
                 q = self.read_quantized(snapshot_id, rec, memo, cache_levels=cache_levels)
                 if lookup_on is not None and rec.name not in on_host:
-                    # the value table made on the host, and it and the parts uploaded from
-                    # pinned memory: no wait for the stream per tensor
+                    # the value table made on the host, and it and the small parts uploaded
+                    # from pinned memory: one wait for the stream a tensor (its levels), not four
                     values = restore_values(q, rec.meta.get("domain", "linear"))
                     with on_callers():
                         out[rec.name] = q.uploaded(lookup_on).lookup(upload(values, lookup_on))
