@@ -6,16 +6,13 @@ process, `repo.checkout` of the sharded commits, and the crash.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from locations import HELPERS
+from rank_procs import run_ranks
 
 from mvc.dcp import MvcStorageReader, MvcStorageWriter
 from mvc.repo import lossy
@@ -31,18 +28,8 @@ def ranks(tmp_path_factory) -> tuple[Path, list[dict]]:
     root = tmp_path_factory.mktemp("dcp")
     Repo.init(root / "repo").close()
     Repo.init(root / "repo_nan").close()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(HELPERS / "dcp_worker.py"), str(r), str(WORLD),
-                               str(root)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-             for r in range(WORLD)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    reports = []
-    for r in range(WORLD):
-        path = root / f"rank{r}.pt"
-        assert path.exists(), f"rank {r} reported nothing:\n{outs[r][-4000:]}"
-        reports.append(torch.load(path, weights_only=False))
-    return root, reports
+    return root, run_ranks("dcp_worker.py", [str(WORLD), str(root)],
+                           lambda r: root / f"rank{r}.pt", world=WORLD)
 
 
 def plain_model(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -4,15 +4,12 @@
 typed errors and of the writer's pickling (DCP's process-based executor ships it)."""
 from __future__ import annotations
 
-import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from locations import HELPERS
+from rank_procs import run_ranks as start_ranks, with_helpers_path
 
 from mvc.dcp import DcpPublishedError, MvcStorageWriter, async_save
 from mvc.dcp.asyncsave import typed_error
@@ -24,19 +21,9 @@ def run_ranks(root: Path, world: int) -> list[dict]:
     # The ranks end with os._exit (a peer may be gone): the temporary folders DCP's
     # process-based executor makes through multiprocessing (pymp-*) go under the test's folder.
     (root / "tmp").mkdir(exist_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(root / "tmp"),
-               PYTHONPATH=os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen([sys.executable, str(HELPERS / "dcp_async_worker.py"), str(r),
-                               str(world), str(root)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-             for r in range(world)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    reports = []
-    for r in range(world):
-        path = root / f"rank{r}.pt"
-        assert path.exists(), f"rank {r} reported nothing:\n{outs[r][-4000:]}"
-        reports.append(torch.load(path, weights_only=False))
-    return reports
+    return start_ranks("dcp_async_worker.py", [str(world), str(root)],
+                     lambda r: root / f"rank{r}.pt", world=world,
+                     env={"TMPDIR": str(root / "tmp"), **with_helpers_path()})
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["world1", "world2"])

@@ -10,15 +10,12 @@ agreement rules (NaN on one shard, index-keyed names, the exact policy).
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from locations import HELPERS
+from rank_procs import run_ranks, with_helpers_path
 
 from mvc.dcp import MvcStorageWriter, moments
 from mvc.repo import lossy
@@ -35,17 +32,8 @@ def saved(tmp_path_factory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("dcp_moments")
     for name in ("repo", "exact", "one"):
         Repo.init(root / name).close()
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen([sys.executable, str(HELPERS / "dcp_moments_worker.py"), str(r),
-                               str(WORLD), str(root)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(WORLD)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    reports = []
-    for r in range(WORLD):
-        path = root / f"rank{r}.pt"
-        assert path.exists(), f"rank {r} reported nothing:\n{outs[r][-4000:]}"
-        reports.append(torch.load(path, weights_only=False))
+    reports = run_ranks("dcp_moments_worker.py", [str(WORLD), str(root)],
+                        lambda r: root / f"rank{r}.pt", world=WORLD, env=with_helpers_path())
     r0 = reports[0]
     assert all(r["config"] == r0["config"] and r["quality"] == r0["quality"] for r in reports)
     # the same full state, committed from one process with the optimizer's own keys

@@ -10,16 +10,13 @@ test runs real gloo ranks (tests/helpers/dcp_publish_worker.py) and kills rank 1
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from locations import HELPERS
+from rank_procs import run_ranks
 
 from mvc.dcp import DcpPublishedError, Landed, MvcStorageWriter, save
 from mvc.repo import lossy
@@ -156,17 +153,8 @@ def test_the_outcome_travels_in_dcp_s_metadata(repo_path):
 # ------------------------------------------------------------------ real ranks
 
 def run_phase(root: Path, phase: str) -> list[dict]:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(HELPERS / "dcp_publish_worker.py"), str(r), "2",
-                               str(root), phase], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    reports = []
-    for r in range(2):
-        path = root / f"{phase}.rank{r}.pt"
-        assert path.exists(), f"rank {r} reported nothing:\n{outs[r][-4000:]}"
-        reports.append(torch.load(path, weights_only=False))
-    return reports
+    return run_ranks("dcp_publish_worker.py", ["2", str(root), phase],
+                     lambda r: root / f"{phase}.rank{r}.pt")
 
 
 @pytest.mark.slow

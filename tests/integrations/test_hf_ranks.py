@@ -4,17 +4,13 @@ that every rank writes into (each its own RNG state).  tests/helpers/hf_ranks_wo
 rank."""
 from __future__ import annotations
 
-import json
-import os
 import socket
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("transformers")
 
-from locations import HELPERS  # noqa: E402
+from rank_procs import run_ranks  # noqa: E402
 from test_hf_trainer import _trainer  # noqa: E402
 
 from mvc.integrations.hf import MvcCallback  # noqa: E402
@@ -33,19 +29,10 @@ def test_every_rank_resumes_from_one_checkout_and_commits_hold_every_ranks_files
     zero committed (and with delete=True removed) a checkpoint while the other was still
     writing its RNG state into it."""
     _trainer(tmp_path / "first", callbacks=[MvcCallback(tmp_path / "runs", delete=True)]).train()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, str(HELPERS / "hf_ranks_worker.py"), str(r), "2",
-                               str(port), str(tmp_path), "1.0"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    reports = []
-    for r in range(2):
-        path = tmp_path / f"rank{r}.json"
-        assert path.exists(), f"rank {r} reported nothing:\n{outs[r][-4000:]}"
-        reports.append(json.loads(path.read_text()))
+    reports = run_ranks("hf_ranks_worker.py", ["2", str(_free_port()), str(tmp_path), "1.0"],
+                        lambda r: tmp_path / f"rank{r}.json")
     for r, rep in enumerate(reports):
-        assert "error" not in rep, (r, rep, outs[r][-3000:])
+        assert "error" not in rep, (r, rep)
         assert rep["step"] == 10
     assert reports[0]["left"] == []     # the checkout cleaned up, the commits' dirs deleted
     with Repo(tmp_path / "runs") as repo:

@@ -4,13 +4,9 @@ tests/helpers/search_worker.py runs the ranks once per module: rank 0 leads a fi
 neighbourhood search while rank 1 serves their trials, then runs both alone."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
-from locations import HELPERS
+from rank_procs import run_ranks
 
 from mvc.search import SearchSpace
 from mvc.search.guided import MonotoneOracle, guided_search
@@ -23,16 +19,7 @@ def reports(tmp_path_factory) -> list[dict]:
     from mvc.repo.repository import Repo
     Repo.init(root / "repo").close()
     Repo.init(root / "ddp_repo").close()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(HELPERS / "search_worker.py"), str(r), "2",
-                               str(root)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    out = []
-    for r in range(2):
-        path = root / f"rank{r}.pt"
-        assert path.exists(), f"rank {r} reported nothing:\n{outs[r][-4000:]}"
-        out.append(torch.load(path, weights_only=False))
+    out = run_ranks("search_worker.py", ["2", str(root)], lambda r: root / f"rank{r}.pt")
     return out + [{"root": root}]
 
 
