@@ -149,7 +149,9 @@ class MvcStorageReader(UsesTarget, StorageReader):
             t = decoded.get(name)
             if t is None:
                 rec = self._records[name]
-                t = reader.read_any(self._snapshot, rec, records).reshape(rec.shape)
+                # a first moment's second moment, restored for its bound, is kept in `decoded`
+                # for its own items (freed after its last, like any)
+                t = reader.read_any(self._snapshot, rec, records, decoded).reshape(rec.shape)
                 decoded[name] = t
             for dim, (start, length) in enumerate(zip(item.storage_offsets, item.lengths)):
                 t = t.narrow(dim, start, length)

@@ -238,9 +238,12 @@ class TensorReader:
         return {rec.name: out[rec.name] for rec in records}
 
     def read_any(self, snapshot_id: str, rec: TensorRecord,
-                 records: list[TensorRecord] | None = None) -> torch.Tensor:
+                 records: list[TensorRecord] | None = None,
+                 known: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """The tensor a record restores, whatever its codec (`records`: the snapshot's records,
-        if the caller has them, saves re-reading the snapshot)."""
+        if the caller has them, saves re-reading the snapshot).  `known`: tensors already
+        restored, by record name, which a first moment's bound takes its second moment from;
+        one it restores for that is added, so a caller that loads both decodes it once."""
         if not is_quantized(rec):
             return read_tensor(self.odb.blobs, rec)
         out = _values(rec, self.read_quantized(snapshot_id, rec))
@@ -248,7 +251,12 @@ class TensorReader:
             if records is None:
                 records = self.odb.read_snapshot(snapshot_id).tensors
             partner = _partner(rec, records)
-            _bound_first_moment(rec, out, {partner.name: self.read_any(snapshot_id, partner, records)})
+            v = known.get(partner.name) if known is not None else None
+            if v is None:
+                v = self.read_any(snapshot_id, partner, records, known)
+                if known is not None:
+                    known[partner.name] = v
+            _bound_first_moment(rec, out, {partner.name: v})
         return out
 
     # ------------------------------------------------------------------ after a commit

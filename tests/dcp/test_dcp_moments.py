@@ -177,3 +177,30 @@ def test_commit_optimizer_exact_keeps_moments_exact(tmp_path):
     assert w.last_config is not None and "moment_cap" not in w.last_quality
     assert not any(lossy.is_quantized(r) for n, (r, _) in recs.items() if "/state/" in n)
     assert lossy.is_quantized(recs["model/0.weight"][0])
+
+
+def test_a_load_decodes_each_second_moment_once(saved, monkeypatch):
+    """A first moment's bound restores its second moment; a DCP load that asks for both
+    keeps that one for its own items instead of decoding it again."""
+    from mvc.dcp import MvcStorageReader
+    from mvc.repo.reader import TensorReader
+
+    root, r0 = saved
+    with Repo(root / "repo") as repo:
+        want = repo.read_state(r0["lossy"])
+    calls: list[str] = []
+    orig = TensorReader.read_quantized
+
+    def counted(self, snapshot_id, rec, *args, **kw):
+        calls.append(rec.name)
+        return orig(self, snapshot_id, rec, *args, **kw)
+
+    monkeypatch.setattr(TensorReader, "read_quantized", counted)
+    state = torch.utils._pytree.tree_map(
+        lambda v: torch.zeros_like(v) if isinstance(v, torch.Tensor) else v, want)
+    dcp.load(state, storage_reader=MvcStorageReader(root / "repo", rev=r0["lossy"]), no_dist=True)
+    assert calls and len(calls) == len(set(calls)), sorted(calls)
+    assert any(n.endswith("exp_avg_sq") for n in calls)
+    got, ref = flat(state), flat(want)
+    assert got.keys() == ref.keys()
+    assert all(torch.equal(got[k], ref[k]) for k in ref if isinstance(ref[k], torch.Tensor))
