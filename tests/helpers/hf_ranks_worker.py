@@ -21,21 +21,15 @@ from pathlib import Path
 def main(rank: int, world: int, port: int, root: Path, delay: float) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "integrations"))
-    from test_hf_trainer import _Bytes, _model   # the same tiny GPT-2 and data
-
-    import transformers
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from hf_tiny import trainer as tiny_trainer  # the tests' tiny GPT-2 and data
 
     from mvc.integrations.hf import MvcCallback, train_from_mvc
 
     if rank == 1:
         time.sleep(delay)
-    args = transformers.TrainingArguments(
-        str(root / "out"), max_steps=10, save_steps=2, save_strategy="steps",
-        per_device_train_batch_size=4, logging_steps=1, report_to=[], use_cpu=True,
-        disable_tqdm=True, seed=0, ddp_backend="gloo")
-    trainer = transformers.Trainer(model=_model(), args=args, train_dataset=_Bytes(),
-                                   callbacks=[MvcCallback(root / "runs", delete=True)])
+    trainer = tiny_trainer(root / "out", [MvcCallback(root / "runs", delete=True)],
+                           max_steps=10, ddp_backend="gloo")
     if rank == 1:   # a rank that writes its part of each checkpoint late
         save_rng = trainer._save_rng_state
 

@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from hf_tiny import trainer  # noqa: E402
 from rank_procs import run_ranks  # noqa: E402
-from test_hf_trainer import _trainer  # noqa: E402
 
 from mvc.integrations.hf import MvcCallback  # noqa: E402
 from mvc.repo.repository import Repo  # noqa: E402
@@ -28,7 +28,7 @@ def test_every_rank_resumes_from_one_checkout_and_commits_hold_every_ranks_files
     (`OutputDirectoryExistsError`), or replaced it under an earlier one's Trainer. And process
     zero committed (and with delete=True removed) a checkpoint while the other was still
     writing its RNG state into it."""
-    _trainer(tmp_path / "first", callbacks=[MvcCallback(tmp_path / "runs", delete=True)]).train()
+    trainer(tmp_path / "first", callbacks=[MvcCallback(tmp_path / "runs", delete=True)]).train()
     reports = run_ranks("hf_ranks_worker.py", ["2", str(_free_port()), str(tmp_path), "1.0"],
                         lambda r: tmp_path / f"rank{r}.json")
     for r, rep in enumerate(reports):
