@@ -115,7 +115,9 @@ class QuantizedTensor:
             raise InternalError("a search's measured-only stand-in was decoded")
         dev = self.levels.device
         table = torch.zeros(self.n_levels, dtype=self.dtype, device=dev)
-        table[:self.bins] = values.to(device=dev, dtype=self.dtype)
+        # a host table goes to a GPU from pinned memory, without the wait a pageable copy makes
+        vals = upload(values, dev) if values.device.type == "cpu" else values.to(dev)
+        table[:self.bins] = vals.to(self.dtype)
         flat = self.levels.reshape(-1)
         if native_ok(flat, flat.dtype) and table.element_size() in (2, 4, 8):
             out = dequant(flat.contiguous(), table, self.protected)

@@ -32,7 +32,6 @@ from mvc.native.parallel import pmap
 from mvc.progress import Progress, phase
 from mvc.quant import QuantizedTensor
 from mvc.quant.moment_bound import clamp_first_moment, uses_host
-from mvc.quant.device_chunks import upload
 from mvc.quant.optimizer import restore, restore_values
 from mvc.repo.levelcache import BaseEntries, DiskLevelCache, LevelCache
 from mvc.repo.lossy import (
@@ -211,14 +210,8 @@ class TensorReader:
         def decode(rec: TensorRecord) -> None:
             if is_quantized(rec):
                 q = self.read_quantized(snapshot_id, rec, memo, cache_levels=cache_levels)
-                if lookup_on is not None and rec.name not in on_host:
-                    # the value table made on the host, and it and the small parts uploaded
-                    # from pinned memory: one wait for the stream a tensor (its levels), not four
-                    values = restore_values(q, rec.meta.get("domain", "linear"))
-                    with on_callers():
-                        out[rec.name] = q.uploaded(lookup_on).lookup(upload(values, lookup_on))
-                else:
-                    out[rec.name] = _values(rec, q)
+                with on_callers():
+                    out[rec.name] = _values(rec, q, None if rec.name in on_host else lookup_on)
             else:
                 out[rec.name] = read_tensor(self.odb.blobs, rec)
             progress.advance(rec.raw_bytes, 1)
@@ -279,12 +272,16 @@ class TensorReader:
             self.disk.save(snapshot_id, bases)
 
 
-def _values(rec: TensorRecord, q: QuantizedTensor) -> torch.Tensor:
-    """A quantized record's tensor before any first-moment bound."""
+def _values(rec: TensorRecord, q: QuantizedTensor,
+            device: torch.device | None = None) -> torch.Tensor:
+    """A quantized record's tensor before any first-moment bound; looked up on `device` (a GPU)
+    when given: the value table made on the host (`restore_values`, where a log moment's table
+    from uploaded centroids would bring them back first) and q's small parts uploaded from
+    pinned memory, so one wait for the stream a tensor (its levels), not four."""
     domain = rec.meta.get("domain", "linear")
-    if domain == "linear":
-        return q.dequantize()
-    return restore(q, domain)
+    if device is None:
+        return restore(q, domain)
+    return q.uploaded(device).lookup(restore_values(q, domain))
 
 
 def _needed(records: list[TensorRecord], entries: Mapping[str, Any]) -> list[TensorRecord]:

@@ -359,10 +359,10 @@ def test_cuda_checkout_inside_a_side_stream_decodes_on_the_callers_device_and_st
         seen: list[tuple[int, int]] = []
         orig = reader._values
 
-        def values(rec: Any, q: Any) -> torch.Tensor:
-            if q.levels.is_cuda:
+        def values(rec: Any, q: Any, device: Any = None) -> torch.Tensor:
+            if device is not None:
                 seen.append((torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream))
-            return orig(rec, q)
+            return orig(rec, q, device)
 
         monkeypatch.setattr(reader, "_values", values)
         dev = torch.cuda.device_count() - 1
@@ -529,8 +529,7 @@ def test_a_checkout_to_cuda_sends_moment_levels_except_an_earlier_commits(tmp_pa
         return self
 
     monkeypatch.setattr(QuantizedTensor, "uploaded", uploaded)
-    # nor are value tables uploaded, or the pool threads put on a CUDA device and stream
-    monkeypatch.setattr("mvc.repo.reader.upload", lambda t, device: t)
+    # nor are the pool threads put on a CUDA device and stream
     monkeypatch.setattr("mvc.repo.reader.worker_context", lambda device: contextlib.nullcontext)
     old = tmp_path / "old"
     old.mkdir()
