@@ -162,7 +162,7 @@ def train_from_mvc(trainer: Any, repo: str | os.PathLike | Repo, rev: str = "HEA
     finally:
         # every process reaches the barrier, a failed checkout's too: the others then find no
         # checkpoint and fail, rather than wait for one forever
-        _wait_for_everyone(trainer)
+        _barrier()
     try:
         return trainer.train(resume_from_checkpoint=str(target), **train_args)
     finally:
@@ -174,16 +174,10 @@ def train_from_mvc(trainer: Any, repo: str | os.PathLike | Repo, rev: str = "HEA
 
 
 def _barrier() -> None:
-    """Wait for every process of the Trainer's process group (the default one)."""
+    """Wait for every process of the Trainer's process group (the default one; nothing to
+    wait for in one process)."""
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
-
-
-def _wait_for_everyone(trainer: Any) -> None:
-    """The Trainer's barrier over its processes (nothing to wait for in one process)."""
-    accelerator = getattr(trainer, "accelerator", None)
-    if accelerator is not None and getattr(accelerator, "num_processes", 1) > 1:
-        accelerator.wait_for_everyone()
 
 
 def _checkout_target(r: Repo, output_dir: str | os.PathLike, rev: str) -> tuple[str, Path]:

@@ -220,7 +220,8 @@ class CallbackCore:
 
     io: the `MvcCheckpointIO` the Trainer saves through; quality: ``quality(pl_module) -> loss``
     (lower is better) that judges the quantization search on each commit (None: the proxy
-    gate); grad_ema: keep an EMA of the gradients at each optimizer step (unscaled, whole); beta: its weight.
+    gate); grad_ema: keep an EMA of the gradients at each optimizer step (unscaled, whole);
+    beta: its weight.
     """
 
     #: Set by the per-package class: its package, its `MvcCheckpointIO`, that package's Trainer.
