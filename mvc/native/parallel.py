@@ -8,6 +8,11 @@ Work that must not slow the thread it runs beside -- a background commit next to
 training loop -- runs on a second pool whose threads are niced (`lower_this_thread`): a
 thread that lowered its own priority hands its `pmap` calls to that pool.  On Linux the nice
 value is per thread; elsewhere it is per process, so there nothing is lowered.
+
+A task runs on the calling thread's CUDA device and streams (`_callers_cuda`): a new thread's
+are device 0 and each device's default stream, so a task that touched a tensor a caller made
+inside ``torch.cuda.stream(s)`` -- a commit's levels crossing to the host, a moment measured,
+a checkout's lookup -- would be ordered after none of the caller's work on `s`.
 """
 from __future__ import annotations
 
@@ -16,7 +21,8 @@ import sys
 import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, TypeVar
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     import numpy as np
@@ -188,10 +194,11 @@ def pmap(fn: Callable[[T], R], items: Iterable[T], threads: int | None = None) -
             or in_worker()):
         return [fn(x) for x in seq]
     futures: list[Future] = []
+    task = _on_callers_cuda(fn)
     try:
         pool = get_pool()
         for x in seq:
-            futures.append(pool.submit(fn, x))
+            futures.append(pool.submit(task, x))
         wait(futures)
     except BaseException:
         _settle(futures)
@@ -205,6 +212,37 @@ def pmap(fn: Callable[[T], R], items: Iterable[T], threads: int | None = None) -
         # This frame holds the futures and the error holds this frame: break the cycle, so
         # the error and the frames its traceback keeps die by reference count.
         error = futures = None  # type: ignore[assignment]
+
+
+def _callers_cuda() -> tuple[Any, int, list[Any]] | None:
+    """(torch.cuda, the calling thread's current device, its current streams that are not a
+    device's default one), or None where no CUDA work can be in flight: torch not imported
+    (this module never imports it) or CUDA not initialized."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    cuda = torch.cuda
+    # Only streams the caller chose: entering a device's stream makes that device current,
+    # which would start a CUDA context on a GPU this process never used.
+    streams = [s for s in (cuda.current_stream(d) for d in range(cuda.device_count()))
+               if s != cuda.default_stream(s.device)]
+    return cuda, cuda.current_device(), streams
+
+
+def _on_callers_cuda(fn: Callable[[T], R]) -> Callable[[T], R]:
+    """`fn` run on the calling thread's CUDA device and streams (`_callers_cuda`), read now."""
+    callers = _callers_cuda()
+    if callers is None:
+        return fn
+    cuda, device, streams = callers
+
+    def task(x: T) -> R:
+        with ExitStack() as ctx:
+            for s in streams:
+                ctx.enter_context(cuda.stream(s))
+            ctx.enter_context(cuda.device(device))   # last: each stream made its device current
+            return fn(x)
+    return task
 
 
 def _settle(futures: list[Future]) -> None:

@@ -47,7 +47,7 @@ from mvc.repo.pruned import check_not_pruned
 from mvc.repo.shards import assemble, expand_names
 from mvc.repo.tensors import parse_dtype, read_payload, read_payload_head, read_tensor
 from mvc.state import prune, unflatten
-from mvc.state.devices import target_device, worker_context
+from mvc.state.devices import target_device
 
 
 class TensorReader:
@@ -204,21 +204,19 @@ class TensorReader:
         # an earlier commit's bound takes torch's host sqrt: its pair is restored on the host
         legacy = [r for r in moments if uses_host(r.meta["moment"])]
         on_host = {r.name for r in legacy} | {_partner(r, records).name for r in legacy}
+        # (pmap's threads work on the caller's CUDA device and streams: mvc.native.parallel)
         lookup_on = device if device is not None and device.type == "cuda" else None
-        on_callers = worker_context(lookup_on)   # the pool threads work on our device and stream
 
         def decode(rec: TensorRecord) -> None:
             if is_quantized(rec):
                 q = self.read_quantized(snapshot_id, rec, memo, cache_levels=cache_levels)
-                with on_callers():
-                    out[rec.name] = _values(rec, q, None if rec.name in on_host else lookup_on)
+                out[rec.name] = _values(rec, q, None if rec.name in on_host else lookup_on)
             else:
                 out[rec.name] = read_tensor(self.odb.blobs, rec)
             progress.advance(rec.raw_bytes, 1)
 
         def bound(rec: TensorRecord) -> None:
-            with on_callers():
-                _bound_first_moment(rec, out[rec.name], out)
+            _bound_first_moment(rec, out[rec.name], out)
 
         # Costliest first (size times chain cost): the pool takes tasks in order, and the longest
         # walk is the critical path.

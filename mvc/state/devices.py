@@ -6,9 +6,6 @@ says so up front, as a `UsageError` naming the argument.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-
 import torch
 
 from mvc.errors import UsageError
@@ -34,23 +31,6 @@ def target_device(map_location: str | torch.device | None) -> torch.device | Non
         # set its own would decode onto GPU 0 (memory there, a copy across) unless resolved here
         device = torch.device("cuda", torch.cuda.current_device())
     return device
-
-
-def worker_context(device: torch.device | None) -> Callable[[], AbstractContextManager]:
-    """A context factory for pool threads working on `device` for the calling thread: its CUDA
-    device and the calling thread's current stream there.  A new thread starts on device 0 and
-    the default stream: tensors it made for a caller inside ``torch.cuda.stream(s)`` would be
-    made on another stream, unordered with the caller's work (and their memory reused by the
-    allocator while `s` still reads them).  Elsewhere a context that does nothing."""
-    if device is None or device.type != "cuda":
-        return nullcontext
-    stream = torch.cuda.current_stream(device)
-
-    @contextmanager
-    def on_callers() -> Iterator[None]:
-        with torch.cuda.device(device), torch.cuda.stream(stream):
-            yield
-    return on_callers
 
 
 def check_usable(device: torch.device, what: str) -> None:

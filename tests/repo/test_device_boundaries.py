@@ -14,7 +14,7 @@ host and gives the all-CPU answer.  CUDA-marked tests run the same on a real dev
 """
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -376,6 +376,48 @@ def test_cuda_checkout_inside_a_side_stream_decodes_on_the_callers_device_and_st
 
 
 @cuda
+def test_cuda_commit_inside_a_side_stream_stores_what_the_host_stores(
+        tmp_path, monkeypatch):  # pragma: no cover - no GPU in CI
+    """A commit made inside ``torch.cuda.stream(s)`` whose levels are written on `s` behind a
+    sleep there, as the writer starts: the pool threads that bring each quantization's levels
+    to the host queue on `s` too (mvc.native.parallel). On a new thread's default stream they
+    would copy the levels before the caller's kernel had written them."""
+    state = adam_state()
+    with Repo(lossy_repo(tmp_path / "host")) as repo:
+        want = records(repo, repo.commit(state, "c"))
+    orig = pipeline.write
+    late: list[str] = []
+
+    def written_late(plan: Any, names: Any, **kw: Any) -> Any:
+        torch.cuda._sleep(200_000_000)
+        for name, q in plan.quantized.items():
+            if q.levels.is_cuda:
+                plan.quantized[name] = dataclasses.replace(q, levels=q.levels.clone())
+                late.append(name)
+        return orig(plan, names, **kw)
+
+    monkeypatch.setattr(pipeline, "write", written_late)
+    on_gpu = to_device(state, "cuda")
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side), Repo(lossy_repo(tmp_path / "dev")) as repo:
+        got = records(repo, repo.commit(on_gpu, "c"))
+    torch.cuda.synchronize()
+    assert late
+    same_records(got, want)
+
+
+def to_device(obj: Any, device: str) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_device(v, device) for v in obj]
+    return obj
+
+
+@cuda
 def test_cuda_quantization_meets_a_host_parent():  # pragma: no cover - no GPU in CI
     _, q = quantized()
     qc = q.to("cuda")
@@ -529,8 +571,6 @@ def test_a_checkout_to_cuda_sends_moment_levels_except_an_earlier_commits(tmp_pa
         return self
 
     monkeypatch.setattr(QuantizedTensor, "uploaded", uploaded)
-    # nor are the pool threads put on a CUDA device and stream
-    monkeypatch.setattr("mvc.repo.reader.worker_context", lambda device: contextlib.nullcontext)
     old = tmp_path / "old"
     old.mkdir()
     shutil.copytree(FIXTURES / "repo_v1" / "mvc", old / ".mvc")

@@ -81,11 +81,3 @@ def test_an_index_free_cuda_is_the_calling_threads_current_device(monkeypatch):
     assert target_device("cuda") == torch.device("cuda", 1)
     assert target_device(torch.device("cuda")) == torch.device("cuda", 1)
     assert target_device("cuda:0") == torch.device("cuda", 0)   # an index given is kept
-
-
-def test_pool_threads_need_no_context_off_cuda():
-    from contextlib import nullcontext
-
-    from mvc.state.devices import worker_context
-    assert worker_context(None) is nullcontext
-    assert worker_context(torch.device("cpu")) is nullcontext
