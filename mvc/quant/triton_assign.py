@@ -197,6 +197,10 @@ def assign_chunk(t: Tables, pieces: list[tuple[int, int, int]], piece_jobs: torc
     hist = torch.empty(n_blocks, t.hp, dtype=torch.int32, device=t.device)
     kernel = _kernel(raw.device)
     with ExitStack() as observed:
+        if raw.device.type == "cuda":
+            # Triton launches on the current device's current stream, not the tensors': a
+            # state on cuda:1 in a process whose current device is 0 would run there, unordered
+            observed.enter_context(torch.cuda.device(raw.device))
         for observe in launch_observers:
             observed.enter_context(observe([x for x in (xs, raw, drop, weights, sens)
                                             if x is not None], [levels_out, sums, hist]))

@@ -254,3 +254,20 @@ def test_cuda_kernel_is_the_torch_path(monkeypatch):  # pragma: no cover - no GP
     got_m = quantize_optimizer_state(state)
     for n in state:
         assert _same_q(got_m[n].q, ref_m[n].q), n
+
+
+@cuda
+def test_cuda_kernel_runs_on_its_tensors_device(monkeypatch):  # pragma: no cover - no GPU in CI
+    """Tensors on the last GPU while the current device is the first (one GPU: the same one):
+    the kernel launches on the tensors' device and its current stream, as torch's ops do."""
+    dev = torch.device("cuda", torch.cuda.device_count() - 1)
+    jobs = [GroupJob(j.tensor.to(dev), j.sketch, j.thr) for j in _jobs(_tensors(), dict(prune=0.2), False)]
+    monkeypatch.setenv("MVC_TRITON", "0")
+    ref = quantize_group(jobs, 16, seed=5)
+    monkeypatch.setenv("MVC_TRITON", "1")
+    before = ta.launches
+    with torch.cuda.device(0):
+        got = quantize_group(jobs, 16, seed=5)
+    assert ta.launches > before and not ta._failed
+    for r, g in zip(ref, got, strict=True):
+        assert g.q.levels.device == dev and _same_q(g.q, r.q)
