@@ -7,7 +7,6 @@ nothing downloaded).  The Trainer-facing tests run once per Lightning package (`
 """
 from __future__ import annotations
 
-import importlib
 import json
 from types import SimpleNamespace
 
@@ -17,71 +16,20 @@ import torch
 datasets = pytest.importorskip("sklearn.datasets")
 
 from cli_helpers import run  # noqa: E402
+from lightning_tiny import PACKAGES, loader, namespace, tiny_trainer  # noqa: E402
 from mvc.integrations.lightning_core import PointerFileError, read_pointer, tag_for  # noqa: E402
 from mvc.repo.repository import Repo  # noqa: E402
 
-#: Each Lightning package's Trainer module and the mvc module built for it.
-PACKAGES = {"lightning": ("lightning.pytorch", "mvc.integrations.lightning"),
-            "pytorch_lightning": ("pytorch_lightning", "mvc.integrations.pytorch_lightning")}
-
-
-def _loader() -> torch.utils.data.DataLoader:
-    x, y = datasets.load_digits(return_X_y=True)
-    ds = torch.utils.data.TensorDataset(torch.tensor(x[:256] / 16.0, dtype=torch.float32),
-                                        torch.tensor(y[:256], dtype=torch.long))
-    return torch.utils.data.DataLoader(ds, batch_size=32, shuffle=False)
-
-
-def _namespace(package: str) -> SimpleNamespace:
-    """`package`'s Trainer module (L), its LightningModule over digits (Digits), a Callback that
-    records the steps it sees (Seen), and the mvc module for it (mvc)."""
-    trainer_module, mvc_module = PACKAGES[package]
-    L = pytest.importorskip(trainer_module)
-
-    class Digits(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            torch.manual_seed(0)
-            self.net = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 10))
-
-        def training_step(self, batch, _):
-            x, y = batch
-            loss = torch.nn.functional.cross_entropy(self.net(x), y)
-            self.log("train_loss", loss)
-            return loss
-
-        def configure_optimizers(self):
-            opt = torch.optim.AdamW(self.parameters(), lr=1e-2)
-            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 4)}
-
-    class Seen(L.Callback):
-        def __init__(self) -> None:
-            self.steps: list[int] = []
-
-        def on_train_batch_end(self, trainer, *args):
-            self.steps.append(trainer.global_step)
-
-    return SimpleNamespace(package=package, L=L, Digits=Digits, Seen=Seen, mvc=importlib.import_module(mvc_module))
-
-
 @pytest.fixture(params=sorted(PACKAGES))
 def lightning_ns(request) -> SimpleNamespace:
-    return _namespace(request.param)
-
-
-def _trainer(ns, tmp_path, io, *, max_steps, callbacks=(), plugins=(), **checkpoint):
-    ckpt = ns.L.callbacks.ModelCheckpoint(**{"dirpath": tmp_path / "ckpts", "every_n_train_steps": 2,
-                                             "save_top_k": -1, **checkpoint})
-    return ns.L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, plugins=[*([io] if io is not None else []), *plugins],
-                        callbacks=[ckpt, *callbacks], default_root_dir=tmp_path)
+    return namespace(request.param)
 
 
 def test_fit_commits_each_checkpoint_and_resumes_from_a_pointer(tmp_path, lightning_ns):
     ns = lightning_ns
     io = ns.mvc.MvcCheckpointIO(tmp_path / "runs", lossless=True)
     model = ns.Digits()
-    _trainer(ns, tmp_path, io, max_steps=6, callbacks=[ns.mvc.MvcCallback(io)]).fit(model, _loader())
+    tiny_trainer(ns, tmp_path, io, max_steps=6, callbacks=[ns.mvc.MvcCallback(io)]).fit(model, loader())
     pointers = sorted((tmp_path / "ckpts").glob("*.ckpt"))
     assert [p.name for p in pointers] == ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt", "epoch=0-step=6.ckpt"]
     repo = Repo(tmp_path / "runs")
@@ -100,8 +48,8 @@ def test_fit_commits_each_checkpoint_and_resumes_from_a_pointer(tmp_path, lightn
 
     # fit(ckpt_path=pointer) resumes at step 4 and runs to 8.
     resumed, seen = ns.Digits(), ns.Seen()
-    t = _trainer(ns, tmp_path / "second", io, max_steps=8, callbacks=[seen])
-    t.fit(resumed, _loader(), ckpt_path=str(pointers[1]))
+    t = tiny_trainer(ns, tmp_path / "second", io, max_steps=8, callbacks=[seen])
+    t.fit(resumed, loader(), ckpt_path=str(pointers[1]))
     assert seen.steps == [5, 6, 7, 8] and t.global_step == 8
 
     # remove_checkpoint drops the pointer and its tag; the commit stays in history.
@@ -113,9 +61,9 @@ def test_fit_commits_each_checkpoint_and_resumes_from_a_pointer(tmp_path, lightn
 def test_top_k_removal_and_plain_ckpt_checkout(tmp_path, lightning_ns):
     ns = lightning_ns
     io = ns.mvc.MvcCheckpointIO(tmp_path / "runs", lossless=True)
-    trainer = _trainer(ns, tmp_path, io, max_steps=6, callbacks=[ns.mvc.MvcCallback(io)], save_top_k=1,
+    trainer = tiny_trainer(ns, tmp_path, io, max_steps=6, callbacks=[ns.mvc.MvcCallback(io)], save_top_k=1,
                        monitor="train_loss", save_last=True)
-    trainer.fit(ns.Digits(), _loader())
+    trainer.fit(ns.Digits(), loader())
     names = sorted(p.name for p in (tmp_path / "ckpts").glob("*.ckpt"))
     assert len(names) == 2 and "last.ckpt" in names, names
     repo = Repo(tmp_path / "runs")
@@ -127,7 +75,7 @@ def test_top_k_removal_and_plain_ckpt_checkout(tmp_path, lightning_ns):
     seen = ns.Seen()
     plain = ns.L.Trainer(max_steps=8, accelerator="cpu", logger=False, enable_progress_bar=False,
                          enable_model_summary=False, enable_checkpointing=False, callbacks=[seen])
-    plain.fit(ns.Digits(), _loader(), ckpt_path=str(tmp_path / "x.ckpt"))
+    plain.fit(ns.Digits(), loader(), ckpt_path=str(tmp_path / "x.ckpt"))
     assert seen.steps == [7, 8]
 
 
@@ -138,8 +86,8 @@ def test_save_last_makes_one_commit_per_save_and_resumes_from_last(tmp_path, lig
     its first last.ckpt on, so that one is a change (Lightning's resume reads it back)."""
     ns = lightning_ns
     io = ns.mvc.MvcCheckpointIO(tmp_path / "runs", lossless=True)
-    _trainer(ns, tmp_path, io, max_steps=8, callbacks=[ns.mvc.MvcCallback(io)], save_last=True).fit(
-        ns.Digits(), _loader())
+    tiny_trainer(ns, tmp_path, io, max_steps=8, callbacks=[ns.mvc.MvcCallback(io)], save_last=True).fit(
+        ns.Digits(), loader())
     saves = [(p.split("/")[-1], cid) for p, cid in io.commits]
     assert [name for name, _ in saves] == ["epoch=0-step=2.ckpt", "last.ckpt", "epoch=0-step=4.ckpt", "last.ckpt",
                                            "epoch=0-step=6.ckpt", "last.ckpt", "epoch=0-step=8.ckpt", "last.ckpt"]
@@ -158,8 +106,8 @@ def test_save_last_makes_one_commit_per_save_and_resumes_from_last(tmp_path, lig
     # Resuming from last.ckpt continues from step 8; its saves go on one per save.
     seen = ns.Seen()
     io2 = ns.mvc.MvcCheckpointIO(tmp_path / "runs", lossless=True)
-    _trainer(ns, tmp_path, io2, max_steps=10, callbacks=[seen, ns.mvc.MvcCallback(io2)], save_last=True).fit(
-        ns.Digits(), _loader(), ckpt_path=str(tmp_path / "ckpts" / "last.ckpt"))
+    tiny_trainer(ns, tmp_path, io2, max_steps=10, callbacks=[seen, ns.mvc.MvcCallback(io2)], save_last=True).fit(
+        ns.Digits(), loader(), ckpt_path=str(tmp_path / "ckpts" / "last.ckpt"))
     assert seen.steps == [9, 10]
     assert [c.step for c in repo.log()][:2] == [10, 8] and len(repo.log()) == 6
     assert not (tmp_path / "ckpts" / "last-v1.ckpt").exists()
@@ -168,7 +116,7 @@ def test_save_last_makes_one_commit_per_save_and_resumes_from_last(tmp_path, lig
 def test_allow_empty_commits_every_save(tmp_path, lightning_ns):
     ns = lightning_ns
     io = ns.mvc.MvcCheckpointIO(tmp_path / "runs", lossless=True, allow_empty=True)
-    _trainer(ns, tmp_path, io, max_steps=4, save_last=True).fit(ns.Digits(), _loader())
+    tiny_trainer(ns, tmp_path, io, max_steps=4, save_last=True).fit(ns.Digits(), loader())
     assert len(Repo(tmp_path / "runs").log()) == 4, "allow_empty=True: a commit per save, as before"
 
 
@@ -176,7 +124,7 @@ def test_quality_function_and_grad_ema_reach_the_commit(tmp_path):
     """The default commit mode (the quantization search) judged by a quality function, with the
     gradient EMA, and save_last=True: last.ckpt's save after the first one commits nothing new
     (it gets the same gradients, so the search plans the same commit)."""
-    ns = _namespace("lightning")
+    ns = namespace("lightning")
     x, y = datasets.load_digits(return_X_y=True)
     xs, ys = torch.tensor(x[256:512] / 16.0, dtype=torch.float32), torch.tensor(y[256:512])
     calls: list[float] = []
@@ -190,7 +138,7 @@ def test_quality_function_and_grad_ema_reach_the_commit(tmp_path):
     io = ns.mvc.MvcCheckpointIO(tmp_path / "runs")  # the default commit mode: the quantization search
     cb = ns.mvc.MvcCallback(io, quality=val_loss)
     model = ns.Digits()
-    _trainer(ns, tmp_path, io, max_steps=4, callbacks=[cb], save_last=True).fit(model, _loader())
+    tiny_trainer(ns, tmp_path, io, max_steps=4, callbacks=[cb], save_last=True).fit(model, loader())
     log = Repo(tmp_path / "runs").log()
     assert calls, "the quality function judged the search"
     assert log[0].quality is not None and "lightning:" in json.dumps(log[0].quality)
@@ -201,15 +149,15 @@ def test_quality_function_and_grad_ema_reach_the_commit(tmp_path):
 def test_the_gradient_ema_sees_16_mixed_gradients_unscaled(tmp_path):
     """A 16-mixed loss scaler multiplies the gradients by its scale until it unscales them
     before the optimizer step: the EMA folds them there, as a 32-bit run's."""
-    ns = _namespace("lightning")
+    ns = namespace("lightning")
     mixed = pytest.importorskip("lightning.pytorch.plugins").MixedPrecision
 
     def ema_after(steps: int, *plugins) -> dict[str, torch.Tensor]:
         io = ns.mvc.MvcCheckpointIO(tmp_path / f"runs{len(plugins)}", epsilon=0.05)
         cb = ns.mvc.MvcCallback(io)
-        trainer = _trainer(ns, tmp_path, io, max_steps=steps, callbacks=[cb], plugins=plugins,
+        trainer = tiny_trainer(ns, tmp_path, io, max_steps=steps, callbacks=[cb], plugins=plugins,
                            every_n_train_steps=10**6)   # no saves: nothing takes the EMA
-        trainer.fit(ns.Digits(), _loader())
+        trainer.fit(ns.Digits(), loader())
         assert cb.ema is not None
         return cb.ema.take()
 
@@ -225,7 +173,7 @@ def test_an_async_checkpoint_io_commits_each_save_with_its_own_arguments(tmp_pat
     """Lightning's AsyncCheckpointIO saves on a thread of its own: each checkpoint carries its
     own gradients and metrics there (not the plugin's, which the next save could replace), and
     they are not part of the commit."""
-    ns = _namespace("lightning")
+    ns = namespace("lightning")
     io = ns.mvc.MvcCheckpointIO(tmp_path / "runs", epsilon=0.05)
     cb = ns.mvc.MvcCallback(io)
     ckpt = ns.L.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=2,
@@ -234,7 +182,7 @@ def test_an_async_checkpoint_io_commits_each_save_with_its_own_arguments(tmp_pat
                            enable_progress_bar=False, enable_model_summary=False,
                            plugins=[ns.L.plugins.AsyncCheckpointIO(io)],
                            callbacks=[ckpt, cb], default_root_dir=tmp_path)
-    trainer.fit(ns.Digits(), _loader())
+    trainer.fit(ns.Digits(), loader())
     with Repo(tmp_path / "runs") as repo:
         log = repo.log()
         assert [c.step for c in log] == [6, 4, 2]
@@ -246,7 +194,7 @@ def test_an_async_checkpoint_io_commits_each_save_with_its_own_arguments(tmp_pat
 def test_a_quality_function_with_an_async_checkpoint_io_is_refused(tmp_path):
     """The search's candidates would be copied into the live module on the saving thread while
     training goes on (training on them, and losing the updates made meanwhile)."""
-    ns = _namespace("lightning")
+    ns = namespace("lightning")
     io = ns.mvc.MvcCheckpointIO(tmp_path / "runs")
     cb = ns.mvc.MvcCallback(io, quality=lambda module: 0.0)
     trainer = ns.L.Trainer(max_steps=2, accelerator="cpu", devices=1, logger=False,
@@ -254,7 +202,7 @@ def test_a_quality_function_with_an_async_checkpoint_io_is_refused(tmp_path):
                            plugins=[ns.L.plugins.AsyncCheckpointIO(io)], callbacks=[cb],
                            default_root_dir=tmp_path)
     with pytest.raises(ns.mvc.LightningSetupError, match="AsyncCheckpointIO"):
-        trainer.fit(ns.Digits(), _loader())
+        trainer.fit(ns.Digits(), loader())
 
 
 def test_bad_pointer_file(tmp_path):
@@ -274,9 +222,9 @@ def test_removed_checkpoints_are_freed_by_retention(tmp_path):
     """ModelCheckpoint's top-k removal drops a pointer and its tag; `gc --keep-last 1` then prunes
     every commit no pointer holds (tags are always kept) and frees their bytes, while each
     remaining pointer still restores bit-identically."""
-    ns = _namespace("lightning")
+    ns = namespace("lightning")
     io = ns.mvc.MvcCheckpointIO(tmp_path / "runs", lossless=True)
-    _trainer(ns, tmp_path, io, max_steps=10, save_top_k=1, monitor="train_loss").fit(ns.Digits(), _loader())
+    tiny_trainer(ns, tmp_path, io, max_steps=10, save_top_k=1, monitor="train_loss").fit(ns.Digits(), loader())
     pointers = sorted((tmp_path / "ckpts").glob("*.ckpt"))
     repo = Repo(tmp_path / "runs")
     before = {p: io.load_checkpoint(p)["state_dict"] for p in pointers}

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("lightning.pytorch")
 pytest.importorskip("pytorch_lightning")
 
-from test_lightning import _loader, _namespace, _trainer  # noqa: E402
+from lightning_tiny import loader, namespace, tiny_trainer  # noqa: E402
 
 from mvc.integrations.lightning_core import LightningNotInstalledError, LightningSetupError  # noqa: E402
 from mvc.repo.repository import Repo  # noqa: E402
@@ -22,7 +22,7 @@ from mvc.repo.repository import Repo  # noqa: E402
 
 @pytest.fixture
 def both():
-    return _namespace("lightning"), _namespace("pytorch_lightning")
+    return namespace("lightning"), namespace("pytorch_lightning")
 
 
 @pytest.mark.parametrize("order", ["lightning plugin, pytorch_lightning Trainer",
@@ -45,10 +45,10 @@ def test_a_callback_of_the_other_package_is_refused_at_setup(tmp_path, both):
         lightning.mvc.MvcCallback(pl_io)
     # ... and its Trainer's when the Trainer sets it up (Lightning accepts any callback object).
     stray = lightning.mvc.MvcCallback(lightning.mvc.MvcCheckpointIO(tmp_path / "runs"))
-    trainer = _trainer(pl, tmp_path, pl_io, max_steps=2, callbacks=[stray])
+    trainer = tiny_trainer(pl, tmp_path, pl_io, max_steps=2, callbacks=[stray])
     with pytest.raises(LightningSetupError, match="is for a `lightning` Trainer, got a `pytorch_lightning` one: "
                                                   "use mvc.integrations.pytorch_lightning"):
-        trainer.fit(pl.Digits(), _loader())
+        trainer.fit(pl.Digits(), loader())
     assert not (tmp_path / "ckpts").exists()
     assert LightningSetupError.exit_code == 105
 
@@ -56,19 +56,19 @@ def test_a_callback_of_the_other_package_is_refused_at_setup(tmp_path, both):
 def test_a_callback_whose_plugin_the_trainer_does_not_use_is_refused(tmp_path, both):
     _, pl = both
     io = pl.mvc.MvcCheckpointIO(tmp_path / "runs")
-    trainer = _trainer(pl, tmp_path, None, max_steps=2, callbacks=[pl.mvc.MvcCallback(io)])
+    trainer = tiny_trainer(pl, tmp_path, None, max_steps=2, callbacks=[pl.mvc.MvcCallback(io)])
     with pytest.raises(LightningSetupError, match=r"pass it as Trainer\(plugins=\[io\]\)"):
-        trainer.fit(pl.Digits(), _loader())
+        trainer.fit(pl.Digits(), loader())
 
 
 def test_a_run_saved_with_one_package_resumes_with_the_other(tmp_path, both):
     lightning, pl = both
     io = pl.mvc.MvcCheckpointIO(tmp_path / "runs", lossless=True)
-    _trainer(pl, tmp_path, io, max_steps=4, callbacks=[pl.mvc.MvcCallback(io)]).fit(pl.Digits(), _loader())
+    tiny_trainer(pl, tmp_path, io, max_steps=4, callbacks=[pl.mvc.MvcCallback(io)]).fit(pl.Digits(), loader())
     seen = lightning.Seen()
     io2 = lightning.mvc.MvcCheckpointIO(tmp_path / "runs", lossless=True)
-    _trainer(lightning, tmp_path / "second", io2, max_steps=6, callbacks=[seen, lightning.mvc.MvcCallback(io2)]).fit(
-        lightning.Digits(), _loader(), ckpt_path=str(tmp_path / "ckpts" / "epoch=0-step=4.ckpt"))
+    tiny_trainer(lightning, tmp_path / "second", io2, max_steps=6, callbacks=[seen, lightning.mvc.MvcCallback(io2)]).fit(
+        lightning.Digits(), loader(), ckpt_path=str(tmp_path / "ckpts" / "epoch=0-step=4.ckpt"))
     assert seen.steps == [5, 6]
     assert [c.step for c in Repo(tmp_path / "runs").log()] == [6, 4, 2]
 
