@@ -69,6 +69,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -80,7 +81,7 @@ from mvc.integrations.parent_calls import ParentCall
 from mvc.integrations.grad_ema import BETA, GradientEMA
 from mvc.integrations.host_copy import clone_to_cpu as clone_to_cpu
 from mvc.integrations.shared_copy import supported as processes_supported
-from mvc.native.parallel import lower_this_thread
+from mvc.native.parallel import callers_cuda, lower_this_thread
 from mvc.quant import QuantConfig, QuantPolicy
 from mvc.repo.objects import check_metrics
 from mvc.repo.repository import Repo
@@ -239,8 +240,12 @@ class Tracker:
                     initializer=(lambda: lower_this_thread(nice)) if nice else None)
             # The state in a box the job empties: a copy it moves into shared memory is freed
             # then, not held by the executor's arguments until the job ends.
+            # The job's thread evaluates on this thread's CUDA device and streams (a new
+            # thread's are device 0 and the default stream: a rank's quality function moving
+            # its batch with .cuda() would put it on GPU 0)
             fut = self._executor.submit(self._background_job, [state], message, step, metrics,
-                                        grads, evaluate, blocking, shared, proc is not None)
+                                        grads, evaluate, blocking, shared, proc is not None,
+                                        callers_cuda())
             with self._lock:
                 self._futures.append(fut)
             return fut
@@ -306,20 +311,29 @@ class Tracker:
     def _background_job(self, box: list[dict], message: str, step: int | None,
                         metrics: Mapping | None, grads: dict[str, torch.Tensor],
                         evaluate: Callable | None, blocking: float,
-                        shared: SharedState | None = None, to_child: bool = False) -> str:
+                        shared: SharedState | None = None, to_child: bool = False,
+                        on_callers: Callable[[], AbstractContextManager] = nullcontext) -> str:
         state = box.pop()
         try:
-            if to_child and shared is None and self._process is not None:
-                shared = self._process.copy(state)
-                assert shared is not None
-                state = shared.obj
-            return self._job(state, message, step, metrics, grads, evaluate, blocking, True, shared)
+            with on_callers():
+                return self._run_job(state, message, step, metrics, grads, evaluate, blocking,
+                                     shared, to_child)
         except BaseException as exc:
             # Re-raised later, from another call: say which commit it came from (the quality
             # function's own exception would otherwise arrive with no mvc context).
             exc.add_note(f"mvc: raised by the Tracker's background commit {message!r}"
                          f"{f' (step {step})' if step is not None else ''}; nothing was committed")
             raise
+
+    def _run_job(self, state: dict, message: str, step: int | None, metrics: Mapping | None,
+                 grads: dict[str, torch.Tensor], evaluate: Callable | None, blocking: float,
+                 shared: SharedState | None, to_child: bool) -> str:
+        try:
+            if to_child and shared is None and self._process is not None:
+                shared = self._process.copy(state)
+                assert shared is not None
+                state = shared.obj
+            return self._job(state, message, step, metrics, grads, evaluate, blocking, True, shared)
         finally:
             if shared is not None and self._process is not None:   # close() waits for this job
                 self._process.release(shared)   # kept for the next copy when it can be

@@ -9,7 +9,7 @@ training loop -- runs on a second pool whose threads are niced (`lower_this_thre
 thread that lowered its own priority hands its `pmap` calls to that pool.  On Linux the nice
 value is per thread; elsewhere it is per process, so there nothing is lowered.
 
-A task runs on the calling thread's CUDA device and streams (`_callers_cuda`): a new thread's
+A task runs on the calling thread's CUDA device and streams (`callers_cuda`): a new thread's
 are device 0 and each device's default stream, so a task that touched a tensor a caller made
 inside ``torch.cuda.stream(s)`` -- a commit's levels crossing to the host, a moment measured,
 a checkout's lookup -- would be ordered after none of the caller's work on `s`.
@@ -19,10 +19,10 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any, TypeVar
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     import numpy as np
@@ -194,7 +194,7 @@ def pmap(fn: Callable[[T], R], items: Iterable[T], threads: int | None = None) -
             or in_worker()):
         return [fn(x) for x in seq]
     futures: list[Future] = []
-    task = _on_callers_cuda(fn)
+    task = _under(callers_cuda(), fn)
     try:
         pool = get_pool()
         for x in seq:
@@ -214,33 +214,38 @@ def pmap(fn: Callable[[T], R], items: Iterable[T], threads: int | None = None) -
         error = futures = None  # type: ignore[assignment]
 
 
-def _callers_cuda() -> tuple[Any, int, list[Any]] | None:
-    """(torch.cuda, the calling thread's current device, its current streams that are not a
-    device's default one), or None where no CUDA work can be in flight: torch not imported
-    (this module never imports it) or CUDA not initialized."""
+def callers_cuda() -> Callable[[], AbstractContextManager[None]]:
+    """A context factory that puts another thread on the calling thread's CUDA device and the
+    streams it chose, both read now (a stream left at its device's default is not entered:
+    making that device current would start a CUDA context on a GPU this process may never
+    use). `nullcontext` where no CUDA work can be in flight: torch not imported (this module
+    never imports it) or CUDA not initialized. `pmap`'s tasks run under it; so does work
+    handed to any other thread (the Tracker's background commits)."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
-        return None
+        return nullcontext
     cuda = torch.cuda
-    # Only streams the caller chose: entering a device's stream makes that device current,
-    # which would start a CUDA context on a GPU this process never used.
+    device = cuda.current_device()
     streams = [s for s in (cuda.current_stream(d) for d in range(cuda.device_count()))
                if s != cuda.default_stream(s.device)]
-    return cuda, cuda.current_device(), streams
 
-
-def _on_callers_cuda(fn: Callable[[T], R]) -> Callable[[T], R]:
-    """`fn` run on the calling thread's CUDA device and streams (`_callers_cuda`), read now."""
-    callers = _callers_cuda()
-    if callers is None:
-        return fn
-    cuda, device, streams = callers
-
-    def task(x: T) -> R:
+    @contextmanager
+    def on_callers() -> Iterator[None]:
         with ExitStack() as ctx:
             for s in streams:
                 ctx.enter_context(cuda.stream(s))
             ctx.enter_context(cuda.device(device))   # last: each stream made its device current
+            yield
+    return on_callers
+
+
+def _under(context: Callable[[], AbstractContextManager[None]], fn: Callable[[T], R]
+           ) -> Callable[[T], R]:
+    if context is nullcontext:
+        return fn
+
+    def task(x: T) -> R:
+        with context():
             return fn(x)
     return task
 

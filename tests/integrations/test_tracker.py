@@ -352,3 +352,88 @@ def test_a_loop_that_commits_faster_than_its_commits_finish_waits_for_room(tmp_p
     assert started == ["one", "two", "three"]
     tr.close()
     repo.close()
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["thread", "child_process"])
+def test_a_background_commit_evaluates_on_the_callers_cuda_device_and_streams(
+        tmp_path, data, monkeypatch, in_process):
+    """The background commit's quality function runs on the Tracker's worker thread, whose
+    CUDA device and stream would be device 0 and the default stream: a rank that set its own
+    device and moves its batch with `.cuda()` would evaluate on GPU 0. The job runs under the
+    CUDA context of the thread that called `commit` (`mvc.native.parallel.callers_cuda`, read
+    at the call; stood in for here, as this machine may have no GPU), in both background modes
+    (a child process's commit calls its quality function back on that thread)."""
+    import sys
+    import threading
+    from contextlib import contextmanager
+
+    from mvc.integrations import tracker as tracker_mod
+    if in_process and not sys.platform.startswith("linux"):
+        pytest.skip("background commits in a child process are Linux's")
+    local = threading.local()
+    captured: list[int] = []
+
+    def callers_cuda():
+        captured.append(threading.get_ident())
+        caller = captured[-1]
+
+        @contextmanager
+        def on_callers():
+            local.caller = caller
+            try:
+                yield
+            finally:
+                local.caller = None
+        return on_callers
+
+    monkeypatch.setattr(tracker_mod, "callers_cuda", callers_cuda)
+    seen: list[tuple[int, int | None]] = []
+    quality = eval_loss(data)
+
+    def spy(model):
+        seen.append((threading.get_ident(), getattr(local, "caller", None)))
+        return quality(model)
+
+    repo, model, opt, tr = make(tmp_path, data, quality=spy, background_process=in_process)
+    run(tr, model, opt, data, 3)
+    tr.commit("bg", background=True).result()
+    me = threading.get_ident()
+    assert captured == [me]
+    assert seen and all(t != me and caller == me for t, caller in seen), seen
+    tr.close()
+    repo.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_background_quality_runs_on_the_callers_device_and_stream(
+        tmp_path, data):  # pragma: no cover - no GPU in CI
+    """A CUDA model trained and committed inside a side stream on the last GPU: the background
+    commit's quality function sees that device and stream, and its `.cuda()` batch lands there."""
+    dev = torch.cuda.device_count() - 1
+    xte, yte = data[2], data[3]
+    seen: list[tuple[int, int, torch.device]] = []
+
+    def quality(model):
+        x = xte.cuda()
+        seen.append((torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream, x.device))
+        return float(F.cross_entropy(model(x), yte.cuda()).detach())
+
+    repo = search_repo(tmp_path / "r")
+    side = torch.cuda.Stream(device=dev)
+    with torch.cuda.device(dev), torch.cuda.stream(side):
+        model = mlp().cuda()
+        opt = torch.optim.Adam(model.parameters(), 1e-3)
+        tr = Tracker(repo, model, opt, quality=quality, epsilon=EPS)
+        cuda_data = tuple(t.cuda() for t in data)
+        g = torch.Generator().manual_seed(0)
+        for _ in range(3):
+            i = torch.randint(0, len(cuda_data[1]), (64,), generator=g).cuda()
+            loss = F.cross_entropy(model(cuda_data[0][i]), cuda_data[1][i])
+            opt.zero_grad()
+            loss.backward()
+            tr.after_backward()
+            opt.step()
+        tr.commit("bg", background=True).result()
+    assert seen and set(seen) == {(dev, side.cuda_stream, torch.device("cuda", dev))}
+    tr.close()
+    repo.close()

@@ -134,9 +134,12 @@ def test_only_the_streams_a_caller_chose_are_entered(fake_cuda):
     assert set(entered) == {FakeStream(2, 5)}
 
 
-def test_without_cuda_initialized_a_task_is_the_function_itself(monkeypatch):
+def test_without_cuda_initialized_nothing_is_entered(monkeypatch):
+    from contextlib import nullcontext
+
     def fn(x: int) -> int:
         return x
 
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    assert parallel._on_callers_cuda(fn) is fn
+    assert parallel.callers_cuda() is nullcontext
+    assert parallel._under(nullcontext, fn) is fn
