@@ -72,7 +72,7 @@ compressed, only without joint pruning.
 from __future__ import annotations
 
 import re
-from typing import Iterable, Literal, Mapping, NamedTuple
+from typing import Any, Iterable, Literal, Mapping, NamedTuple
 
 import torch
 
@@ -537,18 +537,29 @@ def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],
 _Job = tuple[str, torch.Tensor, str, QuantizedTensor | None]
 
 
-def _batched_moments(jobs: list[_Job], *, bins_moment: int, bins_second: int,
-                     prune_moment: float, protect: float, seed: int, alpha: float,
-                     log_alpha: float, sigma: float, log_sigma: float,
-                     init: Mapping[str, torch.Tensor]) -> tuple[dict[str, OptQuantized], list[_Job]]:
-    """({name: compressed moment} of `jobs` done in batched passes, the jobs left to the
-    per-moment path: moments the batched pass leaves (`quantize_moments`) or on another device
-    than the first)."""
-    if not jobs:
-        return {}, []
-    device = jobs[0][1].device
-    rest = [j for j in jobs if j[1].device != device]
-    jobs = [j for j in jobs if j[1].device == device]
+def _batched_moments(jobs: list[_Job], **settings: Any
+                     ) -> tuple[dict[str, OptQuantized], list[_Job]]:
+    """({name: compressed moment} of `jobs` done in batched passes, one set per device, the
+    jobs left to the per-moment path: moments the batched pass leaves (`quantize_moments`)).
+    `settings`: `_batched_on_one_device`'s."""
+    by_device: dict[torch.device, list[_Job]] = {}
+    for j in jobs:   # a state spread over several GPUs (device_map="auto", model parallel)
+        by_device.setdefault(j[1].device, []).append(j)
+    done: dict[str, OptQuantized] = {}
+    rest: list[_Job] = []
+    for group in by_device.values():
+        got, left = _batched_on_one_device(group, **settings)
+        done.update(got)
+        rest.extend(left)
+    return done, rest
+
+
+def _batched_on_one_device(jobs: list[_Job], *, bins_moment: int, bins_second: int,
+                           prune_moment: float, protect: float, seed: int, alpha: float,
+                           log_alpha: float, sigma: float, log_sigma: float,
+                           init: Mapping[str, torch.Tensor]
+                           ) -> tuple[dict[str, OptQuantized], list[_Job]]:
+    rest: list[_Job] = []
     scans = scan_many([j[1] for j in jobs])
     done: dict[str, OptQuantized] = {}
     runs: tuple[tuple[Domain, int, float, float, float], ...] = (

@@ -185,6 +185,46 @@ def test_cuda_moments_are_the_host_ones():  # pragma: no cover - no GPU in CI
         assert _same(d, host[n])
 
 
+def test_moments_on_several_devices_take_one_batched_set_each(monkeypatch):
+    """A state spread over devices (device_map="auto", model parallel): every device's moments
+    go through the batched passes, one set per device, none to the per-moment path (per-moment
+    waits, and levels kept on the device until the writer). The "meta" device stands in for a
+    second GPU; the passes themselves are recorded, not run."""
+    calls: list[set[torch.device]] = []
+
+    def one_device(jobs, **kw):
+        calls.append({j[1].device for j in jobs})
+        return {j[0]: "done" for j in jobs}, []
+
+    monkeypatch.setattr(opt, "_batched_on_one_device", one_device)
+    jobs = [(f"m{i}", torch.zeros(4, device=d), "linear", None)
+            for i, d in enumerate(["cpu", "meta", "cpu", "meta"])]
+    done, rest = opt._batched_moments(jobs, seed=0)
+    assert sorted(sorted(str(d) for d in c) for c in calls) == [["cpu"], ["meta"]]
+    assert rest == [] and sorted(done) == ["m0", "m1", "m2", "m3"]
+
+
+@cuda
+def test_cuda_moments_on_two_gpus_are_the_host_ones(monkeypatch):  # pragma: no cover - no GPU in CI
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    state = _state()
+    host = quantize_optimizer_state(state)
+    per_moment: list[str] = []
+    orig = opt.quantize_moment
+
+    def counted(t, *a, **kw):
+        per_moment.append(str(t.device))
+        return orig(t, *a, **kw)
+
+    monkeypatch.setattr(opt, "quantize_moment", counted)
+    spread = {n: t.to(f"cuda:{i % 2}") for i, (n, t) in enumerate(sorted(state.items()))}
+    dev = quantize_optimizer_state(spread)
+    assert per_moment == []
+    for n in state:
+        assert _same(dev[n], host[n]), n
+
+
 @cuda
 def test_cuda_moments_synchronise_a_fixed_number_of_times():  # pragma: no cover - no GPU in CI
     def count(n: int) -> int:
