@@ -11,6 +11,10 @@ collectives included), the coordinator's publish -- on a background thread; with
 ``async_checkpointer_type=PROCESS`` in a checkpoint process instead (the writer pickles: the
 repository travels by path; the caller's writer then never sees `commit_id`, which lives in the
 checkpoint process's copy, so a failure after the commit point is not told apart there).
+An asynchronous stager (``DefaultStager(StagingOptions())``) copies a GPU state on a stream
+and a thread of its own, ordered after none of the caller's kernels, so DCP's own
+`async_save` can copy values the last step has not written yet; this module's waits for the
+caller's CUDA streams first.
 The save's collectives should not share a group with the training loop's, which run
 meanwhile: give DCP a checkpoint group (``process_group=``, a gloo group) and the writer the
 same one (`MvcStorageWriter(..., process_group=)`), or call `async_save` here, which hands
@@ -28,6 +32,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Any
 
+import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
@@ -50,6 +55,7 @@ def async_save(state: dict[str, Any], writer: MvcStorageWriter, *, process_group
     if process_group is None:
         process_group = writer.process_group
     writer.process_group = process_group
+    _wait_for_callers_streams()
     got = dcp.async_save(state, storage_writer=writer, process_group=process_group, **dcp_kwargs)
     if isinstance(got, AsyncSaveResponse):
         # An asynchronous stager (DefaultStager(use_async_staging=True): GPU state copied to the
@@ -75,6 +81,23 @@ def async_save(state: dict[str, Any], writer: MvcStorageWriter, *, process_group
 
     upload.add_done_callback(done)
     return out
+
+
+def _wait_for_callers_streams() -> None:
+    """Wait for the work queued on this thread's current CUDA streams (each device with a CUDA
+    context here). DCP's asynchronous stager copies a GPU state on a stream of its own, from a
+    thread of its own, ordered after none of the caller's kernels: a save called right after
+    `optimizer.step()` would copy values that step had not written yet. The loop waits for
+    the staging copy anyway (`async_save`), so this costs it the step's tail, no more."""
+    if not torch.cuda.is_initialized():
+        return
+    # A device this process never used has nothing queued; waiting on it would start a CUDA
+    # context there. (torch's own check; without it, the current device alone.)
+    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+    devices = ([d for d in range(torch.cuda.device_count()) if has_context(d)]
+               if has_context is not None else [torch.cuda.current_device()])
+    for d in devices:
+        torch.cuda.current_stream(d).synchronize()
 
 
 def typed_error(exc: BaseException, writer: MvcStorageWriter) -> BaseException:

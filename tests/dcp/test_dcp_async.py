@@ -145,6 +145,59 @@ def test_an_asynchronous_stager_has_copied_the_state_when_async_save_returns(tmp
         assert torch.equal(repo.read_state(cid)["w"], torch.zeros(1000))
 
 
+def test_async_save_waits_for_the_callers_streams_before_dcp_stages(tmp_path, monkeypatch):
+    """DCP's asynchronous stager copies on a stream and thread of its own: `async_save` waits
+    for the caller's current stream on each device with a CUDA context first, and on no other
+    device (that wait would start a context there). CUDA is stood in for: this machine may have
+    none; the CUDA-marked test below runs it on a GPU."""
+    import mvc.dcp.asyncsave as asyncsave
+
+    events: list[str] = []
+
+    class Stream:
+        def __init__(self, d: int) -> None:
+            self.d = d
+
+        def synchronize(self) -> None:
+            events.append(f"wait {self.d}")
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d: Stream(d))
+    monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda d: d != 1, raising=False)
+    real = asyncsave.dcp.async_save
+
+    def staged(*a, **kw):
+        events.append("dcp")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(asyncsave.dcp, "async_save", staged)
+    Repo.init(tmp_path / "repo").close()
+    async_save({"w": torch.zeros(10)}, MvcStorageWriter(tmp_path / "repo", message="m",
+                                                        lossless=True), no_dist=True).result()
+    assert events == ["wait 0", "wait 2", "dcp"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_an_asynchronous_default_stager_copies_after_the_last_step(
+        tmp_path):  # pragma: no cover - no GPU in CI
+    """The step's update is queued behind a sleep on the stream when `async_save` is called
+    with DCP's asynchronous, non-blocking stager: the commit holds the updated values."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    Repo.init(tmp_path / "repo").close()
+    p = torch.zeros(1 << 20, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    p.add_(1.0)
+    stager = DefaultStager(StagingOptions(use_async_staging=True, use_non_blocking_copy=True))
+    cid = async_save({"p": p}, MvcStorageWriter(tmp_path / "repo", message="m", lossless=True),
+                     async_stager=stager, no_dist=True).result()
+    stager.close()
+    with Repo(tmp_path / "repo") as repo:
+        assert torch.equal(repo.read_state(cid)["p"], torch.ones(1 << 20))
+
+
 def test_a_failure_after_the_commit_landed_is_published_error():
     w = MvcStorageWriter("unused", message="x")
     w.commit_id = "c" * 32
