@@ -63,6 +63,8 @@ class GradientEMA:
         self._slabs: list[torch.Tensor] = []
         self._layout: dict[str, tuple[torch.Size, list[Piece]]] = {}
         self._pending: list[str] = []       # staged, not folded yet
+        #: the host gradients of the step `_pending` belongs to (copies), folded with them
+        self._pending_host: list[tuple[str, torch.Tensor]] = []
         #: Steps left out for a NaN or infinite gradient (`accumulate`).
         self.skipped = 0
         self._events: list[Any] = []        # one per device the pending copies run on
@@ -88,10 +90,14 @@ class GradientEMA:
         if here and not all(bool(torch.isfinite(g).all()) for _, g in here):
             self.skipped += 1
             return
-        for name, g in here:
-            self._fold(name, g)
-        if staged:
-            self._stage(staged)
+        if not staged:
+            for name, g in here:
+                self._fold(name, g)
+            return
+        # The step's host gradients wait with its device ones until those are known finite
+        # (a model partly on the CPU): as copies, since the loop's next backward overwrites them.
+        self._pending_host = [(name, g.to(torch.float32, copy=True)) for name, g in here]
+        self._stage(staged)
 
     def fold_pending(self) -> None:
         """Fold the gradients still being copied from the GPU (waits for those copies); a step
@@ -103,7 +109,9 @@ class GradientEMA:
         else:
             for name in self._pending:
                 self._fold_staged(name)
-        self._pending, self._events = [], []
+            for name, g in self._pending_host:
+                self._fold(name, g)
+        self._pending, self._events, self._pending_host = [], [], []
 
     def _staged_finite(self, name: str) -> bool:
         return all(bool(torch.isfinite(self._slabs[slab][at:at + n]).all())
@@ -119,7 +127,7 @@ class GradientEMA:
         """Drop everything accumulated (a resume from another commit, say)."""
         for event in self._events:   # the slabs are written into until these copies end
             event.synchronize()
-        self._ema, self._pending, self._events = {}, [], []
+        self._ema, self._pending, self._events, self._pending_host = {}, [], [], []
 
     # ------------------------------------------------------------------ pinned staging
     def _stage(self, staged: list[tuple[str, torch.Tensor]]) -> None:

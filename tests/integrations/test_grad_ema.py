@@ -103,15 +103,19 @@ def test_slab_size_is_checked():
             GradientEMA(torch.nn.Linear(2, 2), slab_values=bad)
 
 
-@pytest.mark.parametrize("path", ["host", "staged"])
+@pytest.mark.parametrize("path", ["host", "staged", "mixed"])
 def test_a_step_with_a_nonfinite_gradient_is_left_out_whole(monkeypatch, path):
     """A mixed-precision loss scaler's overflow step (inf / NaN gradients, a step the optimizer
     skips) stays out of the average, on the host path and on the pinned-slab path alike: in
-    it, it would make every later commit's tensors unquantizable."""
+    it, it would make every later commit's tensors unquantizable. "mixed": a model partly on
+    the CPU (its biases here) whose NaN is in a staged gradient, known only when the copy is
+    done: the step's host gradients are left out with it, not folded before."""
     import mvc.integrations.grad_ema as grad_ema
 
     if path == "staged":
         monkeypatch.setattr(grad_ema, "_staged", lambda t: True)
+    if path == "mixed":
+        monkeypatch.setattr(grad_ema, "_staged", lambda t: t.dim() > 1)
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
     clean, spoilt = GradientEMA(model), GradientEMA(model)
     g = torch.Generator().manual_seed(0)
