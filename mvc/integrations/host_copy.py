@@ -141,24 +141,39 @@ def copy_through_staging(pairs: list[tuple[torch.Tensor, torch.Tensor]],
     buffers elsewhere (the same pieces, so a host-only machine tests the packing)."""
     if staging_bytes <= 0:
         raise ValueError(f"staging_bytes must be positive, got {staging_bytes}")
-    views: list[tuple[torch.Tensor, torch.Tensor]] = []
+    views: list[tuple[torch.Tensor, torch.Tensor]] = []   # (source, destination bytes)
     for src, dst in pairs:
         if src.numel() == 0:
             continue
-        s, d = _bytes_of(src), _bytes_of(dst)
-        if s is None or d is None:   # a dtype with no byte view: copied as it is, synchronously
+        d = _bytes_of(dst)
+        if d is None or not _byte_viewable(src.dtype):   # copied as it is, synchronously
             dst.copy_(src)
             continue
-        views.append((s, d))
-    # batch i: what one buffer stages, (offset in it, source bytes, destination bytes)
-    batches: list[list[tuple[int, torch.Tensor, torch.Tensor]]] = []
-    for (s, d), pieces in zip(views, cut([s.numel() for s, _ in views], staging_bytes)):
+        views.append((src, d))
+    # batch i: what one buffer stages, (offset in it, view, start, length in bytes)
+    batches: list[list[tuple[int, int, int, int]]] = []
+    last: dict[int, int] = {}   # view -> the batch its last piece is staged in
+    for k, pieces in enumerate(cut([d.numel() for _, d in views], staging_bytes)):
         for b, at, start, n in pieces:
             if b == len(batches):
                 batches.append([])
-            batches[b].append((at, s[start:start + n], d[start:start + n]))
+            batches[b].append((at, k, start, n))
+            last[k] = b
     if not batches:
         return
+    # A non-contiguous source's contiguous copy (on its device) is made when its first piece
+    # is staged and dropped after its last: a channels_last CNN's weights and moments would
+    # otherwise be copied whole on the GPU before the first piece moved.
+    live: dict[int, torch.Tensor] = {}
+
+    def source(k: int) -> torch.Tensor:
+        got = live.get(k)
+        if got is None:
+            got = _bytes_of(views[k][0])
+            assert got is not None   # its dtype views as bytes
+            live[k] = got
+        return got
+
     cuda = pairs[0][0].device.type == "cuda"
     with torch.cuda.device(pairs[0][0].device) if cuda else contextlib.nullcontext():
         bufs = [torch.empty(staging_bytes, dtype=torch.uint8, pin_memory=cuda)
@@ -167,8 +182,12 @@ def copy_through_staging(pairs: list[tuple[torch.Tensor, torch.Tensor]],
 
         def fill(i: int) -> None:
             buf = bufs[i % len(bufs)]
-            for at, src, _ in batches[i]:
-                buf[at:at + src.numel()].copy_(src, non_blocking=cuda)
+            for at, k, start, n in batches[i]:
+                buf[at:at + n].copy_(source(k)[start:start + n], non_blocking=cuda)
+                if last[k] == i:
+                    # freed while its copy may run: the allocator gives the block only to
+                    # work queued after it on this stream
+                    del live[k]
             if cuda:
                 ready[i % len(bufs)] = torch.cuda.Event()
                 ready[i % len(bufs)].record()
@@ -179,10 +198,19 @@ def copy_through_staging(pairs: list[tuple[torch.Tensor, torch.Tensor]],
             if cuda:
                 ready[i % len(bufs)].synchronize()
             buf = bufs[i % len(bufs)]
-            for at, _, dst in batches[i]:
-                dst.copy_(buf[at:at + dst.numel()])
+            for at, k, start, n in batches[i]:
+                views[k][1][start:start + n].copy_(buf[at:at + n])
             if i + len(bufs) < len(batches):
                 fill(i + len(bufs))   # this buffer is empty again
+
+
+def _byte_viewable(dtype: torch.dtype) -> bool:
+    """Whether torch views tensors of `dtype` as bytes (not sub-byte or quantized ones)."""
+    try:
+        torch.empty(0, dtype=dtype).view(torch.uint8)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return True
 
 
 def _bytes_of(t: torch.Tensor) -> torch.Tensor | None:

@@ -49,6 +49,36 @@ def test_batches_fill_the_buffer_and_cut_large_tensors():
                and sum(p[3] for p in item) == n for item, n in zip(pieces, sizes))
 
 
+def test_non_contiguous_sources_are_made_contiguous_one_batch_at_a_time(monkeypatch):
+    """A non-contiguous source (a channels_last conv weight, its Adam moments) is made
+    contiguous on its device when its first piece is staged and dropped after its last: not
+    every one of them at once before the first piece moves, a second copy of them all on the
+    GPU."""
+    import weakref
+
+    import mvc.integrations.host_copy as host_copy
+
+    alive, peak = [0], [0]
+    real = host_copy._bytes_of
+
+    def counted(t: torch.Tensor) -> torch.Tensor | None:
+        got = real(t)
+        if got is not None and not t.is_contiguous():
+            alive[0] += 1
+            peak[0] = max(peak[0], alive[0])
+            weakref.finalize(got.untyped_storage(), lambda: alive.__setitem__(0, alive[0] - 1))
+        return got
+
+    monkeypatch.setattr(host_copy, "_bytes_of", counted)
+    g = torch.Generator().manual_seed(0)
+    srcs = [torch.randn(8, 3, 5, 5, generator=g).to(memory_format=torch.channels_last)
+            for _ in range(6)]
+    dsts = [torch.empty(s.shape) for s in srcs]
+    copy_through_staging(list(zip(srcs, dsts)), 256)   # each source spans several batches
+    assert all(torch.equal(d, s) for s, d in zip(srcs, dsts))
+    assert peak[0] <= 2, peak   # a batch's last piece of one and first of the next, at most
+
+
 def test_a_staging_size_must_be_positive():
     with pytest.raises(ValueError, match="positive"):
         copy_through_staging([(torch.ones(2), torch.empty(2))], 0)
