@@ -11,11 +11,17 @@ import torch
 
 from mvc.errors import DataError
 
-__all__ = ["BITS_DTYPES", "bits_view", "dtype_name", "parse_dtype"]
+__all__ = ["BITS_DTYPES", "QUANTIZABLE", "bits_view", "dtype_name", "parse_dtype"]
 
 #: The integer dtype of each element size: views through it move any dtype
 #: bit-exactly, even those without copy kernels (uint1..7, float8 variants).
 BITS_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+#: The floating-point dtypes a lossy commit may quantize. The 1-byte ones (float8 variants,
+#: the e8m0 scale type) and packed float4 are stored exactly: they are already 8 bits or
+#: fewer, torch lacks most kernels for them (float4 does not even convert to float32), and an
+#: e8m0 scale has no zero for a pruned value to take.
+QUANTIZABLE = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
 
 def dtype_name(dtype: torch.dtype) -> str:

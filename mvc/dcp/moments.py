@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from mvc.dtypes import QUANTIZABLE
 from mvc.quant import LogSketch, QuantizedTensor, quantize_prepared
 from mvc.quant._kernels import log_positive   # the exact log values one process quantizes
 from mvc.quant.assign import level_dtype
@@ -222,7 +223,7 @@ def _contributions(tensors: Mapping[str, torch.Tensor], shards: Mapping[str, dic
         t = tensors[n]
         g = of[n]
         shape = shards[n]["shape"] if n in shards else list(t.shape)
-        mine = local.setdefault(g, _Local(shape, t.is_floating_point()))
+        mine = local.setdefault(g, _Local(shape, t.dtype in QUANTIZABLE))
         if not mine.floating or math.prod(shape) < MIN_NUMEL:
             continue
         flat = t.detach().reshape(-1)

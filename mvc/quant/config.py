@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 import torch
 
+from mvc.dtypes import QUANTIZABLE
 from mvc.layer_types import layer_type
 from mvc.quant.errors import QuantConfigError
 from mvc.quant.importance import check_metric
@@ -150,7 +151,7 @@ class QuantPolicy:
 
     def should_quantize(self, name: str, tensor: torch.Tensor) -> bool:
         """True if `tensor` (named `name` in the state dict) is to be quantized."""
-        if not tensor.is_floating_point():
+        if tensor.dtype not in QUANTIZABLE:   # include= cannot make an fp8 tensor quantizable
             return False
         if any(fnmatch.fnmatchcase(name, p) for p in self.exclude):
             return False

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mvc.dtypes import bits_view
 from mvc.errors import InternalError
 from mvc.quant._kernels import AssignStats, Partition, assign_into, dequant, gather_level
 from mvc.quant.assign import assign, level_dtype, level_means, midpoints, native_ok
@@ -126,10 +127,12 @@ class QuantizedTensor:
                     "inconsistent quantized parts: level out of range or protected count mismatch")
             return out.reshape(self.levels.shape)
         idx = flat if flat.dtype in (torch.int32, torch.int64) else flat.to(torch.int32)
-        out = torch.index_select(table, 0, idx)
+        # over the values' bits: exact, and every dtype has integer kernels (a float8 tensor
+        # an earlier mvc quantized has no masked_scatter of its own)
+        out = torch.index_select(bits_view(table), 0, idx)
         if self.protected.numel():
-            out.masked_scatter_(flat == self.protected_level, self.protected.to(dev))
-        return out.reshape(self.levels.shape)
+            out.masked_scatter_(flat == self.protected_level, bits_view(self.protected.to(dev)))
+        return out.view(self.dtype).reshape(self.levels.shape)
 
     @classmethod
     def from_parts(cls, levels: torch.Tensor, centroids: torch.Tensor, protected: torch.Tensor,
