@@ -163,6 +163,19 @@ def all_tensors(state: Any) -> list[torch.Tensor]:
     return found
 
 
+def on_device(state: Any, device: str | torch.device) -> Any:
+    """`state` with every tensor moved to `device` (dicts, lists and plain tuples rebuilt)."""
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, dict):
+        return {k: on_device(v, device) for k, v in state.items()}
+    if isinstance(state, list):
+        return [on_device(v, device) for v in state]
+    if type(state) is tuple:
+        return tuple(on_device(v, device) for v in state)
+    return state
+
+
 def assert_same_sharing(a: Any, b: Any) -> None:
     """Object identity and storage sharing (with relative byte offsets) match pairwise."""
     ta, tb = all_tensors(a), all_tensors(b)

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import torch
+from checkpoints import on_device
 from locations import HELPERS
 
 from mvc.quant import QuantConfig, QuantizedTensor, quantize
@@ -397,7 +398,7 @@ def test_cuda_commit_inside_a_side_stream_stores_what_the_host_stores(
         return orig(plan, names, **kw)
 
     monkeypatch.setattr(pipeline, "write", written_late)
-    on_gpu = to_device(state, "cuda")
+    on_gpu = on_device(state, "cuda")
     side = torch.cuda.Stream()
     torch.cuda.synchronize()
     with torch.cuda.stream(side), Repo(lossy_repo(tmp_path / "dev")) as repo:
@@ -405,16 +406,6 @@ def test_cuda_commit_inside_a_side_stream_stores_what_the_host_stores(
     torch.cuda.synchronize()
     assert late
     same_records(got, want)
-
-
-def to_device(obj: Any, device: str) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: to_device(v, device) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [to_device(v, device) for v in obj]
-    return obj
 
 
 @cuda

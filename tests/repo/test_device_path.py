@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from checkpoints import on_device
 from torch import nn
 
 from mvc.quant import quantize
@@ -148,16 +149,6 @@ def test_quantize_is_the_same_on_both_paths(kw):
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def _on(state: Any, device: str) -> Any:
-    if isinstance(state, torch.Tensor):
-        return state.to(device)
-    if isinstance(state, dict):
-        return {k: _on(v, device) for k, v in state.items()}
-    if isinstance(state, list):
-        return [_on(v, device) for v in state]
-    return state
-
-
 @cuda
 def test_cuda_history_matches_the_host_one(tmp_path):  # pragma: no cover - no GPU in CI
     """The same levels, centroids and protected values from a CUDA state as from the host one,
@@ -168,7 +159,7 @@ def test_cuda_history_matches_the_host_one(tmp_path):  # pragma: no cover - no G
     out = {}
     for dev in ("cpu", "cuda"):
         with Repo.init(tmp_path / dev) as repo:
-            ids = [repo.commit(_on(s, dev), f"c{i}", epsilon=PROXY_EPSILON)
+            ids = [repo.commit(on_device(s, dev), f"c{i}", epsilon=PROXY_EPSILON)
                    for i, s in enumerate(states)]
             commits = [repo.read_commit(c) for c in ids]
             quantized, sizes = [], []
@@ -180,7 +171,7 @@ def test_cuda_history_matches_the_host_one(tmp_path):  # pragma: no cover - no G
             out[dev] = {
                 "quant": [c.quant for c in commits], "sizes": sizes, "quantized": quantized,
                 "host": [_bits(repo.read_state(c, cache_levels=False)) for c in ids],
-                "device": [_bits(_on(repo.read_state(c, map_location="cuda", cache_levels=False),
+                "device": [_bits(on_device(repo.read_state(c, map_location="cuda", cache_levels=False),
                                      "cpu")) for c in ids]}
     assert out["cuda"]["quant"] == out["cpu"]["quant"]
     assert out["cuda"]["quantized"] == out["cpu"]["quantized"]
