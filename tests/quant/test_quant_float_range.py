@@ -1,10 +1,14 @@
-"""Floats of a byte or less (float8 variants, the e8m0 scale type, packed float4) in a lossy commit.
+"""Floats the float32 quantizer cannot take as they are, in a lossy commit: those of a byte or
+less (float8 variants, the e8m0 scale type, packed float4), and float64 tensors whose values lie
+outside float32's range.
 
 They are stored exactly: torch lacks most kernels for them (float4 does not convert to float32,
 which the quantizer's sketches need; float8 has no masked_scatter, which a restore took), and
 they are 8 bits or fewer already. Before, a float4 tensor made a lossy commit fail, and a float8
 one committed quantized and then could not be checked out. A float8 quantization such a commit
-stored still restores (the lookup runs over the values' bits).
+stored still restores (the lookup runs over the values' bits). A float64 tensor of values near
+1e-50 became zeros in float32, measured against themselves as a perfect quantization, and was
+stored as zeros: it is now stored exactly.
 """
 from __future__ import annotations
 
@@ -75,3 +79,19 @@ def test_a_stored_float8_quantization_restores(dtype):
     want[kept] = table.view(torch.uint8)[flat[kept]]
     want[flat == q.protected_level] = q.protected.view(torch.uint8)
     assert _bits(got) == _bits(want.view(dtype).reshape(t.shape))
+
+
+@pytest.mark.parametrize("scale", [1e-50, 1e-42, 1e50])
+def test_float64_values_outside_float32s_range_are_stored_exactly(tmp_path, scale):
+    g = torch.Generator().manual_seed(2)
+    t = torch.randn(64, 128, generator=g, dtype=torch.float64) * scale
+    ok = torch.randn(64, 128, generator=g, dtype=torch.float64)
+    assert not QuantPolicy().should_quantize("layers.0.weight", t)
+    assert QuantPolicy().should_quantize("layers.1.weight", ok)
+    with Repo.init(tmp_path / "r") as repo:
+        cid = repo.commit({"layers.0.weight": t, "layers.1.weight": ok}, "f64", epsilon=0.05)
+        recs = {r.name: r for r in repo.read_snapshot(repo.read_commit(cid).snapshot).tensors}
+        back = repo.read_state(cid)
+    assert not lossy.is_quantized(recs["layers.0.weight"])
+    assert lossy.is_quantized(recs["layers.1.weight"])
+    assert torch.equal(back["layers.0.weight"], t)
