@@ -11,7 +11,7 @@ import torch
 
 from mvc.errors import DataError
 
-__all__ = ["BITS_DTYPES", "QUANTIZABLE", "bits_view", "dtype_name", "parse_dtype"]
+__all__ = ["BITS_DTYPES", "QUANTIZABLE", "bits_view", "dtype_name", "float32_faithful", "parse_dtype"]
 
 #: The integer dtype of each element size: views through it move any dtype
 #: bit-exactly, even those without copy kernels (uint1..7, float8 variants).
@@ -46,3 +46,23 @@ def bits_view(t: torch.Tensor) -> torch.Tensor:
     `t` itself when it is that integer dtype already or no integer dtype has its size."""
     bits = BITS_DTYPES.get(t.element_size())
     return t if bits is None or t.dtype == bits else t.view(bits)
+
+
+#: How much of a float64 tensor's norm its float32 copy may lose and still be quantized.
+FLOAT32_LOSS = 1e-6
+
+
+def float32_faithful(t: torch.Tensor) -> bool:
+    """Whether the float32 copy the quantizer works on keeps `t`'s values (True for a dtype no
+    wider than float32). A float64 tensor whose values lie below float32's range (1e-50, say)
+    becomes zeros, which would be measured against themselves as a perfect quantization; one
+    past it becomes infinite. (NaN / Inf values of its own are the non-finite policy's to
+    judge: True here.)"""
+    if t.dtype != torch.float64:
+        return True
+    x = t.detach()
+    x32 = x.to(torch.float32)
+    if not bool(torch.isfinite(x32).all()):
+        return not bool(torch.isfinite(x).all())
+    norm = float(x.norm())
+    return norm == 0.0 or float((x - x32.to(torch.float64)).norm()) <= FLOAT32_LOSS * norm

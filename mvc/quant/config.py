@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import torch
 
-from mvc.dtypes import QUANTIZABLE
+from mvc.dtypes import QUANTIZABLE, float32_faithful
 from mvc.layer_types import layer_type
 from mvc.quant.errors import QuantConfigError
 from mvc.quant.importance import check_metric
@@ -153,7 +153,7 @@ class QuantPolicy:
         """True if `tensor` (named `name` in the state dict) is to be quantized."""
         if tensor.dtype not in QUANTIZABLE:   # include= cannot make an fp8 tensor quantizable
             return False
-        if tensor.dtype == torch.float64 and not _float32_faithful(tensor):
+        if not float32_faithful(tensor):
             return False
         if any(fnmatch.fnmatchcase(name, p) for p in self.exclude):
             return False
@@ -171,20 +171,3 @@ class QuantPolicy:
     def from_dict(cls, data: Mapping[str, Any]) -> QuantPolicy:
         """Rebuild from `to_dict()` output; unknown keys raise `QuantConfigError`."""
         return _from_dict(cls, data)
-
-
-#: How much of a float64 tensor's norm its float32 copy may lose and still be quantized.
-FLOAT32_LOSS = 1e-6
-
-
-def _float32_faithful(t: torch.Tensor) -> bool:
-    """Whether the float32 copy the quantizer works on keeps a float64 tensor's values: one
-    whose values lie below float32's range (1e-50, say) becomes zeros, which would be measured
-    against themselves as a perfect quantization; one past it becomes infinite. (NaN / Inf
-    values of its own are the non-finite policy's to judge: True here.)"""
-    x = t.detach()
-    x32 = x.to(torch.float32)
-    if not bool(torch.isfinite(x32).all()):
-        return not bool(torch.isfinite(x).all())
-    norm = float(x.norm())
-    return norm == 0.0 or float((x - x32.to(torch.float64)).norm()) <= FLOAT32_LOSS * norm

@@ -76,7 +76,7 @@ from typing import Any, Iterable, Literal, Mapping, NamedTuple
 
 import torch
 
-from mvc.dtypes import QUANTIZABLE
+from mvc.dtypes import QUANTIZABLE, float32_faithful
 from mvc.errors import UsageError
 from mvc.native.parallel import pmap, pmap_sized
 from mvc.quant._kernels import (
@@ -482,7 +482,7 @@ def quantize_optimizer_state(tensors: Mapping[str, torch.Tensor],
         if parsed is None:
             continue
         domain = MOMENT_KEYS[parsed[2]]
-        if t.dtype not in QUANTIZABLE or t.numel() < min_numel:
+        if t.dtype not in QUANTIZABLE or t.numel() < min_numel or not float32_faithful(t):
             continue
         wq = None
         if domain == "linear":

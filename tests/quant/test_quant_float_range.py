@@ -95,3 +95,13 @@ def test_float64_values_outside_float32s_range_are_stored_exactly(tmp_path, scal
     assert not lossy.is_quantized(recs["layers.0.weight"])
     assert lossy.is_quantized(recs["layers.1.weight"])
     assert torch.equal(back["layers.0.weight"], t)
+
+
+def test_a_float64_moment_outside_float32s_range_is_stored_exactly():
+    from mvc.quant.optimizer import quantize_optimizer_state
+
+    g = torch.Generator().manual_seed(3)
+    v = torch.rand(8192, generator=g, dtype=torch.float64) * 1e-50
+    ok = torch.rand(8192, generator=g, dtype=torch.float64) * 1e-6
+    got = quantize_optimizer_state({"opt/state/0/exp_avg_sq": v, "opt/state/1/exp_avg_sq": ok})
+    assert "opt/state/0/exp_avg_sq" not in got and "opt/state/1/exp_avg_sq" in got
