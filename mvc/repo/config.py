@@ -102,7 +102,8 @@ _RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "commit.base_every": (lambda v: v >= 0, ">= 0 (0: never forced)"),
     "commit.delta_max_ratio": (lambda v: 0.0 < v <= 1.0, "in (0, 1]"),
     "commit.chain_budget": (lambda v: v >= 0.0 and math.isfinite(v), ">= 0 (0: no budget)"),
-    "commit.chunk_mib": (lambda v: 1 <= v <= 4096, "in [1, 4096]"),
+    # 4096 MiB is 2^32 bytes: one more than the largest value LMDB stores
+    "commit.chunk_mib": (lambda v: 1 <= v <= 4095, "in [1, 4095]"),
     "core.lock_timeout": (lambda v: v >= 0.0 and math.isfinite(v), ">= 0 seconds"),
     "quality.epsilon": (lambda v: 0.0 < v < 1.0, "in (0, 1) (a relative degradation)"),
     "quality.tensor_cap": (lambda v: v > 0.0 and math.isfinite(v),

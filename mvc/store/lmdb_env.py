@@ -78,12 +78,17 @@ FULL_BELOW_BYTES = 64 * MiB
 
 #: What LMDB raises when its own pages make no sense (a damaged file), not for an I/O failure.
 _DAMAGED = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError,
-            lmdb.IncompatibleError, lmdb.BadValsizeError, lmdb.VersionMismatchError)
+            lmdb.IncompatibleError, lmdb.VersionMismatchError)
 
 
 def io_error(where: str, exc: BaseException, need: int = 0) -> MvcError:
     """The typed error for an LMDB / OS failure at `where`: a damaged store file, disk full or
     another I/O error."""
+    if isinstance(exc, lmdb.BadValsizeError):
+        # a key or value LMDB cannot hold (a value of 4 GiB or more): asked of it by mvc, not
+        # found in the file
+        return InternalError(f"store {where}: a key or value of a size LMDB cannot hold "
+                             f"({exc}); nothing was changed")
     if isinstance(exc, _DAMAGED):
         return StoreFormatError(f"the mvc store at {where} is damaged ({exc}); nothing was "
                                 "changed: restore .mvc from a backup or clone it again from a "

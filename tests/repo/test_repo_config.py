@@ -17,6 +17,7 @@ from mvc.repo.config import Config, ConfigError
     ("quality.epsilon", "0"),
     ("core.lock_timeout", "-3"),
     ("commit.chunk_mib", "0"),
+    ("commit.chunk_mib", "4096"),   # 2^32-byte chunks: one more byte than an LMDB value holds
     ("cache.levels_keep", "-1"),
 ])
 def test_invalid_values_are_refused_when_set(tmp_path, key, value):

@@ -140,3 +140,17 @@ def test_a_damaged_overflow_page_count_stops_fsck_and_deletes_not_reads(tmp_path
     p = subprocess.run([*MVC, "fsck"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert p.returncode == 63 and "overflow page" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_a_value_lmdb_cannot_hold_is_a_bug_not_a_damaged_store(tmp_path):
+    """LMDB refuses a value of 4 GiB or more (MDB_BAD_VALSIZE) whatever its file holds: that is
+    a size mvc asked for, not damage, so the user is not sent to restore a sound store."""
+    import lmdb
+
+    from mvc.errors import InternalError
+    from mvc.store.lmdb_env import io_error
+
+    got = io_error(str(tmp_path), lmdb.BadValsizeError("mdb_put: MDB_BAD_VALSIZE"))
+    assert isinstance(got, InternalError) and not isinstance(got, StoreFormatError)
+    assert "damaged" not in str(got)
+    assert isinstance(io_error(str(tmp_path), lmdb.CorruptedError("x")), StoreFormatError)
