@@ -133,9 +133,12 @@ def _levels_np(t: torch.Tensor, n_levels: int, what: str, dtype: Optional[np.dty
 
 def _census(levels: np.ndarray, n_levels: int) -> np.ndarray | None:
     """int64 count of each level in [0, n_levels) of flat `levels`, or None when one is outside:
-    the range check and the protected count in one pass (native and threaded for uint8)."""
-    if levels.dtype == np.uint8 and levels.size:
-        counts = level_census(torch.from_numpy(levels), n_levels)
+    the range check and the protected count in one pass (native and threaded for 8- and 16-bit
+    levels; numpy's bincount would make an int64 copy of them: 8 bytes a value)."""
+    if levels.dtype in (np.uint8, np.uint16) and levels.size:
+        flat = levels.reshape(-1)
+        view = flat if flat.dtype == np.uint8 else flat.view(np.int16)   # the C reads uint16
+        counts = level_census(torch.from_numpy(view), n_levels)
         return counts.numpy() if counts is not None else None
     if levels.size and (int(levels.min()) < 0 or int(levels.max()) >= n_levels):
         return None

@@ -316,3 +316,23 @@ def test_cuda_inputs():  # pragma: no cover - CPU-only CI
     enc = qc.encode_delta(qg, torch.from_numpy(levels).cuda(), 10)
     r = qc.decode_delta(enc.meta, payload(enc), q.dtype, (1000,), torch.from_numpy(levels))
     assert_same(q, r)
+
+
+@pytest.mark.parametrize("dtype, n_levels", [(np.uint8, 200), (np.uint16, 300)])
+def test_the_level_census_counts_without_a_wide_copy(dtype, n_levels):
+    """16-bit levels (more than 254 bins) are counted by the native pass too: numpy's bincount
+    made an int64 copy of them, 8 bytes a value (17 GB for a 2.1e9-value tensor)."""
+    import tracemalloc
+
+    from mvc.codecs.quantized import _census
+
+    levels = np.random.default_rng(0).integers(0, n_levels, 1 << 20).astype(dtype)
+    tracemalloc.start()
+    try:
+        got = _census(levels, n_levels)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got is not None and np.array_equal(got, np.bincount(levels, minlength=n_levels))
+    assert peak < levels.nbytes // 4, peak
+    assert _census(levels, n_levels - 1) is None   # a level outside the range
