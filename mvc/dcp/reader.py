@@ -34,7 +34,7 @@ from mvc.dtypes import parse_dtype
 from mvc.errors import UsageError
 from mvc.repo.objects import TensorRecord
 from mvc.repo.repository import Repo
-from mvc.repo.shards import shard_of
+from mvc.repo.shards import ShardLayoutError, check_tiling, shard_of
 
 from mvc.dcp.layout import fqn_view
 from mvc.dcp.remote import RemoteTarget, UsesTarget, is_url, open_target
@@ -103,6 +103,7 @@ class MvcStorageReader(UsesTarget, StorageReader):
                 raise DcpLayoutError(f"tensor {fqn!r} of commit {cid[:12]} is a view into a "
                                      "storage it shares; DCP cannot load it")
             info = skel["entries"][entry]
+            _check_layout(fqn, groups.get(entry, []), info)
             chunks = []
             for rec in groups.get(entry, []):
                 shard = shard_of(rec)
@@ -166,3 +167,23 @@ class MvcStorageReader(UsesTarget, StorageReader):
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
+
+
+def _check_layout(fqn: str, records: list[TensorRecord], entry: dict[str, Any]) -> None:
+    """Raise `ShardLayoutError` unless `records` restore the skeleton `entry` of tensor `fqn`
+    whole: one record of its shape and dtype, or shards that tile it (`check_tiling`). DCP
+    copies each chunk into its place in the caller's tensor, so a part no record holds would
+    keep whatever the caller's tensor held before (a checkout refuses such a commit when it
+    assembles the shards; a load must too)."""
+    shards = [(rec, info) for rec in records if (info := shard_of(rec)) is not None]
+    whole = [rec for rec in records if shard_of(rec) is None]
+    if shards and whole:
+        raise ShardLayoutError(f"tensor {fqn!r} is stored both whole and in shards")
+    if shards:
+        check_tiling(fqn, shards, shape=entry["shape"], dtype=entry["dtype"])
+        return
+    if len(whole) != 1 or list(whole[0].shape) != list(entry["shape"]) \
+            or whole[0].dtype != entry["dtype"]:
+        got = ", ".join(f"{r.dtype} {list(r.shape)}" for r in whole) or "no record"
+        raise ShardLayoutError(f"tensor {fqn!r}: the commit says {entry['dtype']} "
+                               f"{list(entry['shape'])}, its records hold {got}")

@@ -23,6 +23,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from mvc.errors import DataError
@@ -117,26 +118,50 @@ def assemble(records: Sequence[TensorRecord], tensors: Mapping[str, torch.Tensor
     return out
 
 
+def check_tiling(name: str, members: Sequence[tuple[TensorRecord, dict[str, Any]]],
+                 shape: Sequence[int] | None = None, dtype: str | None = None) -> None:
+    """Raise `ShardLayoutError` unless the shard records `members` ((record, `shard_of`)) of
+    tensor `name` tile its global shape exactly: one global shape (`shape`, the skeleton's,
+    where given) and one dtype (`dtype` where given), element counts that add up, and no two
+    shards overlapping (each lies inside the tensor: `shard_of`). From the records alone:
+    nothing is decoded or allocated."""
+    first_rec, first = members[0]
+    want_shape = list(shape) if shape is not None else first["shape"]
+    want_dtype = dtype if dtype is not None else first_rec.dtype
+    for rec, info in members:
+        if info["shape"] != want_shape or rec.dtype != want_dtype:
+            raise ShardLayoutError(f"tensor {name!r}: its shards disagree on the global "
+                                   f"shape or dtype ({want_shape} {want_dtype} expected, "
+                                   f"{rec.name!r} says {info['shape']} {rec.dtype})")
+    held = sum(math.prod(rec.shape) for rec, _ in members)
+    if held != math.prod(want_shape):
+        raise ShardLayoutError(f"tensor {name!r}: its shards hold {held} elements, "
+                               f"the tensor {math.prod(want_shape)}")
+    boxes = [(info["offsets"], rec.shape, rec.name) for rec, info in members
+             if math.prod(rec.shape)]
+    if len(boxes) > 1:
+        lo = np.array([b[0] for b in boxes], dtype=np.int64)
+        hi = lo + np.array([list(b[1]) for b in boxes], dtype=np.int64)
+        # boxes i and j overlap when they do along every dimension
+        meet = np.asarray(((lo[:, None, :] < hi[None, :, :])
+                           & (lo[None, :, :] < hi[:, None, :])).all(axis=2))
+        np.fill_diagonal(meet, False)
+        if meet.any():
+            i = int(np.argwhere(meet)[0][0])
+            raise ShardLayoutError(f"tensor {name!r}: shard {boxes[i][2]!r} overlaps another")
+    # Element counts add up, each shard lies inside and none overlaps: every element is covered.
+
+
 def _join(name: str, members: list[tuple[TensorRecord, dict[str, Any]]],
           tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    check_tiling(name, members)
     first_rec, first = members[0]
-    shape = first["shape"]
     dtype = tensors[first_rec.name].dtype
-    for rec, info in members:
-        if info["shape"] != shape or tensors[rec.name].dtype != dtype:
-            raise ShardLayoutError(f"tensor {name!r}: its shards disagree on the global "
-                                   "shape or dtype")
-    if sum(math.prod(rec.shape) for rec, _ in members) != math.prod(shape):
-        raise ShardLayoutError(f"tensor {name!r}: its shards hold "
-                               f"{sum(math.prod(r.shape) for r, _ in members)} elements, "
-                               f"the tensor {math.prod(shape)}")
-    full = torch.empty(shape, dtype=dtype, device=tensors[first_rec.name].device)
-    seen = torch.zeros(shape, dtype=torch.bool)
+    if any(tensors[rec.name].dtype != dtype for rec, _ in members):
+        raise ShardLayoutError(f"tensor {name!r}: its shards disagree on the global "
+                               "shape or dtype")
+    full = torch.empty(first["shape"], dtype=dtype, device=tensors[first_rec.name].device)
     for rec, info in members:
         region = tuple(slice(o, o + s) for o, s in zip(info["offsets"], rec.shape))
-        if bool(seen[region].any()):
-            raise ShardLayoutError(f"tensor {name!r}: shard {rec.name!r} overlaps another")
-        seen[region] = True
         full[region] = tensors[rec.name].reshape(rec.shape)
-    # Element counts add up and nothing overlaps, so every element is covered.
     return full

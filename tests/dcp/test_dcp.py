@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from rank_procs import run_ranks
 
@@ -210,7 +211,6 @@ def test_a_save_without_epsilon_is_lossless(tmp_path):
 def test_a_tuple_holding_tensors_is_refused_by_name_and_nothing_is_committed(tmp_path):
     # DCP saves a tuple as one pickled object, tensors and all: the commit would hold tensors
     # that no write stored (a KeyError in the writer's finish). A list's tensors are tensors.
-    from torch.distributed.checkpoint.api import CheckpointException
 
     from mvc.dcp import DcpValueError
 
@@ -248,6 +248,55 @@ def test_assemble_refuses_bad_layouts():
         assemble([a, c], {a.name: t[a.name], c.name: torch.ones(2, 4)})
     with pytest.raises(ShardLayoutError):
         assemble([a, d], {a.name: t[a.name], d.name: torch.ones(2, 4)})
+
+
+def _recorded_as(repo: Repo, cid: str, rec_edit, entry_shape: list[int]) -> str:
+    """A commit on top of `cid` whose one record is edited by `rec_edit` and whose skeleton says
+    the tensor has `entry_shape`: a damaged or hostile commit, written as a commit would be."""
+    import copy
+
+    from mvc.repo.objects import Commit, Snapshot
+
+    odb = repo.reader.odb
+    com = odb.read_commit(cid)
+    snap = odb.read_snapshot(com.snapshot)
+    rec = copy.deepcopy(snap.tensors[0])
+    rec_edit(rec)
+    skel = copy.deepcopy(snap.skeleton)
+    skel["entries"]["w"]["shape"] = entry_shape
+    for o in skel["objects"]:
+        o["shape"], o["stride"] = entry_shape, [entry_shape[1], 1]
+    sid = odb.blobs.put(Snapshot([rec], skel).encode())
+    return odb.blobs.put(Commit(parents=[cid], snapshot=sid, message="crafted", time=com.time,
+                                author=com.author).encode())
+
+
+def test_a_load_refuses_records_that_do_not_make_up_the_tensor(tmp_path):
+    """DCP copies each stored chunk into its place in the caller's tensor: a commit whose
+    shards cover half of a tensor loaded the half and left the rest as the caller's tensor
+    was. The reader now checks, from the records, that they make up each tensor (the tiling
+    a checkout checks when it assembles), before DCP plans anything."""
+    repo = Repo.init(tmp_path / "repo")
+    cid = repo.commit({"w": torch.arange(32 * 64, dtype=torch.float32).reshape(32, 64)}, "half")
+
+    def half_shard(rec):
+        rec.name = shard_name("w", [0, 0], [32, 64])
+        rec.meta = dict(rec.meta, shard={"of": "w", "offsets": [0, 0], "shape": [64, 64]})
+
+    def narrower(rec):   # a whole record of another shape than the skeleton's
+        pass
+
+    for edit, why in ((half_shard, "its shards hold 2048 elements, the tensor 4096"),
+                      (narrower, r"the commit says float32 \[64, 64\], its records hold "
+                                 r"float32 \[32, 64\]")):
+        bad = _recorded_as(repo, cid, edit, [64, 64])
+        with pytest.raises(ShardLayoutError, match=why):
+            MvcStorageReader(repo, rev=bad).read_metadata()
+        target = {"w": torch.full((64, 64), 7.0)}
+        with pytest.raises(CheckpointException, match=why):   # DCP's, naming ours
+            dcp.load(target, storage_reader=MvcStorageReader(repo, rev=bad), no_dist=True)
+        assert bool((target["w"] == 7.0).all())          # nothing was loaded
+    repo.close()
 
 
 def test_a_long_lived_writer_keeps_the_levels_of_one_snapshot(tmp_path):
