@@ -349,6 +349,9 @@ def _record(check: _Checker, t: Any, i: int) -> TensorRecord:
 #: `mvc.quant.moment_bound.SQRT_FORMS`, spelled here so reading records needs no torch (a test
 #: keeps the two equal).
 MOMENT_SQRT_FORMS = ("ieee",)
+#: The domains a quantized tensor's levels may be in (`mvc.quant.optimizer`: the second
+#: moments' log domain, everything else linear).
+MOMENT_DOMAINS = ("linear", "log")
 
 
 def _check_lossy_meta(check: _Checker, meta: dict, where: str) -> None:
@@ -363,8 +366,10 @@ def _check_lossy_meta(check: _Checker, meta: dict, where: str) -> None:
         check.typed(p.get("name"), str, f"{where}: meta.parent.name")
     if "chain_cost" in meta and check.number(meta["chain_cost"], f"{where}: meta.chain_cost") < 0:
         check.fail(f"{where}: meta.chain_cost is negative")
-    if "domain" in meta:
-        check.typed(meta["domain"], str, f"{where}: meta.domain")
+    if "domain" in meta and check.typed(meta["domain"], str, f"{where}: meta.domain") \
+            not in MOMENT_DOMAINS:
+        check.fail(f"{where}: meta.domain {meta['domain']!r} is not a known domain "
+                   f"{MOMENT_DOMAINS} (written by a newer mvc?)")
     if "moment" in meta:
         m = check.typed(meta["moment"], dict, f"{where}: meta.moment")
         check.typed(m.get("partner"), str, f"{where}: meta.moment.partner")

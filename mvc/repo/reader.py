@@ -201,6 +201,8 @@ class TensorReader:
         memo: dict[str, Snapshot] = {}
         out: dict[str, torch.Tensor] = {}
         moments = [r for r in quant if r.meta.get("moment")]
+        for r in moments:   # before anything is decoded
+            _partner(r, records)
         # an earlier commit's bound takes torch's host sqrt: its pair is restored on the host
         legacy = [r for r in moments if uses_host(r.meta["moment"])]
         on_host = {r.name for r in legacy} | {_partner(r, records).name for r in legacy}
@@ -293,10 +295,18 @@ def _needed(records: list[TensorRecord], entries: Mapping[str, Any]) -> list[Ten
 
 
 def _partner(rec: TensorRecord, records: list[TensorRecord]) -> TensorRecord:
+    """The second moment a first moment's bound reads: a record of its shape that is not
+    itself bounded (a bound first moment would be clamped while another thread reads it)."""
     name = rec.meta["moment"].get("partner")
     partner = next((r for r in records if r.name == name), None)
     if partner is None:
         raise BrokenChainError(f"tensor {rec.name!r}: second moment {name!r} missing")
+    if partner.meta.get("moment") is not None:
+        raise BrokenChainError(f"tensor {rec.name!r}: its second moment {name!r} is a bound "
+                               "first moment itself")
+    if list(partner.shape) != list(rec.shape):
+        raise BrokenChainError(f"tensor {rec.name!r}: its second moment {name!r} has shape "
+                               f"{list(partner.shape)}, not {list(rec.shape)}")
     return partner
 
 
@@ -309,6 +319,7 @@ def _bound_first_moment(rec: TensorRecord, m: torch.Tensor, restored: dict[str, 
     v = restored.get(info.get("partner"))
     if v is None:
         raise BrokenChainError(f"tensor {rec.name!r}: second moment {info.get('partner')!r} missing")
-    if v.shape != m.shape:
-        return
+    if v.shape != m.shape:   # (`_partner` refuses such a pair from the records)
+        raise BrokenChainError(f"tensor {rec.name!r}: second moment {info.get('partner')!r} "
+                               f"has shape {list(v.shape)}, not {list(m.shape)}")
     clamp_first_moment(m, v, info)

@@ -89,6 +89,7 @@ SNAPSHOT_CASES = {
     "meta moment sqrt": (tensor0(meta={"moment": {"partner": "v", "ratio_bound": 2.0,
                                                   "sqrt": "fast"}}), MalformedObjectError),
     "meta chain_cost": (tensor0(meta={"chain_cost": -1}), MalformedObjectError),
+    "meta domain": (tensor0(meta={"domain": "sqrt"}), MalformedObjectError),
     "depth negative": (tensor0(depth=-3), MalformedObjectError),
     "unknown field": (tensor0(evil=1), MalformedObjectError),
     "missing field": (lambda o: o["tensors"][0].pop("chunks"), MalformedObjectError),
