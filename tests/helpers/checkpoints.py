@@ -176,6 +176,21 @@ def on_device(state: Any, device: str | torch.device) -> Any:
     return state
 
 
+def adam_state(*widths: int) -> dict[str, Any]:
+    """{"model", "optimizer"} of Linear layers between successive `widths` (default one,
+    64 -> 32) after three Adam steps: compressible moments and their partners."""
+    widths = widths or (64, 32)
+    layers = [torch.nn.Linear(a, b) for a, b in zip(widths, widths[1:])]
+    model = layers[0] if len(layers) == 1 else torch.nn.Sequential(*layers)
+    g = torch.Generator().manual_seed(0)
+    opt = torch.optim.Adam(model.parameters())
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(8, widths[0], generator=g)).pow(2).mean().backward()
+        opt.step()
+    return {"model": model.state_dict(), "optimizer": opt.state_dict()}
+
+
 def assert_same_sharing(a: Any, b: Any) -> None:
     """Object identity and storage sharing (with relative byte offsets) match pairwise."""
     ta, tb = all_tensors(a), all_tensors(b)

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 import torch
-from checkpoints import on_device
+from checkpoints import adam_state, on_device
 from locations import HELPERS
 
 from mvc.quant import QuantConfig, QuantizedTensor, quantize
@@ -533,17 +533,6 @@ def test_cuda_commits_then_compaction_in_one_process(tmp_path):  # pragma: no co
 
 
 # ----------------------------------------------------------------------------- CPU: a checkout's moments
-
-def adam_state() -> dict[str, Any]:
-    g = torch.Generator().manual_seed(0)
-    model = torch.nn.Linear(64, 32)
-    opt = torch.optim.Adam(model.parameters())
-    for _ in range(3):
-        opt.zero_grad()
-        model(torch.randn(8, 64, generator=g)).pow(2).mean().backward()
-        opt.step()
-    return {"model": model.state_dict(), "optimizer": opt.state_dict()}
-
 
 def test_a_checkout_to_cuda_sends_moment_levels_except_an_earlier_commits(tmp_path, monkeypatch):
     """A commit's Adam moments have their levels looked up on the GPU like the weights (their

@@ -8,23 +8,12 @@ from __future__ import annotations
 import copy
 
 import pytest
-import torch
+from checkpoints import adam_state
 
 from mvc.quant import QuantConfig
 from mvc.repo.objects import Commit, Snapshot
 from mvc.repo.records import BrokenChainError
 from mvc.repo.repository import Repo
-
-
-def adam_state() -> dict:
-    g = torch.Generator().manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 48))
-    opt = torch.optim.Adam(model.parameters())
-    for _ in range(3):
-        opt.zero_grad()
-        model(torch.randn(8, 64, generator=g)).pow(2).mean().backward()
-        opt.step()
-    return {"model": model.state_dict(), "optimizer": opt.state_dict()}
 
 
 def crafted(repo: Repo, cid: str, edit) -> str:
@@ -43,7 +32,7 @@ def test_a_partner_that_is_no_second_moment_of_it_is_broken(tmp_path):
     with Repo.init(tmp_path / "r") as repo:
         repo.config.set("commit.mode", "fixed")
         repo.config.set("commit.quant", QuantConfig(bins=16).to_dict())
-        cid = repo.commit(adam_state(), "c")
+        cid = repo.commit(adam_state(64, 96, 48), "c")
         recs = {r.name: r for r in repo.read_snapshot(repo.read_commit(cid).snapshot).tensors}
         firsts = sorted(n for n, r in recs.items() if r.meta.get("moment"))
         assert len(firsts) >= 2
