@@ -316,24 +316,18 @@ class Tracker:
         state = box.pop()
         try:
             with on_callers():
-                return self._run_job(state, message, step, metrics, grads, evaluate, blocking,
-                                     shared, to_child)
+                if to_child and shared is None and self._process is not None:
+                    shared = self._process.copy(state)
+                    assert shared is not None
+                    state = shared.obj
+                return self._job(state, message, step, metrics, grads, evaluate, blocking, True,
+                                 shared)
         except BaseException as exc:
             # Re-raised later, from another call: say which commit it came from (the quality
             # function's own exception would otherwise arrive with no mvc context).
             exc.add_note(f"mvc: raised by the Tracker's background commit {message!r}"
                          f"{f' (step {step})' if step is not None else ''}; nothing was committed")
             raise
-
-    def _run_job(self, state: dict, message: str, step: int | None, metrics: Mapping | None,
-                 grads: dict[str, torch.Tensor], evaluate: Callable | None, blocking: float,
-                 shared: SharedState | None, to_child: bool) -> str:
-        try:
-            if to_child and shared is None and self._process is not None:
-                shared = self._process.copy(state)
-                assert shared is not None
-                state = shared.obj
-            return self._job(state, message, step, metrics, grads, evaluate, blocking, True, shared)
         finally:
             if shared is not None and self._process is not None:   # close() waits for this job
                 self._process.release(shared)   # kept for the next copy when it can be
