@@ -55,7 +55,9 @@ sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 from benchmarks.scale_workload import shape_for, train  # noqa: E402
 
+import mvc.quant.batched_moments as batched_moments  # noqa: E402
 import mvc.quant.device_chunks as device_chunks  # noqa: E402
+import mvc.quant.moment_bound as moment_bound  # noqa: E402
 import mvc.quant.optimizer as opt  # noqa: E402
 import mvc.quant.triton_assign as triton_assign  # noqa: E402
 import mvc.search.prepared as prepared  # noqa: E402
@@ -174,12 +176,12 @@ def stages(state: dict[str, Any], device: str, repeat: int, hooks: bool = True,
             with moment_off:
                 out["moments"]["one by one"] = measure(moment_run, device, repeat, live)
                 out["bounds"]["one by one"] = measure(
-                    lambda: [opt.moment_ratio_bound(m, v) for m, v in pairs], device, repeat, live)
+                    lambda: [moment_bound.moment_ratio_bound(m, v) for m, v in pairs], device, repeat, live)
         out["moments"]["batched"] = measure(moment_run, device, repeat, live)
         if triton:
             with triton_assign.triton_path():
                 out["moments"]["triton"] = measure(moment_run, device, repeat, live)
-        out["bounds"]["batched"] = measure(lambda: opt.moment_ratio_bounds(pairs), device, repeat, live)
+        out["bounds"]["batched"] = measure(lambda: batched_moments.moment_ratio_bounds(pairs), device, repeat, live)
         if not hooks:
             del out["first hook"], out["next hook"]
         else:

@@ -41,14 +41,13 @@ from mvc.quant._kernels import log_positive   # the exact log values one process
 from mvc.quant.assign import level_dtype
 from mvc.quant.backend import on_host_kernels
 from mvc.quant.error import relative_error
-from mvc.quant.moment_bound import bound_meta
+from mvc.quant.moment_bound import bound_meta, moment_ratio_bound
 from mvc.quant.optimizer import (
     LOG_SIGMA,
     MOMENT_KEYS,
     _log32,
     infer_param_map,
     moment_error_sums,
-    moment_ratio_bound,
     parse_moment_name,
     weights_by_name,
     zeroed_moment,

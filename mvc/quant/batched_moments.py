@@ -22,10 +22,11 @@ from dataclasses import replace
 
 import torch
 
-from mvc.quant.batched import GroupData, GroupJob, GroupResult, quantize_group
+from mvc.native.parallel import pmap
+from mvc.quant.batched import GroupData, GroupJob, GroupResult, batchable, quantize_group
 from mvc.quant.batched_sketch import count_sketches, finite
 from mvc.quant.device_chunks import Chunk, chunks, default_step, flat_values, piece_reduce
-from mvc.quant.moment_bound import float64_sqrt
+from mvc.quant.moment_bound import float64_sqrt, moment_ratio_bound
 from mvc.quant.partition import thresholds
 from mvc.quant.sketch import LogSketch
 
@@ -158,3 +159,20 @@ def ratio_bounds(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
         top = piece_reduce(c, r, "max")
         acc[c.jobs] = torch.maximum(acc[c.jobs], top)  # one piece per pair per chunk
     return [float(b) for b in acc.cpu().tolist()]
+
+
+def moment_ratio_bounds(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
+    """`moment_ratio_bound` of each (m, v) pair: pairs on the torch path in one batched pass
+    per device (`mvc.quant.batched_moments.ratio_bounds`), host pairs one per pool thread."""
+    out: list[float | None] = [None] * len(pairs)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, (m, v) in enumerate(pairs):
+        if batchable(m) and batchable(v) and m.device == v.device:
+            by_device.setdefault(m.device, []).append(i)
+    for idx in by_device.values():
+        for i, b in zip(idx, ratio_bounds([pairs[i] for i in idx]), strict=True):
+            out[i] = b
+    left = [i for i, b in enumerate(out) if b is None]
+    for i, b in zip(left, pmap(lambda i: moment_ratio_bound(*pairs[i]), left), strict=True):
+        out[i] = b
+    return [float(b) for b in out if b is not None]

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from mvc.errors import InternalError
-from mvc.quant._kernels import moment_clamp
+from mvc.quant._kernels import moment_clamp, ratio_max
 from mvc.quant.backend import on_host_kernels
 
 #: ``meta.moment.sqrt`` of the correctly rounded form.
@@ -114,3 +114,16 @@ def host_sqrt(v: torch.Tensor) -> torch.Tensor:
     which is the processor's sqrt instruction (torch's CPU float32 sqrt is not exact)."""
     x = v.detach().cpu().float().numpy()
     return torch.from_numpy(np.sqrt(np.where(x > 0, x, np.float32(0))))
+
+
+def moment_ratio_bound(m: torch.Tensor, v: torch.Tensor) -> float:
+    """The largest |m| / sqrt(v) over the entries with v > 0 (0.0 if none), in float32:
+    what restore clamps a compressed first moment to (Adam's step stays bounded)."""
+    mf = m.detach().reshape(-1).float()
+    vf = v.detach().reshape(-1).float()
+    if on_host_kernels(mf) and on_host_kernels(vf):
+        # one native pass, correctly rounded sqrt and division, no masked copies
+        return ratio_max(mf.contiguous(), vf.contiguous())
+    pos = vf > 0
+    # the correctly rounded sqrt: the native pass's bits on every device
+    return float((mf[pos].abs() / float64_sqrt(vf[pos])).max()) if bool(pos.any()) else 0.0

@@ -78,7 +78,7 @@ import torch
 
 from mvc.dtypes import QUANTIZABLE, float32_faithful
 from mvc.errors import UsageError
-from mvc.native.parallel import pmap, pmap_sized
+from mvc.native.parallel import pmap_sized
 from mvc.quant._kernels import (
     compact_moment,
     expand_moment,
@@ -86,12 +86,11 @@ from mvc.quant._kernels import (
     gather_level,
     log_positive,
     qerr_sums,
-    ratio_max,
     scan_f32,
 )
 from mvc.quant.assign import level_dtype, native_ok
 from mvc.quant.batched import GroupJob, batchable
-from mvc.quant.batched_moments import quantize_moments, ratio_bounds, scan_many
+from mvc.quant.batched_moments import quantize_moments, scan_many
 from mvc.quant.backend import on_host_kernels
 from mvc.quant.config import check_bins
 from mvc.quant.error import (SumsCache, cached_error_sums, chunk_for, seed_error_stats,
@@ -262,19 +261,6 @@ def _log32(x: torch.Tensor) -> torch.Tensor:
     for s in range(0, x.numel(), step):
         out[s:s + step] = log32(x[s:s + step])
     return out
-
-
-def moment_ratio_bound(m: torch.Tensor, v: torch.Tensor) -> float:
-    """The largest |m| / sqrt(v) over the entries with v > 0 (0.0 if none), in float32:
-    what restore clamps a compressed first moment to (Adam's step stays bounded)."""
-    mf = m.detach().reshape(-1).float()
-    vf = v.detach().reshape(-1).float()
-    if on_host_kernels(mf) and on_host_kernels(vf):
-        # one native pass, correctly rounded sqrt and division, no masked copies
-        return ratio_max(mf.contiguous(), vf.contiguous())
-    pos = vf > 0
-    # the correctly rounded sqrt: the native pass's bits on every device
-    return float((mf[pos].abs() / float64_sqrt(vf[pos])).max()) if bool(pos.any()) else 0.0
 
 
 def quantize_moment(m: torch.Tensor, bins: int, *, pruned: torch.Tensor | None = None,
@@ -589,20 +575,3 @@ def _batched_on_one_device(jobs: list[_Job], *, bins_moment: int, bins_second: i
                 _SQRT_SUMS.put(r.q, job[1], None, r.sums)
             done[job[0]] = OptQuantized(r.q, domain)
     return done, rest
-
-
-def moment_ratio_bounds(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
-    """`moment_ratio_bound` of each (m, v) pair: pairs on the torch path in one batched pass
-    per device (`mvc.quant.batched_moments.ratio_bounds`), host pairs one per pool thread."""
-    out: list[float | None] = [None] * len(pairs)
-    by_device: dict[torch.device, list[int]] = {}
-    for i, (m, v) in enumerate(pairs):
-        if batchable(m) and batchable(v) and m.device == v.device:
-            by_device.setdefault(m.device, []).append(i)
-    for idx in by_device.values():
-        for i, b in zip(idx, ratio_bounds([pairs[i] for i in idx]), strict=True):
-            out[i] = b
-    left = [i for i, b in enumerate(out) if b is None]
-    for i, b in zip(left, pmap(lambda i: moment_ratio_bound(*pairs[i]), left), strict=True):
-        out[i] = b
-    return [float(b) for b in out if b is not None]

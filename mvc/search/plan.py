@@ -37,7 +37,8 @@ from mvc.quant.feedback import apply_feedback, usable
 from mvc.quant.error import cached_error_sums, relative_error
 from mvc.quant.moment_bound import bound_meta
 from mvc.quant.state import check_sensitivity_grads
-from mvc.quant.optimizer import moment_ratio_bounds, quantize_optimizer_state, zeroed_moment
+from mvc.quant.batched_moments import moment_ratio_bounds
+from mvc.quant.optimizer import quantize_optimizer_state, zeroed_moment
 from mvc.search.driver import default_policy
 from mvc.search.gate import DEFAULT_MIRROR
 from mvc.search.measure import DEFAULT_MOMENT_CAP, measure, moment_distortion

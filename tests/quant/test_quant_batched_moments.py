@@ -17,9 +17,9 @@ import mvc.quant.optimizer as opt
 from mvc.quant import quantize
 from sync_counter import SyncCounter, cuda_syncs
 from mvc.quant.backend import device_path
-from mvc.quant.batched_moments import ratio_bounds, scan_many
-from mvc.quant.optimizer import (moment_error_sums, moment_ratio_bound, moment_ratio_bounds,
-                                 quantize_optimizer_state)
+from mvc.quant.batched_moments import moment_ratio_bounds, ratio_bounds, scan_many
+from mvc.quant.moment_bound import moment_ratio_bound
+from mvc.quant.optimizer import moment_error_sums, quantize_optimizer_state
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -24,10 +24,10 @@ from mvc.quant._kernels import (
 )
 from mvc.quant.assign import level_dtype
 from mvc.quant.error import error_sums, level_histogram, level_table
+from mvc.quant.moment_bound import moment_ratio_bound
 from mvc.quant.optimizer import (
     LOG_SIGMA,
     _quantize_moment_native,
-    moment_ratio_bound,
     quantize_moment,
     quantize_second_moment,
 )

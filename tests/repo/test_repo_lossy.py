@@ -172,7 +172,8 @@ def test_cli_lossy_commits_use_disk_level_cache(tmp_path):
 
 def test_compressed_optimizer_state_round_trips_through_chains(repo):
     from mvc.io import flatten
-    from mvc.quant.optimizer import moment_ratio_bound, quantize_optimizer_state, restore
+    from mvc.quant.moment_bound import moment_ratio_bound
+    from mvc.quant.optimizer import quantize_optimizer_state, restore
 
     repo.config.set("commit.optimizer", "compressed")
     big = torch.nn.Linear(128, 96)
