@@ -175,8 +175,9 @@ def _check_layout(fqn: str, records: list[TensorRecord], entry: dict[str, Any]) 
     copies each chunk into its place in the caller's tensor, so a part no record holds would
     keep whatever the caller's tensor held before (a checkout refuses such a commit when it
     assembles the shards; a load must too)."""
-    shards = [(rec, info) for rec in records if (info := shard_of(rec)) is not None]
-    whole = [rec for rec in records if shard_of(rec) is None]
+    layout = [(rec, shard_of(rec)) for rec in records]
+    shards = [(rec, info) for rec, info in layout if info is not None]
+    whole = [rec for rec, info in layout if info is None]
     if shards and whole:
         raise ShardLayoutError(f"tensor {fqn!r} is stored both whole and in shards")
     if shards:

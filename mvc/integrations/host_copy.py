@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -204,13 +205,10 @@ def copy_through_staging(pairs: list[tuple[torch.Tensor, torch.Tensor]],
                 fill(i + len(bufs))   # this buffer is empty again
 
 
+@functools.cache
 def _byte_viewable(dtype: torch.dtype) -> bool:
     """Whether torch views tensors of `dtype` as bytes (not sub-byte or quantized ones)."""
-    try:
-        torch.empty(0, dtype=dtype).view(torch.uint8)
-    except (RuntimeError, TypeError, NotImplementedError):
-        return False
-    return True
+    return _bytes_of(torch.empty(0, dtype=dtype)) is not None
 
 
 def _bytes_of(t: torch.Tensor) -> torch.Tensor | None:

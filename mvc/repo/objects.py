@@ -349,8 +349,8 @@ def _record(check: _Checker, t: Any, i: int) -> TensorRecord:
 #: `mvc.quant.moment_bound.SQRT_FORMS`, spelled here so reading records needs no torch (a test
 #: keeps the two equal).
 MOMENT_SQRT_FORMS = ("ieee",)
-#: The domains a quantized tensor's levels may be in (`mvc.quant.optimizer`: the second
-#: moments' log domain, everything else linear).
+#: `mvc.quant.optimizer.DOMAINS` (a quantized tensor's levels: the second moments' log domain,
+#: everything else linear), spelled here for the same reason (a test keeps the two equal).
 MOMENT_DOMAINS = ("linear", "log")
 
 

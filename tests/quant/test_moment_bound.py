@@ -17,7 +17,8 @@ from mvc.quant.backend import device_path
 from mvc.quant._kernels import moment_clamp
 from mvc.quant.moment_bound import (IEEE_SQRT, SQRT_FORMS, bound_meta, clamp_first_moment,
                                     float64_sqrt, host_sqrt, torch_clamp, uses_host)
-from mvc.repo.objects import MOMENT_SQRT_FORMS
+from mvc.quant.optimizer import DOMAINS
+from mvc.repo.objects import MOMENT_DOMAINS, MOMENT_SQRT_FORMS
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -93,6 +94,7 @@ def test_forms_and_their_names():
     assert meta == {"partner": "v", "ratio_bound": 1.5, "sqrt": IEEE_SQRT}
     assert not uses_host(meta) and uses_host({"partner": "v", "ratio_bound": 1.5})
     assert tuple(MOMENT_SQRT_FORMS) == SQRT_FORMS   # the record check's copy of the names
+    assert MOMENT_DOMAINS == DOMAINS                # and of the domains
     with pytest.raises(InternalError):
         clamp_first_moment(torch.ones(3), torch.ones(3), dict(meta, sqrt="fast"))
 
