@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -43,7 +45,7 @@ from typing import Any, Protocol
 import torch
 
 from mvc.codecs.base import BytesLike, tensor_codec
-from mvc.errors import InternalError, UsageError
+from mvc.errors import InternalError, MvcWarning, UsageError
 from mvc.native.heap import release_free_heap
 from mvc.native.parallel import pmap, pmap_sized
 from mvc.progress import Progress, phase
@@ -52,8 +54,10 @@ from mvc.repo import lossy
 from mvc.repo.objects import (Commit, Snapshot, TensorRecord, check_tensor_shape,
                               checked_encoding)
 from mvc.repo.tensors import ChunkWriter
-from mvc.search.plan import Quantization, plan_quantization
+from mvc.quant.backend import on_host_kernels
+from mvc.search.plan import Quantization, QuantizationPlan, plan_quantization
 from mvc.state import FlatState, unflatten
+from mvc.state.device_memory import DEVICE_OUT_OF_MEMORY, device_bytes, host_copies, on_devices
 from mvc.store import ObjectMissingError, object_id
 from mvc.store.writeback import BackgroundWriter
 
@@ -217,13 +221,12 @@ def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
     for name, t in flat.tensors.items():  # before any work: what no reader takes back
         check_tensor_shape(name, t.shape)
     init = parent_centroids(parent, read_centroids) if how.mode != "lossless" else {}
-    q = plan_quantization(flat.tensors, how, to_state=functools.partial(unflatten, flat.skeleton),
-                          previous=parent.quant, init=init, grads=grads, progress=progress)
+    q, tensors = _quantization(flat, how, parent, init, grads, progress)
     names = list(flat.tensors)
     # what the search freed on the host goes back to the OS before the writer's peak lands on it
     release_free_heap()
     return CommitPlan(
-        WritePlan(names=names, tensors=dict(flat.tensors), parent=parent, settings=settings,
+        WritePlan(names=names, tensors=dict(tensors), parent=parent, settings=settings,
                   # a quantization made on a device stays there: the writer's threads move each
                   # to the host as they encode it (`lossy.encode_for_commit`), so the copies
                   # overlap the encoding of others and the host holds the levels in flight
@@ -232,6 +235,41 @@ def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
                  config=q.config.to_dict() if q.config is not None else None,
                  quality=q.quality.to_json() if q.quality is not None else None,
                  parent=parent.commit))
+
+
+def _quantization(flat: FlatState, how: Quantization, parent: ParentInfo,
+                  init: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor] | None,
+                  progress: Progress | None) -> tuple[QuantizationPlan, Mapping[str, torch.Tensor]]:
+    """(`plan_quantization` of the state, the tensors the writer stores): where the state's
+    device runs out of memory in the hook, the hook runs again on host copies of the state
+    (and of `grads`), with a warning: the same levels and configs (the host path gives the
+    device path's answers), so the same commit, slower and with the state copied to host
+    memory. A quality function still sees the state on its devices (`on_devices`)."""
+    retry = None
+    try:
+        q = plan_quantization(flat.tensors, how, to_state=functools.partial(unflatten, flat.skeleton),
+                              previous=parent.quant, init=init, grads=grads, progress=progress)
+        return q, flat.tensors
+    except DEVICE_OUT_OF_MEMORY as exc:
+        if all(on_host_kernels(t) for t in flat.tensors.values()):
+            raise
+        retry = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    # Out of the except block: the failed attempt's frames (and the device memory they hold)
+    # are gone with the exception; cycles through the pool's futures go with a collection.
+    gc.collect()
+    warnings.warn(MvcWarning(
+        f"the commit hook ran out of device memory ({retry}); quantizing on the host instead: "
+        f"the same commit, slower, with {device_bytes(flat.tensors) / 2**30:.2f} GiB of the "
+        "state copied to host memory"), stacklevel=4)
+    copies = host_copies(flat.tensors)
+
+    def to_state(candidate: dict[str, torch.Tensor]) -> Any:
+        return unflatten(flat.skeleton, on_devices(candidate, flat.tensors, copies))
+
+    q = plan_quantization(copies, how, to_state=to_state, previous=parent.quant, init=init,
+                          grads=host_copies(grads) if grads is not None else None,
+                          progress=progress)
+    return q, copies
 
 
 def parent_centroids(parent: ParentInfo, read_centroids: ReadCentroids) -> dict[str, torch.Tensor]:

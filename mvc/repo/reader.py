@@ -21,6 +21,7 @@ a new process).  The commit pipeline hands it the levels of a landed commit
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ import torch
 
 from mvc.codecs.base import quantized_codec
 from mvc.codecs.quantized import centroid_bytes, stored_centroids
+from mvc.errors import MvcWarning
 from mvc.native.parallel import pmap
 from mvc.progress import Progress, phase
 from mvc.quant import QuantizedTensor
@@ -47,6 +49,7 @@ from mvc.repo.pruned import check_not_pruned
 from mvc.repo.shards import assemble, expand_names
 from mvc.repo.tensors import parse_dtype, read_payload, read_payload_head, read_tensor
 from mvc.state import prune, unflatten
+from mvc.state.device_memory import DEVICE_OUT_OF_MEMORY
 from mvc.state.devices import target_device
 
 
@@ -281,7 +284,16 @@ def _values(rec: TensorRecord, q: QuantizedTensor,
     domain = rec.meta.get("domain", "linear")
     if device is None:
         return restore(q, domain)
-    return q.uploaded(device).lookup(restore_values(q, domain))
+    try:
+        return q.uploaded(device).lookup(restore_values(q, domain))
+    except DEVICE_OUT_OF_MEMORY:
+        pass
+    # Out of the except block, so the failed lookup's device tensors are freed first. The host
+    # lookup gives the same bits; only the restored tensor itself then needs the device's room.
+    warnings.warn(MvcWarning(f"restoring onto {device}: a lookup ran out of device memory; "
+                             "looking levels up on the host instead (the same values, slower)"),
+                  stacklevel=2)
+    return restore(q, domain).to(device)
 
 
 def _needed(records: list[TensorRecord], entries: Mapping[str, Any]) -> list[TensorRecord]:
