@@ -38,6 +38,10 @@ from mvc.quant.uniform import DEFAULT_FAMILY, check_family, grid_size, uniform_p
 _INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
+#: Levels per step of a torch-path lookup (`QuantizedTensor.lookup`): 64 MiB of int32 indices.
+LOOKUP_CHUNK = 1 << 24
+
+
 @dataclass(frozen=True, eq=False)
 class QuantizedTensor:
     """A quantized tensor: integer levels plus the tables that give them values.
@@ -126,10 +130,16 @@ class QuantizedTensor:
                 raise QuantizedPartsError(
                     "inconsistent quantized parts: level out of range or protected count mismatch")
             return out.reshape(self.levels.shape)
-        idx = flat if flat.dtype in (torch.int32, torch.int64) else flat.to(torch.int32)
         # over the values' bits: exact, and every dtype has integer kernels (a float8 tensor
         # an earlier mvc quantized has no masked_scatter of its own)
-        out = torch.index_select(bits_view(table), 0, idx)
+        bits = bits_view(table)
+        out = torch.empty(flat.numel(), dtype=bits.dtype, device=dev)
+        # int32 indices a chunk at a time: a whole tensor's would be 4 bytes a value on the
+        # device beside its levels and values (twice a bfloat16 tensor's own size)
+        for s in range(0, flat.numel(), LOOKUP_CHUNK):
+            part = flat[s:s + LOOKUP_CHUNK]
+            idx = part if part.dtype in (torch.int32, torch.int64) else part.to(torch.int32)
+            torch.index_select(bits, 0, idx, out=out[s:s + LOOKUP_CHUNK])
         if self.protected.numel():
             out.masked_scatter_(flat == self.protected_level, bits_view(self.protected.to(dev)))
         return out.view(self.dtype).reshape(self.levels.shape)

@@ -216,6 +216,19 @@ def test_native_dequantize_bit_identical_to_torch_rule(dtype, bins, monkeypatch)
     assert torch.equal(native.view(bits), ref.view(bits))
 
 
+@pytest.mark.parametrize("bins", [5, 300])
+def test_torch_lookup_in_chunks_is_the_whole_lookup(bins, monkeypatch):
+    """The torch path looks levels up a chunk of indices at a time (a device's memory); chunks
+    that do not divide the tensor give the native lookup's bits, protected values included."""
+    w = _w(dtype=torch.bfloat16)
+    q = quantize(w, bins, prune=0.1, protect=0.01)
+    assert q.protected.numel()
+    native = q.dequantize()
+    monkeypatch.setattr(qt, "native_ok", lambda x, dtype: False)
+    monkeypatch.setattr(qt, "LOOKUP_CHUNK", 77)
+    assert torch.equal(q.dequantize().view(torch.int16), native.view(torch.int16))
+
+
 def test_dequantize_rejects_inconsistent_parts():
     q = quantize(_w(), 4, protect=0.01)
     broken = QuantizedTensor(q.levels, q.centroids, q.protected[:-1], q.dtype, q.bins)
