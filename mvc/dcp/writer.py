@@ -31,9 +31,11 @@ the head's snapshot no commit is made (`commit_id` is the head, `reused` is True
 from __future__ import annotations
 
 import dataclasses
+import gc
 import io
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,7 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 
-from mvc.errors import DataError, MvcError, UsageError
+from mvc.errors import DataError, MvcError, MvcWarning, UsageError
 from mvc.quant import QuantConfig, QuantizedTensor, QuantPolicy
 from mvc.repo import pipeline
 from mvc.repo.objects import Commit, TensorRecord
@@ -57,6 +59,7 @@ from mvc.repo.transaction import Published
 from mvc.search.record import QualityRecord
 from mvc.search.space import SearchSpace
 from mvc.state import flatten
+from mvc.state.device_memory import DEVICE_OUT_OF_MEMORY, device_bytes, host_copies
 
 from mvc.dcp import lossy, moments
 from mvc.dcp.layout import Paths, merged_paths, skeleton, tensor_names
@@ -301,11 +304,7 @@ class MvcStorageWriter(UsesTarget, StorageWriter):
             init = pipeline.parent_centroids(dataclasses.replace(parent, records=mine_parent),
                                              tx.read_centroids)
             with lossy.collective_group(self.process_group):
-                quantized, config, quality = lossy.choose(tensors, shards, shared.how, init)
-                if config is not None and shared.how.optimizer == "compressed":
-                    # after the weights, as `plan_quantization` does: joint pruning reads them
-                    opt = moments.compress(tensors, shards, quantized, shared.glob, init,
-                                           shared.how.moment_cap)
+                quantized, config, quality, opt, tensors = _decide(tensors, shards, shared, init)
             quantized.update(opt.quantized)
             if opt.report and quality is not None:
                 quality = QualityRecord.from_json(quality).updated(**opt.report).to_json()
@@ -356,6 +355,40 @@ class MvcStorageWriter(UsesTarget, StorageWriter):
                          landed=landed, allow_empty=self.allow_empty)
         # Past the commit point nothing here may fail: DCP broadcasts this to every rank.
         metadata.storage_data = Landed(out.commit, out.reused)
+
+
+_Decision = tuple[dict[str, QuantizedTensor], dict | None, dict | None, moments.Moments,
+                  dict[str, torch.Tensor]]
+
+
+def _decide(tensors: dict[str, torch.Tensor], shards: dict[str, dict], shared: _Shared,
+            init: dict[str, torch.Tensor]) -> _Decision:
+    """(quantized shards, config, quality record, moments, the tensors they were made from) of
+    this rank; every rank of the group calls it. Where a rank runs out of device memory, every
+    rank runs the decision again on host copies of its shards (`pipeline.plan` does the same
+    for a one-process commit): the host path decides what the device path decides, so the
+    commit is the same. Every rank learns of any rank's error inside the decision's own
+    gathers, so all of them reach the one gather that says whether to retry."""
+    def run(ts: dict[str, torch.Tensor]) -> _Decision:
+        quantized, config, quality = lossy.choose(ts, shards, shared.how, init)
+        opt = moments.Moments()
+        if config is not None and shared.how.optimizer == "compressed":
+            # after the weights, as `plan_quantization` does: joint pruning reads them
+            opt = moments.compress(ts, shards, quantized, shared.glob, init, shared.how.moment_cap)
+        return quantized, config, quality, opt, ts
+
+    try:
+        return run(tensors)
+    except Exception as exc:   # noqa: BLE001 - every rank is here: its own error or a peer's
+        if not any(lossy.all_gather(isinstance(exc, DEVICE_OUT_OF_MEMORY))):
+            raise
+    # out of the except block: the failed attempt's device tensors go with its frames
+    gc.collect()
+    warnings.warn(MvcWarning(
+        "a rank of the sharded save ran out of device memory choosing the quantization; every "
+        f"rank chooses again on host copies of its shards ({device_bytes(tensors) / 2**30:.2f} "
+        "GiB here): the same commit, slower"), stacklevel=2)
+    return run(host_copies(tensors))
 
 
 def save(state: dict[str, Any], writer: MvcStorageWriter, **dcp_kwargs: Any) -> str | None:
