@@ -34,7 +34,6 @@ for the one compare-and-swap and plain configuration values (`CommitSettings`).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -57,7 +56,8 @@ from mvc.repo.tensors import ChunkWriter
 from mvc.quant.backend import on_host_kernels
 from mvc.search.plan import Quantization, QuantizationPlan, plan_quantization
 from mvc.state import FlatState, unflatten
-from mvc.state.device_memory import DEVICE_OUT_OF_MEMORY, device_bytes, host_copies, on_devices
+from mvc.state.device_memory import (DEVICE_OUT_OF_MEMORY, device_bytes, host_copies, on_devices,
+                                     other_accelerators)
 from mvc.store import ObjectMissingError, object_id
 from mvc.store.writeback import BackgroundWriter
 
@@ -240,18 +240,31 @@ def plan(flat: FlatState, how: Quantization, parent: ParentInfo, *,
 def _quantization(flat: FlatState, how: Quantization, parent: ParentInfo,
                   init: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor] | None,
                   progress: Progress | None) -> tuple[QuantizationPlan, Mapping[str, torch.Tensor]]:
-    """(`plan_quantization` of the state, the tensors the writer stores): where the state's
+    """(`plan_quantization` of the state, the tensors the writer stores).
+
+    The hook's device path is CUDA's (float64 sums, CUDA streams): a tensor on another
+    accelerator (Apple's MPS has no float64) is quantized from a host copy. Where the state's
     device runs out of memory in the hook, the hook runs again on host copies of the state
     (and of `grads`), with a warning: the same levels and configs (the host path gives the
     device path's answers), so the same commit, slower and with the state copied to host
     memory. A quality function still sees the state on its devices (`on_devices`)."""
+    originals = flat.tensors
+
+    def run(tensors: Mapping[str, torch.Tensor], g: Mapping[str, torch.Tensor] | None
+            ) -> QuantizationPlan:
+        def to_state(candidate: dict[str, torch.Tensor]) -> Any:
+            return unflatten(flat.skeleton, on_devices(candidate, originals, tensors))
+        return plan_quantization(tensors, how, to_state=to_state, previous=parent.quant,
+                                 init=init, grads=g, progress=progress)
+
+    tensors = host_copies(originals, other_accelerators)
+    if grads is not None:
+        grads = host_copies(grads, other_accelerators)
     retry = None
     try:
-        q = plan_quantization(flat.tensors, how, to_state=functools.partial(unflatten, flat.skeleton),
-                              previous=parent.quant, init=init, grads=grads, progress=progress)
-        return q, flat.tensors
+        return run(tensors, grads), tensors
     except DEVICE_OUT_OF_MEMORY as exc:
-        if all(on_host_kernels(t) for t in flat.tensors.values()):
+        if all(on_host_kernels(t) for t in tensors.values()):
             raise
         retry = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     # Out of the except block: the failed attempt's frames (and the device memory they hold)
@@ -259,17 +272,10 @@ def _quantization(flat: FlatState, how: Quantization, parent: ParentInfo,
     gc.collect()
     warnings.warn(MvcWarning(
         f"the commit hook ran out of device memory ({retry}); quantizing on the host instead: "
-        f"the same commit, slower, with {device_bytes(flat.tensors) / 2**30:.2f} GiB of the "
+        f"the same commit, slower, with {device_bytes(tensors) / 2**30:.2f} GiB of the "
         "state copied to host memory"), stacklevel=4)
-    copies = host_copies(flat.tensors)
-
-    def to_state(candidate: dict[str, torch.Tensor]) -> Any:
-        return unflatten(flat.skeleton, on_devices(candidate, flat.tensors, copies))
-
-    q = plan_quantization(copies, how, to_state=to_state, previous=parent.quant, init=init,
-                          grads=host_copies(grads) if grads is not None else None,
-                          progress=progress)
-    return q, copies
+    tensors = host_copies(tensors)
+    return run(tensors, host_copies(grads) if grads is not None else None), tensors
 
 
 def parent_centroids(parent: ParentInfo, read_centroids: ReadCentroids) -> dict[str, torch.Tensor]:

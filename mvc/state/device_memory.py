@@ -9,7 +9,7 @@ error and makes the copies.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -18,10 +18,25 @@ import torch
 DEVICE_OUT_OF_MEMORY: type[BaseException] = torch.cuda.OutOfMemoryError
 
 
-def host_copies(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`tensors` with every tensor not in host memory copied there (host ones as they are, so
-    nothing is copied twice). The copies keep each tensor's values, dtype and shape."""
-    return {name: t if t.device.type == "cpu" else t.detach().cpu() for name, t in tensors.items()}
+def off_host(t: torch.Tensor) -> bool:
+    """Whether `t` is outside host memory."""
+    return t.device.type != "cpu"
+
+
+def other_accelerators(t: torch.Tensor) -> bool:
+    """Whether `t` is on an accelerator other than a CUDA GPU (Apple's MPS, XLA, ...): the
+    quantizer's device path is CUDA's (float64 sums, which MPS lacks; CUDA streams), so such a
+    tensor is quantized from a host copy."""
+    return t.device.type not in ("cpu", "cuda", "meta")
+
+
+def host_copies(tensors: Mapping[str, torch.Tensor],
+                which: Callable[[torch.Tensor], bool] = off_host) -> dict[str, torch.Tensor]:
+    """`tensors` with every tensor `which` selects (default: every one not in host memory)
+    copied to host memory, the others as they are (so nothing is copied twice). The copies keep
+    each tensor's values, dtype and shape."""
+    return {name: t.detach().cpu() if which(t) and off_host(t) else t
+            for name, t in tensors.items()}
 
 
 def on_devices(candidate: Mapping[str, torch.Tensor], originals: Mapping[str, torch.Tensor],

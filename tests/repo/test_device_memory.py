@@ -28,7 +28,8 @@ from mvc.repo import pipeline
 from mvc.repo.repository import Repo
 from mvc.search.quality import PROXY_EPSILON
 from mvc.state import flatten
-from mvc.state.device_memory import DEVICE_OUT_OF_MEMORY, host_copies, on_devices
+from mvc.state.device_memory import (DEVICE_OUT_OF_MEMORY, host_copies, on_devices,
+                                     other_accelerators)
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -139,6 +140,18 @@ def test_host_copies_and_the_way_back():
     new = torch.zeros(3)
     moved = on_devices({"b": new, "c": new}, {"b": there}, copies)
     assert moved["b"].device.type == "meta" and moved["c"] is new
+
+
+def test_only_accelerators_other_than_cuda_are_quantized_from_host_copies():
+    """The hook's device path is CUDA's (float64 sums: Apple's MPS has none): a tensor on MPS
+    or XLA is quantized from a host copy, a CUDA or host tensor where it is."""
+    assert not other_accelerators(torch.zeros(2))
+    assert not other_accelerators(torch.zeros(2, device="meta"))
+    fake = type("T", (), {"device": torch.device("mps")})()
+    assert other_accelerators(fake)                     # type: ignore[arg-type]
+    assert not other_accelerators(type("T", (), {"device": torch.device("cuda", 1)})())  # type: ignore[arg-type]
+    here = torch.arange(3.0)
+    assert host_copies({"a": here}, lambda t: True)["a"] is here
 
 
 @cuda
