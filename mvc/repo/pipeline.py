@@ -55,6 +55,7 @@ from mvc.repo.objects import (Commit, Snapshot, TensorRecord, check_tensor_shape
 from mvc.repo.tensors import ChunkWriter
 from mvc.quant.backend import on_host_kernels
 from mvc.search.plan import Quantization, QuantizationPlan, plan_quantization
+from mvc.search.random_state import as_the_caller_left_them
 from mvc.state import FlatState, unflatten
 from mvc.state.device_memory import (DEVICE_OUT_OF_MEMORY, device_bytes, host_copies, on_devices,
                                      other_accelerators)
@@ -254,8 +255,11 @@ def _quantization(flat: FlatState, how: Quantization, parent: ParentInfo,
             ) -> QuantizationPlan:
         def to_state(candidate: dict[str, torch.Tensor]) -> Any:
             return unflatten(flat.skeleton, on_devices(candidate, originals, tensors))
-        return plan_quantization(tensors, how, to_state=to_state, previous=parent.quant,
-                                 init=init, grads=g, progress=progress)
+        # the quality function's calls each put the generators back; so does the rest (a
+        # gate's Hessians are collected by running the model)
+        with as_the_caller_left_them():
+            return plan_quantization(tensors, how, to_state=to_state, previous=parent.quant,
+                                     init=init, grads=g, progress=progress)
 
     tensors = host_copies(originals, other_accelerators)
     if grads is not None:

@@ -43,6 +43,7 @@ from mvc.search.driver import default_policy
 from mvc.search.gate import DEFAULT_MIRROR
 from mvc.search.measure import DEFAULT_MOMENT_CAP, measure, moment_distortion
 from mvc.search.prepared import Prepared
+from mvc.search.random_state import as_the_caller_left_them
 from mvc.search.record import QualityRecord
 from mvc.search.space import SearchSpace
 from mvc.search.trials import quantize_config
@@ -179,7 +180,8 @@ def _evaluator(quality: Callable[[Any], Any] | None, to_state: ToState
         return None
 
     def evaluate(candidate: dict[str, torch.Tensor]) -> Any:
-        return quality(to_state(candidate))
+        with as_the_caller_left_them():   # a commit must not change the training run after it
+            return quality(to_state(candidate))
     return evaluate
 
 
