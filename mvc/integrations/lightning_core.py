@@ -27,6 +27,7 @@ from mvc.integrations.repo_handle import RepoOnDemand
 from mvc.io.files import load_checkpoint
 from mvc.repo.repository import Repo
 from mvc.repo.transaction import NothingToCommitError
+from mvc.state import flatten
 
 #: The first key of every pointer file, and its format version.
 POINTER_MARK = "mvc_checkpoint_pointer"
@@ -243,8 +244,9 @@ class CallbackCore:
         self._grads: tuple[int, dict[str, torch.Tensor]] | None = None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        """Check that the Trainer saves through `io` (else nothing would reach the commits);
-        start the gradient EMA."""
+        """Check that the Trainer saves through `io` (else nothing would reach the commits) and
+        that the module's hyper-parameters can be stored (`UnsupportedStateError` naming the
+        value otherwise); start the gradient EMA."""
         if not isinstance(trainer, self.trainer_class):
             package = type(trainer).__module__.split(".")[0]
             raise LightningSetupError(f"{MODULES[self.package]}.MvcCallback is for a `{self.package}` Trainer, "
@@ -260,6 +262,13 @@ class CallbackCore:
                 "AsyncCheckpointIO): the search would copy candidate weights into the live module "
                 "while training goes on, training on them and losing the updates made meanwhile. "
                 "Save synchronously, or judge by the proxy (MvcCheckpointIO(..., epsilon=0.05))")
+        if stage == "fit" and getattr(trainer, "is_global_zero", True):
+            # every checkpoint holds them: a value mvc cannot store fails here, not at the first
+            # save an epoch of training later
+            hparams = getattr(pl_module, "hparams", None)
+            if hparams:
+                with self.io.repo.safe_globals():
+                    flatten({"hyper_parameters": dict(hparams)})
         if self.grad_ema and stage == "fit":
             self.ema = GradientEMA(pl_module, beta=self.beta, prefix=STATE_DICT_PREFIX)
             self._grads = None

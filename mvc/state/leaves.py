@@ -9,8 +9,9 @@ the same type with the same bits:
   stored as themselves (JSON round-trips them exactly, including ``-0.0``);
 * everything else is a tagged object ``{"t": <tag>, ...}``: non-finite floats
   (by bit pattern, so NaN payloads survive), big ints, bytes, complex numbers,
-  ``torch.dtype`` / ``torch.Size`` / ``torch.device``, numpy arrays and
-  scalars of fixed-size dtypes (RNG states hold them);
+  ``torch.dtype`` / ``torch.Size`` / ``torch.device``, `pathlib` paths (as their text and
+  class; a concrete path of another operating system comes back as its pure form), numpy
+  arrays and scalars of fixed-size dtypes (RNG states hold them);
 * any other object goes through torch's ``weights_only`` format: it is
   ``torch.save``-d to bytes and accepted only if ``torch.load(weights_only=True)``
   reads it back.  Plain pickle is never used, so decoding can never run code.
@@ -26,6 +27,8 @@ from __future__ import annotations
 import base64
 import io
 import math
+import os
+import pathlib
 import pickle
 import struct
 import sys
@@ -39,6 +42,9 @@ from mvc.state.safe_globals import GlobalNotAllowedError, allow_hint, allowable,
 
 # JSON numbers beyond 2**53 lose precision in most non-Python readers.
 _JSON_SAFE_INT = 2**53
+#: The path classes stored as their text (`{"t": "path"}`), by class name.
+_PATHS = (pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath, pathlib.PureWindowsPath)
+_PATHS_BY_NAME = {k.__name__: k for k in _PATHS}
 # numpy dtype kinds with a fixed-size, pointer-free byte representation.
 _NUMPY_KINDS = frozenset("biufcSUmM")
 
@@ -103,6 +109,10 @@ def encode_leaf(value: Any, path: tuple) -> Any:
         return {"t": "size", "v": list(value)}
     if kind is torch.device:
         return {"t": "device", "v": str(value)}
+    if kind in _PATHS:
+        # a path is its text (torch's weights_only format refuses pathlib: a Lightning
+        # module's save_hyperparameters() of a data_dir argument is one)
+        return {"t": "path", "kind": kind.__name__, "v": encode_leaf(str(value), path)}
     np = _numpy()
     if np is not None:
         if kind is np.ndarray:
@@ -187,6 +197,18 @@ def _decode_npscalar(node: dict) -> Any:
     return np.frombuffer(_unb64(node["b64"]), dtype=np.dtype(node["dtype"]))[0]
 
 
+def _decode_path(node: dict) -> pathlib.PurePath:
+    kind = _PATHS_BY_NAME[node["kind"]]
+    text = decode_leaf(node["v"])
+    if not isinstance(text, str):
+        raise DataError("malformed state remainder: a path's text is not a string")
+    if kind is pathlib.WindowsPath and os.name != "nt":
+        kind = pathlib.PureWindowsPath    # a concrete path of another system: its pure form,
+    elif kind is pathlib.PosixPath and os.name == "nt":
+        kind = pathlib.PurePosixPath      # as it cannot be made here
+    return kind(text)
+
+
 def _decode_weights_only(node: dict) -> Any:
     try:
         return torch.load(io.BytesIO(_unb64(node["b64"])), weights_only=True, map_location="cpu")
@@ -209,6 +231,7 @@ _DECODERS = {
     "dtype": _decode_dtype,
     "size": lambda n: torch.Size(int(v) for v in n["v"]),
     "device": lambda n: torch.device(n["v"]),
+    "path": _decode_path,
     "ndarray": _decode_ndarray,
     "npscalar": _decode_npscalar,
     "torch": _decode_weights_only,

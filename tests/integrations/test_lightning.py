@@ -238,3 +238,39 @@ def test_removed_checkpoints_are_freed_by_retention(tmp_path):
         restored = io.load_checkpoint(p)["state_dict"]
         assert all(torch.equal(restored[k], v) for k, v in sd.items())
     assert not repo.fsck().problems
+
+
+def test_hyperparameters_with_paths_are_saved_and_unstorable_ones_refused_at_setup(tmp_path):
+    """`save_hyperparameters()` of a `pathlib.Path` argument (a data directory): stored as a
+    path and restored as one. A value mvc cannot store fails when fit starts, not at the first
+    save an epoch of training later."""
+    from pathlib import Path
+
+    from mvc.state.leaves import UnsupportedStateError
+
+    ns = namespace("lightning")
+
+    class WithPath(ns.Digits):
+        def __init__(self, data_dir: Path = Path("/data/digits"), lr: float = 0.1) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+    io = ns.mvc.MvcCheckpointIO(tmp_path / "runs", lossless=True)
+    tiny_trainer(ns, tmp_path, io, max_steps=2, callbacks=[ns.mvc.MvcCallback(io)]).fit(WithPath(), loader())
+    back = io.load_checkpoint(sorted((tmp_path / "ckpts").glob("*.ckpt"))[-1])
+    assert back["hyper_parameters"]["data_dir"] == Path("/data/digits")
+    assert isinstance(back["hyper_parameters"]["data_dir"], Path)
+
+    import argparse
+
+    class WithObject(ns.Digits):   # an argparse.Namespace needs checkpoint.safe_globals
+        def __init__(self, thing: object = argparse.Namespace(depth=2)) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+
+    io2 = ns.mvc.MvcCheckpointIO(tmp_path / "runs2", lossless=True)
+    seen = ns.Seen()
+    t = tiny_trainer(ns, tmp_path / "two", io2, max_steps=2, callbacks=[ns.mvc.MvcCallback(io2), seen])
+    with pytest.raises(UnsupportedStateError, match="hyper_parameters"):
+        t.fit(WithObject(), loader())
+    assert seen.steps == []            # refused before any training step

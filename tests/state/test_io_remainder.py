@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import collections
 import json
+import os
+import pathlib
 import random
 import struct
 from typing import Any
@@ -31,7 +33,9 @@ def float_bits(x: float) -> bytes:
     "value",
     [None, True, False, 0, -1, 2**53, 2**53 + 1, -(2**64), 10**40, "", "ünï\u0000\udc80", b"", b"\x00\xff",
      bytearray(b"xy"), torch.bfloat16, torch.float8_e4m3fn, torch.uint16, torch.Size([]), torch.Size([3, 0]),
-     torch.device("cpu"), torch.device("cuda:1"), 1 + 2j, complex(float("nan"), -0.0)],
+     torch.device("cpu"), torch.device("cuda:1"), 1 + 2j, complex(float("nan"), -0.0),
+     pathlib.Path("/data/run 1"), pathlib.Path("rel/x.txt"), pathlib.PurePosixPath("a/b"),
+     pathlib.PureWindowsPath(r"C:\data\x"), pathlib.Path("bad\udc80name")],
     ids=repr,
 )
 def test_leaves_roundtrip_with_type(value: Any) -> None:
@@ -119,9 +123,18 @@ def test_objects_torch_cannot_load_safely_are_refused(tmp_path: Any) -> None:
         encode_leaf(np.array([object()]), ("o",))
 
 
+def test_a_path_of_another_system_comes_back_as_its_pure_form() -> None:
+    """A Lightning module's save_hyperparameters() of a data directory stored on Windows and
+    read here: a WindowsPath cannot be made on POSIX (torch.load of the pickle would fail)."""
+    out = decode_leaf({"t": "path", "kind": "WindowsPath", "v": "C:\\data"})
+    want = pathlib.PureWindowsPath if os.name != "nt" else pathlib.WindowsPath
+    assert type(out) is want and str(out) == "C:\\data"
+
+
 def test_malformed_nodes_are_data_errors() -> None:
     for node in [{"t": "nope"}, {"t": "int", "v": "x"}, {"t": "bytes", "b64": "!!"}, {"t": "dtype", "v": "floaty"},
-                 {"t": "torch", "b64": "AAAA"}, [1]]:
+                 {"t": "torch", "b64": "AAAA"}, [1], {"t": "path", "kind": "Path", "v": "x"},
+                 {"t": "path", "kind": "PosixPath", "v": 3}, {"t": "path", "kind": "PosixPath"}]:
         with pytest.raises(DataError):
             decode_leaf(node)
 
