@@ -19,13 +19,14 @@ import json
 import math
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from mvc.errors import UsageError
+from mvc.errors import MvcWarning, UsageError
 from mvc.integrations.grad_ema import GradientEMA
 from mvc.io.dirs import DEFAULT_OPAQUE, checkout_dir, commit_dir
 from mvc.integrations.repo_handle import RepoOnDemand
@@ -155,8 +156,23 @@ def train_from_mvc(trainer: Any, repo: str | os.PathLike | Repo, rev: str = "HEA
     cid, target = _checkout_target(r, trainer.args.output_dir, rev)
     writes = bool(getattr(trainer.args, "should_save", True))
     existed = target.exists()  # then empty (checkout refuses anything else): the caller's
+    ours = None
+    if existed and (not target.is_dir() or any(target.iterdir())):
+        # The Trainer's own checkpoint-N (kept by MvcCallback(delete=False), the default):
+        # never overwritten. The commit goes beside it, in a directory of ours, removed after.
+        ours = Path(trainer.args.output_dir) / f"{RESUME_PREFIX}{cid[:12]}"
+        warnings.warn(MvcWarning(
+            f"{target} exists (the Trainer's own checkpoint, kept); resuming from commit "
+            f"{cid[:12]} checked out to {ours / target.name} instead, removed after training "
+            f"(to resume from the directory itself: trainer.train(resume_from_checkpoint="
+            f"{str(target)!r}))"), stacklevel=2)
+        target, existed = ours / target.name, False
+    # every process has chosen the directory before the writer writes there
+    _barrier()
     try:
         if writes:
+            if ours is not None:
+                shutil.rmtree(ours, ignore_errors=True)   # an earlier attempt's
             target.parent.mkdir(parents=True, exist_ok=True)
             checkout_dir(r, cid, target)
     finally:
@@ -167,10 +183,18 @@ def train_from_mvc(trainer: Any, repo: str | os.PathLike | Repo, rev: str = "HEA
         return trainer.train(resume_from_checkpoint=str(target), **train_args)
     finally:
         # the others are past reading it: a Trainer loads its checkpoint before its first step
-        if writes and _cleans_up(trainer, cleanup) and target.is_dir():
+        if writes and ours is not None:
+            shutil.rmtree(ours, ignore_errors=True)
+        elif writes and _cleans_up(trainer, cleanup) and target.is_dir():
             shutil.rmtree(target)
             if existed:
                 target.mkdir()
+
+
+#: Where `train_from_mvc` checks a commit out when the Trainer's own ``checkpoint-N`` is there:
+#: ``<output_dir>/.mvc-resume-<commit id>/checkpoint-N`` (hidden, so the Trainer's rotation of
+#: ``checkpoint-*`` never sees it).
+RESUME_PREFIX = ".mvc-resume-"
 
 
 def _barrier() -> None:

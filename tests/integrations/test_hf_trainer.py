@@ -109,6 +109,26 @@ def test_train_from_mvc_leaves_no_checkout_behind_a_delete_run(tmp_path):
     assert (tmp_path / "mine" / "checkpoint-4").is_dir() and not list((tmp_path / "mine" / "checkpoint-4").iterdir())
 
 
+def test_train_from_mvc_after_a_crash_of_a_run_that_keeps_its_directories(tmp_path):
+    """MvcCallback's default (delete=False) keeps the Trainer's checkpoint-N/: resuming the
+    crashed run from mvc leaves it as it is, checks the commit out beside it and removes that
+    after training (was: OutputDirectoryExistsError, the most common crash's resume refused)."""
+    from mvc.errors import MvcWarning
+    from mvc.integrations.hf import RESUME_PREFIX
+
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        trainer(out, [MvcCallback(tmp_path / "runs", lossless=True), _Crash(at=5)]).train()
+    kept = {p.name: p.read_bytes() for p in (out / "checkpoint-4").iterdir() if p.is_file()}
+    steps = _Steps()
+    with pytest.warns(MvcWarning, match="the Trainer's own checkpoint, kept"):
+        result = train_from_mvc(trainer(out, [MvcCallback(tmp_path / "runs", lossless=True), steps]),
+                                tmp_path / "runs", "HEAD")
+    assert result.global_step == MAX_STEPS and steps.seen == [5, 6]
+    assert {p.name: p.read_bytes() for p in (out / "checkpoint-4").iterdir() if p.is_file()} == kept
+    assert not list(out.glob(RESUME_PREFIX + "*")), "the checkout beside it is removed"
+
+
 class _KeepWeights(transformers.TrainerCallback):
     def on_save(self, args, state, control, model=None, **kwargs):
         torch.save(model.state_dict(), Path(args.output_dir) / f"weights-{state.global_step}.pt")
