@@ -563,6 +563,10 @@ class Tracker:
         repo = self.repo
         cid = repo.resolve(rev)
         state = repo.read_state(cid) if cid == repo.head() else repo.checkout(rev)
+        if repo.current_branch() is None:
+            warnings.warn(MvcWarning(f"restored {rev!r}: HEAD is detached at {cid[:12]}, so the "
+                                     "commits that follow go on no branch; name them with "
+                                     "repo.switch(NAME, create=True)"), stacklevel=2)
         if not isinstance(state, Mapping) or "model" not in state:
             raise TrackerError(f"commit {cid[:12]} holds no 'model' state: not made by a Tracker")
         self.model.load_state_dict(state["model"])

@@ -7,7 +7,9 @@ no config and no tensors, so opening a repository to list or move refs never imp
 from __future__ import annotations
 
 import re
+import warnings
 
+from mvc.errors import MvcWarning
 from mvc.repo import refs as R
 from mvc.repo import shallow
 from mvc.repo.objectdb import ObjectDB
@@ -219,6 +221,7 @@ class RefOps:
                 exists = False
             if not exists:
                 raise R.NoSuchRefError(f"no branch named {name!r}")
+        self._warn_if_leaving(R.SYMREF + R.HEADS + name)
         self.refs.update_refs([RefUpdate(R.HEAD, ANY, R.SYMREF + R.HEADS + name)],
                               f"switch: to {name}")
 
@@ -227,4 +230,26 @@ class RefOps:
         `rev` named that branch exactly as resolved), detached otherwise."""
         new = R.SYMREF + R.HEADS + branch if branch is not None else oid
         if self.refs.read_ref(R.HEAD) != new:
+            self._warn_if_leaving(new)
             self.refs.update_refs([RefUpdate(R.HEAD, ANY, new)], f"checkout: moving to {rev}")
+
+    def _warn_if_leaving(self, new: str) -> None:
+        """Warn, as git does, when HEAD is detached at commits no branch or tag reaches and is
+        about to move to `new` (a ref value) that does not reach them either: after the move
+        only the reflog holds them, until gc expires it (`gc.reflog_expire`)."""
+        old = self.refs.read_ref(R.HEAD)
+        if old is None or R.is_symbolic(old) or old == new:
+            return
+        kept = {oid for _, oid in self.branches()} | {oid for _, oid in self.tags()}
+        target = self.resolve_ref(new[len(R.SYMREF):]) if R.is_symbolic(new) else new
+        if target is not None:
+            kept.add(target)
+        reached = {c.id for c in self.odb.walk_commits(kept)} if kept else set()
+        left = [c for c in self.odb.walk_commits([old]) if c.id not in reached]
+        if left:
+            newest = left[0]
+            warnings.warn(MvcWarning(
+                f"leaving {len(left)} commit(s) that no branch or tag reaches, the newest "
+                f"{newest.id[:12]} ({newest.message.splitlines()[0] if newest.message else ''}); "
+                f"keep them with 'mvc branch NAME {newest.id[:12]}' (the reflog holds them until "
+                f"gc expires it)"), stacklevel=4)

@@ -93,3 +93,19 @@ def test_the_lossless_warning_names_the_closest_trial(tmp_path):
     rec = repo.read_commit(cid).quality
     assert rec["stored"].startswith("lossless") and rec["closest"]["config"]["bins"] == 128
     assert rec["closest"]["degradation"] > 0.005 and rec["refined"] is True
+
+
+def test_a_restore_that_detaches_head_says_so(tmp_path):
+    """Restoring an earlier commit by a revision that names no branch ("main~1") detaches HEAD:
+    the commits that follow go on no branch, and a later switch would leave them behind."""
+    import warnings
+
+    repo, model, tr = _setup(tmp_path, None, None)
+    first = tr.commit("first")
+    tr.commit("second")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MvcWarning)
+        tr.restore("main")                       # the branch: HEAD stays attached
+    with pytest.warns(MvcWarning, match=f"HEAD is detached at {first[:12]}"):
+        tr.restore("main~1")
+    assert repo.current_branch() is None

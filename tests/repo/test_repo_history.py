@@ -1,11 +1,13 @@
 """Repository porcelain through the Python API: round trips, refs, revisions, dedupe."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
 from checkpoints import assert_same, realistic_state
-from mvc.errors import UsageError
+from mvc.errors import MvcWarning, UsageError
 from mvc.repo.refs import CurrentBranchError, NoSuchRefError, RefExistsError, RefNameError
 from mvc.repo.repository import NotARepositoryError, Repo
 from mvc.repo.revparse import AmbiguousRevisionError, UnknownRevisionError
@@ -83,7 +85,8 @@ def test_branches_tags_switch_detach(repo):
     assert repo.current_branch() is None and repo.head() == c1
     c3 = repo.commit({"w": torch.full((3,), 2.0)}, "detached work")
     assert repo.head() == c3 and repo.resolve("main") == c1
-    repo.checkout("main")
+    with pytest.warns(MvcWarning, match=f"leaving 1 commit.*{c3[:12]} \\(detached work\\)"):
+        repo.checkout("main")   # git's "you are leaving 1 commit behind"
     assert repo.current_branch() == "main"
     assert repo.delete_branch("exp", force=True) == c2  # unmerged (c2 is only on exp)
     with pytest.raises(NoSuchRefError):
@@ -91,6 +94,26 @@ def test_branches_tags_switch_detach(repo):
     repo.delete_tag("v1")
     with pytest.raises(UnknownRevisionError):
         repo.resolve("v1")
+
+
+def test_moving_a_detached_head_warns_only_when_it_leaves_commits_behind(repo):
+    c1 = repo.commit({"w": torch.zeros(3)}, "one")
+    repo.commit({"w": torch.ones(3)}, "two")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MvcWarning)
+        repo.checkout(c1)                    # detached at a commit main reaches
+        repo.switch("main")                  # nothing left behind: no warning
+        repo.checkout(c1)
+    a = repo.commit({"w": torch.full((3,), 2.0)}, "resumed a")
+    b = repo.commit({"w": torch.full((3,), 3.0)}, "resumed b")
+    with pytest.warns(MvcWarning, match=f"leaving 2 commit.*{b[:12]} \\(resumed b\\).*mvc branch NAME"):
+        repo.switch("main")
+    repo.checkout(b)                         # the reflog still has them
+    repo.branch("kept", b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MvcWarning)
+        repo.switch("main")                  # a branch reaches them now
+    assert repo.resolve("kept~1") == a
 
 
 def test_reflog_records_every_move(repo):
