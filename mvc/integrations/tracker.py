@@ -131,7 +131,7 @@ class Tracker:
                  extra_state: Callable[[], dict] | None = None, beta: float = BETA,
                  policy: QuantPolicy | None = None, space: SearchSpace | None = None,
                  distributed: bool | None = None, background_nice: int = BACKGROUND_NICE,
-                 background_process: bool | None = None) -> None:
+                 background_process: bool | None = None, lossless: bool | None = None) -> None:
         """repo: an mvc `Repo`; quality(model) -> loss, or None (then commits are lossless
         unless `epsilon` is given: it opts in to the proxy metric and bounds it);
         epsilon: bound on the relative degradation (None: quality.epsilon with `quality`);
@@ -142,7 +142,8 @@ class Tracker:
         background_nice: how many steps (0-19) below the training loop background commits
         run (0: the same priority; Linux only); background_process: run background commits
         in a child process (None: wherever it can, see the module docstring; True: always,
-        a `TrackerError` where it cannot; False: on a thread)."""
+        a `TrackerError` where it cannot; False: on a thread); lossless: True stores every
+        commit exactly, whatever `epsilon` or the repository's `quality.epsilon` say."""
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
             raise TrackerError(f"every must be a positive int or None, got {every!r}")
         if isinstance(grad_window, bool) or not isinstance(grad_window, int) or grad_window < 0:
@@ -154,15 +155,15 @@ class Tracker:
             raise TrackerError(f"background_nice must be an int in 0..19, got {background_nice!r}")
         if quality is not None and not callable(quality):
             raise TrackerError("quality must be a callable taking the model")
-        if background_process is not None and not isinstance(background_process, bool):
-            raise TrackerError(f"background_process must be True, False or None, "
-                               f"got {background_process!r}")
+        for key, flag in (("background_process", background_process), ("lossless", lossless)):
+            if flag is not None and not isinstance(flag, bool):
+                raise TrackerError(f"{key} must be True, False or None, got {flag!r}")
         self.repo, self.model, self.optimizer = repo, model, optimizer
         self.quality, self.epsilon, self.every = quality, epsilon, every
         self.grad_window, self.extra_state, self.beta = grad_window, extra_state, float(beta)
         self.policy, self.space = policy, space
         self.background_nice = background_nice
-        self.background_process = background_process
+        self.background_process, self.lossless = background_process, lossless
         self._process: CommitProcess | None = None
         self._in_child = False   # whether a background commit has run in the child
         self.steps = 0
@@ -238,11 +239,9 @@ class Tracker:
                 self._executor = ThreadPoolExecutor(
                     1, thread_name_prefix="mvc-tracker",
                     initializer=(lambda: lower_this_thread(nice)) if nice else None)
-            # The state in a box the job empties: a copy it moves into shared memory is freed
-            # then, not held by the executor's arguments until the job ends.
-            # The job's thread evaluates on this thread's CUDA device and streams (a new
-            # thread's are device 0 and the default stream: a rank's quality function moving
-            # its batch with .cuda() would put it on GPU 0)
+            # The state in a box the job empties (a copy it moves into shared memory is freed
+            # then); the job runs on this thread's CUDA device and streams (a new thread's are
+            # device 0 and the default stream: a rank's batch moved by .cuda() would go to GPU 0)
             fut = self._executor.submit(self._background_job, [state], message, step, metrics,
                                         grads, evaluate, blocking, shared, proc is not None,
                                         callers_cuda())
@@ -383,10 +382,9 @@ class Tracker:
         if hessians_of is not None:  # a gate from mvc.quality.from_module: error feedback's data
             kw["hessians"] = lambda: hessians_of(state)
         # Passed only when set, so a Repo stand-in without them keeps working.
-        if self.policy is not None:
-            kw["policy"] = self.policy
-        if self.space is not None:
-            kw["space"] = self.space
+        for key in ("policy", "space", "lossless"):
+            if getattr(self, key) is not None:
+                kw[key] = getattr(self, key)
         cid = self._commit_in(shared, state, message, step=step, metrics=metrics, **kw)
         c = self.repo.read_commit(cid)
         record = QualityRecord.from_json(c.quality or {})

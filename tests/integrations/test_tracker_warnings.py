@@ -109,3 +109,21 @@ def test_a_restore_that_detaches_head_says_so(tmp_path):
     with pytest.warns(MvcWarning, match=f"HEAD is detached at {first[:12]}"):
         tr.restore("main~1")
     assert repo.current_branch() is None
+
+
+def test_a_lossless_tracker_stores_exactly_whatever_the_repository_says(tmp_path):
+    """A repository configured lossy (`quality.epsilon`) would make a Tracker's commits lossy
+    silently: `lossless=True` keeps them exact."""
+    from mvc.integrations.tracker import TrackerError
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 2))
+    repo = Repo.init(tmp_path)
+    repo.config.set("quality.epsilon", 0.05)
+    assert repo.read_commit(Tracker(repo, model).commit("lossy")).quant is not None
+    cid = Tracker(repo, model, lossless=True).commit("exact")
+    assert repo.read_commit(cid).quant is None
+    for k, v in repo.read_state(cid)["model"].items():
+        assert torch.equal(v, model.state_dict()[k])
+    with pytest.raises(TrackerError, match="lossless must be"):
+        Tracker(repo, model, lossless="yes")
