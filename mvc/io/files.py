@@ -244,9 +244,39 @@ def _load_torch(target: Path) -> Any:
                     f"{target}: refused: the pickle needs {', '.join(unsafe)}, which torch.load(weights_only=True) "
                     f"does not allow (nothing was executed); {allow_hint(unsafe)}"
                 ) from None
+            proto = _pickle_protocol(target)
+            op = re.search(r"Unsupported operand (\d+)", str(exc))
+            # an opcode protocols 4 and 5 added (SHORT_BINUNICODE .. READONLY_BUFFER), in a pickle
+            # that says it is one: a valid file, not damage
+            if refusal and proto is not None and proto > 3 and op and 0x8C <= int(op[1]) <= 0x98:
+                raise UnsupportedCheckpointError(
+                    f"{target}: written with pickle protocol {proto} (torch.save(..., "
+                    f"pickle_protocol={proto})), which torch's weights-only loader does not read "
+                    "(neither does torch.load(weights_only=True)); re-save it with the default "
+                    "protocol, from a process that trusts the file") from None
             raise CorruptCheckpointError(f"{target}: not a valid torch checkpoint ({short_error(exc)})") from None
         except Exception as exc:  # untrusted bytes fail in many ways inside torch/pickle
             raise CorruptCheckpointError(f"{target}: truncated or not a torch checkpoint ({short_error(exc)})") from None
+
+
+def _pickle_protocol(target: Path) -> int | None:
+    """The protocol of the file's (first) pickle, from its PROTO opcode: a zip checkpoint's
+    ``data.pkl`` or a legacy file's first pickle; None if it has none or cannot be read."""
+    try:
+        with open(target, "rb") as handle:
+            if zipfile.is_zipfile(handle):
+                with zipfile.ZipFile(handle) as archive:
+                    name = next((n for n in archive.namelist() if n.endswith("data.pkl")), None)
+                    if name is None:
+                        return None
+                    with archive.open(name) as member:
+                        head = member.read(2)
+            else:
+                handle.seek(0)
+                head = handle.read(2)
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return None
+    return head[1] if len(head) == 2 and head[0] == 0x80 else None
 
 
 def _forbidden_globals(target: Path, message: str) -> list[str]:

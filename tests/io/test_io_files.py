@@ -148,6 +148,18 @@ def test_save_to_bad_targets(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- bad input
 
 
+@pytest.mark.parametrize("zip_format", [True, False])
+def test_a_pickle_protocol_the_weights_only_loader_refuses_is_unsupported_not_corrupt(
+        tmp_path: Path, zip_format: bool) -> None:
+    """torch.save(..., pickle_protocol=4) writes a valid file that torch.load(weights_only=True)
+    refuses too: it is said so (exit 23) rather than called damaged (exit 21)."""
+    path = tmp_path / "p4.pt"
+    torch.save({"w": torch.ones(3), "n": 1}, path, pickle_protocol=4,
+               _use_new_zipfile_serialization=zip_format)
+    with pytest.raises(UnsupportedCheckpointError, match="pickle protocol 4.*re-save"):
+        load_checkpoint(path)
+
+
 def test_missing_file(tmp_path: Path) -> None:
     path = tmp_path / "nope.pt"
     with pytest.raises(CheckpointNotFoundError) as info:
