@@ -6,7 +6,7 @@
         tracker.after_backward()          # gradient EMA, only near a scheduled commit
         optimizer.step(); optimizer.zero_grad()
         if tracker.should_commit():
-            tracker.commit(f"step {step}", background=True)
+            tracker.commit(f"step {tracker.steps}", background=True)
     tracker.wait()
 
 Gradient EMA.  `after_backward()` folds each parameter's gradient into a
@@ -41,14 +41,13 @@ thread).  A `quality` callable still evaluates here, on the model's copy: the ch
 sends each candidate's model tensors back through shared memory, and the worker thread that
 waits for the commit evaluates them and answers (`mvc.integrations.parent_calls`); the rest
 of the search runs in the child.  Otherwise the commit runs on one worker thread.  Either runs
-`background_nice` steps below the training loop (Linux; `mvc.native.parallel.
-lower_this_thread`), so a commit's encoding threads leave the loop its core; where the
-training itself keeps every CPU busy, the background commit then gets what is left
-(`background_nice=0`: the same priority).  Each pending commit holds a
-host copy of the state, so at most one waits behind the running one: a commit beyond that
-blocks until there is room.  `wait()` joins them.  An exception in the worker is re-raised by the next
-Tracker call (and by `wait()`), never lost; the returned Future carries it too.
-A foreground commit or `restore` first waits for pending background commits.
+`background_nice` steps below the training loop (Linux; `mvc.native.parallel.lower_this_thread`),
+so a commit's encoding threads leave the loop its core; where the training itself keeps every
+CPU busy, the background commit then gets what is left (`background_nice=0`: the same
+priority).  Each pending commit holds a host copy of the state, so at most one waits behind
+the running one: a commit beyond that blocks until there is room.  `wait()` joins them.  An
+exception in the worker is re-raised by the next Tracker call (and by `wait()`), never lost;
+the returned Future carries it too.  A foreground commit or `restore` first waits for them.
 
 Data-parallel training.  When `torch.distributed` is initialized with more than one rank
 (or `distributed=True`), every rank constructs the Tracker and calls `commit` at the same
@@ -62,6 +61,7 @@ interleave with the training loop's.
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 import threading
 import time
@@ -84,6 +84,7 @@ from mvc.integrations.shared_copy import supported as processes_supported
 from mvc.native.parallel import callers_cuda, lower_this_thread
 from mvc.quant import QuantConfig, QuantPolicy
 from mvc.repo.objects import check_metrics
+from mvc.integrations.repo_handle import RepoOnDemand
 from mvc.repo.repository import Repo
 from mvc.search import SearchSpace, serve_trials
 from mvc.search.parallel import Ranks
@@ -132,11 +133,11 @@ class Tracker:
                  policy: QuantPolicy | None = None, space: SearchSpace | None = None,
                  distributed: bool | None = None, background_nice: int = BACKGROUND_NICE,
                  background_process: bool | None = None, lossless: bool | None = None) -> None:
-        """repo: an mvc `Repo`; quality(model) -> loss, or None (then commits are lossless
-        unless `epsilon` is given: it opts in to the proxy metric and bounds it);
-        epsilon: bound on the relative degradation (None: quality.epsilon with `quality`);
-        every: commit interval in steps (schedules the
-        gradient window); extra_state() -> dict of extra top-level state entries;
+        """repo: an mvc `Repo`, or a path (a repository is created there if none exists);
+        quality(model) -> loss, or None (then commits are lossless unless `epsilon` is given:
+        it opts in to the proxy metric and bounds it); epsilon: bound on the relative
+        degradation (None: quality.epsilon with `quality`); every: commit interval in steps
+        (schedules the gradient window); extra_state() -> dict of extra top-level state entries;
         distributed: spread the search over the ranks of `torch.distributed` (None: when
         it is initialized with more than one rank; see the module docstring);
         background_nice: how many steps (0-19) below the training loop background commits
@@ -158,6 +159,8 @@ class Tracker:
         for key, flag in (("background_process", background_process), ("lossless", lossless)):
             if flag is not None and not isinstance(flag, bool):
                 raise TrackerError(f"{key} must be True, False or None, got {flag!r}")
+        if isinstance(repo, (str, os.PathLike)):
+            repo = RepoOnDemand(repo, create=True).get()
         self.repo, self.model, self.optimizer = repo, model, optimizer
         self.quality, self.epsilon, self.every = quality, epsilon, every
         self.grad_window, self.extra_state, self.beta = grad_window, extra_state, float(beta)

@@ -127,3 +127,12 @@ def test_a_lossless_tracker_stores_exactly_whatever_the_repository_says(tmp_path
         assert torch.equal(v, model.state_dict()[k])
     with pytest.raises(TrackerError, match="lossless must be"):
         Tracker(repo, model, lossless="yes")
+
+
+def test_a_tracker_takes_a_path_as_the_other_integrations_do(tmp_path):
+    """Tracker("runs/exp", ...) failed with an AttributeError deep in its constructor."""
+    model = torch.nn.Linear(8, 2)
+    tr = Tracker(tmp_path / "runs", model)          # created, as the Lightning / HF ones do
+    cid = tr.commit("first")
+    assert Repo(tmp_path / "runs").head() == cid
+    assert Tracker(str(tmp_path / "runs"), model).repo.head() == cid
