@@ -274,7 +274,21 @@ class SharedFileLock(_FdHolder):
 
 
 class SharedExclusiveLock:
-    """In-process reader/writer lock, writer-preferring, not reentrant."""
+    """In-process reader/writer lock, writer-preferring, not reentrant.
+
+    Safe against an exception raised asynchronously in its holder (Ctrl-C's
+    KeyboardInterrupt, which Python raises in the main thread wherever it is): a count is
+    changed only inside the ``try`` whose ``finally`` undoes it, in one statement with the
+    flag that says so (no call, hence no point where the interrupt can land, between the
+    two), and waiters re-check the state every `_POLL` seconds, so a notification an
+    interrupt cut short delays a waiter rather than leaving it waiting for ever. Before,
+    an interrupt between the count and its ``try`` left a reader counted for good, and
+    the process's next commit waited for it for ever (a notebook user's Ctrl-C during a
+    checkout).
+    """
+
+    #: Seconds a waiter sleeps before it looks at the state again without a notification.
+    _POLL = 0.05
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
@@ -285,32 +299,49 @@ class SharedExclusiveLock:
     @contextmanager
     def shared(self) -> Iterator[None]:
         """Hold the lock shared (many holders at once)."""
-        with self._cond:
-            while self._writer or self._writers_waiting:
-                self._cond.wait()
-            self._readers += 1
+        counted = False
         try:
+            with self._cond:
+                while self._writer or self._writers_waiting:
+                    self._cond.wait(self._POLL)
+                self._readers, counted = self._readers + 1, True
             yield
         finally:
-            with self._cond:
-                self._readers -= 1
-                if self._readers == 0:
-                    self._cond.notify_all()
+            interrupted: BaseException | None = None
+            while counted:   # again if interrupted before the count went back
+                try:
+                    with self._cond:
+                        if counted:
+                            self._readers, counted = self._readers - 1, False
+                        self._cond.notify_all()
+                except BaseException as exc:  # noqa: BLE001 - raised below, once undone
+                    interrupted = exc
+            if interrupted is not None:
+                raise interrupted
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
         """Hold the lock alone."""
-        with self._cond:
-            self._writers_waiting += 1
-            try:
-                while self._writer or self._readers:
-                    self._cond.wait()
-            finally:
-                self._writers_waiting -= 1
-            self._writer = True
+        waiting = owner = False
         try:
+            with self._cond:
+                self._writers_waiting, waiting = self._writers_waiting + 1, True
+                while self._writer or self._readers:
+                    self._cond.wait(self._POLL)
+                self._writers_waiting, waiting, self._writer, owner = (
+                    self._writers_waiting - 1, False, True, True)
             yield
         finally:
-            with self._cond:
-                self._writer = False
-                self._cond.notify_all()
+            interrupted: BaseException | None = None
+            while waiting or owner:   # again if interrupted before the state went back
+                try:
+                    with self._cond:
+                        if waiting:
+                            self._writers_waiting, waiting = self._writers_waiting - 1, False
+                        if owner:
+                            self._writer, owner = False, False
+                        self._cond.notify_all()
+                except BaseException as exc:  # noqa: BLE001 - raised below, once undone
+                    interrupted = exc
+            if interrupted is not None:
+                raise interrupted
