@@ -384,10 +384,8 @@ class Tracker:
         hessians_of = getattr(evaluate, "hessians_of", None)
         if hessians_of is not None:  # a gate from mvc.quality.from_module: error feedback's data
             kw["hessians"] = lambda: hessians_of(state)
-        # Passed only when set, so a Repo stand-in without them keeps working.
-        for key in ("policy", "space", "lossless"):
-            if getattr(self, key) is not None:
-                kw[key] = getattr(self, key)
+        # passed only when set, so a Repo stand-in without them keeps working
+        kw.update({k: v for k in ("policy", "space", "lossless") if (v := getattr(self, k)) is not None})
         cid = self._commit_in(shared, state, message, step=step, metrics=metrics, **kw)
         c = self.repo.read_commit(cid)
         record = QualityRecord.from_json(c.quality or {})
